@@ -1,0 +1,62 @@
+"""Session-scoped real control plane, a namespace per test, server logs shown on failure."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from tests.testenv import ControlPlane
+
+_CONTROL_PLANE: ControlPlane | None = None
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The real etcd + kube-apiserver + kube-controller-manager, started once per run."""
+    global _CONTROL_PLANE
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    _CONTROL_PLANE = plane
+    try:
+        plane.start()
+        yield plane
+    finally:
+        plane.stop()
+        _CONTROL_PLANE = None
+
+
+@pytest.fixture(scope="session")
+def admin_api(control_plane: ControlPlane) -> client.ApiClient:
+    """An API client authenticated as cluster admin (system:masters)."""
+    return config.new_client_from_config(str(control_plane.admin_kubeconfig))
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, admin_api: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace for this test, deleted afterwards."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": name, "labels": {"kube-rendezvous.io/test": "true"}}})
+    yield name
+    try:
+        core.delete_namespace(name)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the tail of every control-plane server log to a failing test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _CONTROL_PLANE is not None:
+        for name, path in _CONTROL_PLANE.logs().items():
+            if Path(path).exists():
+                tail = "\n".join(Path(path).read_text(errors="replace").splitlines()[-60:])
+                report.sections.append((f"{name} log (tail of {path})", tail))

@@ -1,0 +1,283 @@
+"""Start and stop a real etcd + kube-apiserver + kube-controller-manager on 127.0.0.1.
+
+The API server runs with TLS, RBAC authorization and service-account token signing; clients
+authenticate with an admin certificate (``O=system:masters``) or, like a pod, with a
+ServiceAccount token minted by TokenRequest (:meth:`ControlPlane.serviceaccount_kubeconfig`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .binaries import Binaries, ensure_binaries
+from .pki import Pki, create_pki
+
+CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "serviceaccount-controller")
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Call ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - remembered for the timeout message
+            last_error = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})")
+
+
+@dataclass
+class _Server:
+    name: str
+    command: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            log.write(f"\n=== starting {' '.join(self.command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def check_running(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}; log tail:\n{tail}")
+
+    def stop(self, grace: float = 15.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(grace)
+
+
+@dataclass
+class ControlPlane:
+    """A local Kubernetes control plane whose state lives in ``workdir``."""
+
+    workdir: Path
+    binaries: Binaries = field(default_factory=ensure_binaries)
+
+    def __post_init__(self) -> None:
+        self.workdir = self.workdir.resolve()
+        self.logdir = self.workdir / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.pki: Pki = create_pki(self.workdir / "pki")
+        self.etcd_port, self.etcd_peer_port, self.apiserver_port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{self.apiserver_port}"
+        self.admin_kubeconfig = self.workdir / "admin.kubeconfig"
+        self._write_kubeconfig(
+            self.admin_kubeconfig, "admin",
+            {"client-certificate": str(self.pki.admin_cert), "client-key": str(self.pki.admin_key)},
+        )
+        self._servers = {
+            "etcd": _Server("etcd", self._etcd_command(), self.logdir / "etcd.log"),
+            "kube-apiserver": _Server("kube-apiserver", self._apiserver_command(), self.logdir / "kube-apiserver.log"),
+            "kube-controller-manager": _Server(
+                "kube-controller-manager", self._controller_manager_command(),
+                self.logdir / "kube-controller-manager.log",
+            ),
+        }
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _etcd_command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        return [
+            str(self.binaries.etcd), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}", "--unsafe-no-fsync", "--log-level=warn",
+        ]
+
+    def _apiserver_command(self) -> list[str]:
+        pki = self.pki
+        return [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--secure-port={self.apiserver_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.service_account_public_key}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--allow-privileged=true",
+            "--v=1",
+        ]
+
+    def _controller_manager_command(self) -> list[str]:
+        return [
+            str(self.binaries.kube_controller_manager),
+            f"--kubeconfig={self.admin_kubeconfig}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--authentication-kubeconfig={self.admin_kubeconfig}",
+            f"--authorization-kubeconfig={self.admin_kubeconfig}",
+            f"--root-ca-file={self.pki.ca_cert}",
+            "--concurrent-gc-syncs=5",
+            "--v=1",
+        ]
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Start etcd, kube-apiserver and kube-controller-manager; return once all are healthy."""
+        self._servers["etcd"].start()
+        wait_until(self._etcd_healthy, timeout, "etcd /health")
+        self.start_apiserver(timeout)
+        self._servers["kube-controller-manager"].start()
+        wait_until(self._default_serviceaccount_exists, timeout, "the default ServiceAccount (controller-manager up)")
+
+    def start_apiserver(self, timeout: float = 120.0) -> None:
+        """Start kube-apiserver and wait for /readyz."""
+        self._servers["kube-apiserver"].start()
+        wait_until(self._apiserver_ready, timeout, "kube-apiserver /readyz")
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver only (etcd keeps the data)."""
+        self._servers["kube-apiserver"].stop()
+
+    def restart_apiserver(self, downtime: float = 0.0, timeout: float = 120.0) -> None:
+        """Stop kube-apiserver, stay down ``downtime`` seconds, start it, wait until ready."""
+        self.stop_apiserver()
+        time.sleep(downtime)
+        self.start_apiserver(timeout)
+
+    def stop(self) -> None:
+        """Stop every server, the controller manager first and etcd last."""
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            self._servers[name].stop()
+
+    def pids(self) -> dict[str, int]:
+        """Return the process id of every running server."""
+        return {
+            name: server.process.pid
+            for name, server in self._servers.items()
+            if server.process is not None and server.process.poll() is None
+        }
+
+    def logs(self) -> dict[str, Path]:
+        """Return each server's log file."""
+        return {name: server.log for name, server in self._servers.items()}
+
+    # -- health ---------------------------------------------------------------------------
+
+    def _etcd_healthy(self) -> bool:
+        self._servers["etcd"].check_running()
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=2) as response:
+            return bool(json.load(response).get("health") == "true")
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def get_json(self, path: str) -> Any:
+        """GET ``path`` from kube-apiserver as the admin and decode the JSON answer."""
+        with urllib.request.urlopen(self.server + path, timeout=5, context=self._ssl_context()) as response:
+            return json.load(response)
+
+    def _apiserver_ready(self) -> bool:
+        self._servers["kube-apiserver"].check_running()
+        try:
+            with urllib.request.urlopen(self.server + "/readyz", timeout=2, context=self._ssl_context()) as response:
+                return bool(response.status == 200)
+        except urllib.error.HTTPError:
+            return False
+
+    def _default_serviceaccount_exists(self) -> bool:
+        self._servers["kube-controller-manager"].check_running()
+        try:
+            self.get_json("/api/v1/namespaces/default/serviceaccounts/default")
+        except urllib.error.HTTPError:
+            return False
+        return True
+
+    # -- clients --------------------------------------------------------------------------
+
+    def _write_kubeconfig(
+        self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default"
+    ) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testenv", "cluster": {
+                "server": self.server, "certificate-authority": str(self.pki.ca_cert)}}],
+            "users": [{"name": user, "user": credentials}],
+            "contexts": [{"name": "testenv", "context": {
+                "cluster": "testenv", "user": user, "namespace": namespace}}],
+            "current-context": "testenv",
+        }
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+
+    def serviceaccount_kubeconfig(
+        self, namespace: str, name: str, expiration_seconds: int = 3600, create: bool = True
+    ) -> Path:
+        """Mint a token for ServiceAccount ``namespace/name`` (TokenRequest) and write a kubeconfig.
+
+        A process that uses it authenticates exactly as a pod running under that account would.
+        The ServiceAccount is created first when ``create`` is true and it does not exist.
+        """
+        from kubernetes import client, config
+
+        api = client.CoreV1Api(config.new_client_from_config(str(self.admin_kubeconfig)))
+        if create:
+            try:
+                api.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+        request = api.create_namespaced_service_account_token(
+            name, namespace, {"spec": {"expirationSeconds": expiration_seconds}}
+        )
+        path = self.workdir / "kubeconfigs" / f"{namespace}.{name}.kubeconfig"
+        path.parent.mkdir(exist_ok=True)
+        self._write_kubeconfig(
+            path, f"system:serviceaccount:{namespace}:{name}", {"token": request.status.token}, namespace
+        )
+        return path
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
+                input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this control plane and return the completed process."""
+        return subprocess.run(
+            [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args],
+            check=check, capture_output=True, text=True, input=input, timeout=120,
+        )
