@@ -15,14 +15,23 @@ WIDGET_CRD = {
         "group": "testenv.kube-rendezvous.io",
         "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
-                "status": {"type": "object", "properties": {"value": {"type": "string"}}},
-            }}},
-        }],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                            "status": {"type": "object", "properties": {"value": {"type": "string"}}},
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -33,6 +42,23 @@ def _not_found(call: object) -> bool:
     except client.ApiException as exc:
         return exc.status == 404
     return False
+
+
+@pytest.fixture(scope="module")
+def widget_crd(admin_api: client.ApiClient) -> str:
+    extensions = client.ApiextensionsV1Api(admin_api)
+    try:
+        extensions.create_custom_resource_definition(WIDGET_CRD)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    objects = client.CustomObjectsApi(admin_api)
+    wait_until(
+        lambda: objects.list_cluster_custom_object("testenv.kube-rendezvous.io", "v1", "widgets") is not None,
+        30,
+        "the Widget CRD to be served",
+    )
+    return "widgets"
 
 
 class TestApiServer:
@@ -60,15 +86,21 @@ class TestRbac:
         assert f"system:serviceaccount:{namespace}:trainer" in denied.value.body
 
         rbac = client.RbacAuthorizationV1Api(admin_api)
-        rbac.create_namespaced_role(namespace, {
-            "metadata": {"name": "pod-reader"},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
-        })
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": "trainer-reads-pods"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": namespace}],
-        })
+        rbac.create_namespaced_role(
+            namespace,
+            {
+                "metadata": {"name": "pod-reader"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": "trainer-reads-pods"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": namespace}],
+            },
+        )
         pods = wait_until(lambda: as_trainer.list_namespaced_pod(namespace), 30, "the RoleBinding to apply")
         assert pods.items == []
 
@@ -77,38 +109,38 @@ class TestGarbageCollection:
     def test_object_disappears_after_its_owner_is_deleted(self, admin_api: client.ApiClient, namespace: str) -> None:
         core = client.CoreV1Api(admin_api)
         owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
-        core.create_namespaced_config_map(namespace, {"metadata": {"name": "dependent", "ownerReferences": [{
-            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]}})
+        core.create_namespaced_config_map(
+            namespace,
+            {
+                "metadata": {
+                    "name": "dependent",
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+                    ],
+                }
+            },
+        )
         core.delete_namespaced_config_map("owner", namespace)
         wait_until(
             lambda: _not_found(lambda: core.read_namespaced_config_map("dependent", namespace)),
-            60, "the garbage collector to delete the dependent",
+            60,
+            "the garbage collector to delete the dependent",
         )
 
 
 class TestCustomResourceStatus:
-    @pytest.fixture(scope="class")
-    def widget_crd(self, admin_api: client.ApiClient) -> str:
-        extensions = client.ApiextensionsV1Api(admin_api)
-        try:
-            extensions.create_custom_resource_definition(WIDGET_CRD)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-        objects = client.CustomObjectsApi(admin_api)
-        wait_until(
-            lambda: objects.list_cluster_custom_object("testenv.kube-rendezvous.io", "v1", "widgets") is not None,
-            30, "the Widget CRD to be served",
-        )
-        return "widgets"
-
     def test_status_write_with_current_resource_version_succeeds_and_stale_gets_409(
         self, admin_api: client.ApiClient, namespace: str, widget_crd: str
     ) -> None:
         objects = client.CustomObjectsApi(admin_api)
         group, version = "testenv.kube-rendezvous.io", "v1"
-        created = objects.create_namespaced_custom_object(group, version, namespace, widget_crd, {
-            "apiVersion": f"{group}/{version}", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}})
+        created = objects.create_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            widget_crd,
+            {"apiVersion": f"{group}/{version}", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}},
+        )
         stale_version = created["metadata"]["resourceVersion"]
 
         created["status"] = {"value": "first"}

@@ -36,8 +36,16 @@ def up(workdir: Path) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     plane = ControlPlane(workdir)
     plane.start()
-    state.write_text(json.dumps({"pids": plane.pids(), "kubeconfig": str(plane.admin_kubeconfig),
-                                 "server": plane.server, "logs": {k: str(v) for k, v in plane.logs().items()}}))
+    state.write_text(
+        json.dumps(
+            {
+                "pids": plane.pids(),
+                "kubeconfig": str(plane.admin_kubeconfig),
+                "server": plane.server,
+                "logs": {k: str(v) for k, v in plane.logs().items()},
+            }
+        )
+    )
     print(f"control plane up at {plane.server} (logs in {plane.logdir})")
     print(f"  export KUBECONFIG={plane.admin_kubeconfig}")
     print(f"  alias kubectl={plane.binaries.kubectl}")

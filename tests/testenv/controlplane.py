@@ -23,7 +23,12 @@ from typing import Any
 from .binaries import Binaries, ensure_binaries
 from .pki import Pki, create_pki
 
-CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "serviceaccount-controller")
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
 
 
 def free_port() -> int:
@@ -31,6 +36,10 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class ServerExitedError(RuntimeError):
+    """A control-plane server process exited while it was expected to run."""
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -42,6 +51,8 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2)
             value = predicate()
             if value:
                 return value
+        except ServerExitedError:
+            raise
         except Exception as exc:  # noqa: BLE001 - remembered for the timeout message
             last_error = exc
         time.sleep(interval)
@@ -60,14 +71,17 @@ class _Server:
             log.write(f"\n=== starting {' '.join(self.command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
 
     def check_running(self) -> None:
         if self.process is not None and self.process.poll() is not None:
             tail = self.log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{self.name} exited with {self.process.returncode}; log tail:\n{tail}")
+            raise ServerExitedError(f"{self.name} exited with {self.process.returncode}; log tail:\n{tail}")
 
     def stop(self, grace: float = 15.0) -> None:
         process, self.process = self.process, None
@@ -97,14 +111,16 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
         self.admin_kubeconfig = self.workdir / "admin.kubeconfig"
         self._write_kubeconfig(
-            self.admin_kubeconfig, "admin",
+            self.admin_kubeconfig,
+            "admin",
             {"client-certificate": str(self.pki.admin_cert), "client-key": str(self.pki.admin_key)},
         )
         self._servers = {
             "etcd": _Server("etcd", self._etcd_command(), self.logdir / "etcd.log"),
             "kube-apiserver": _Server("kube-apiserver", self._apiserver_command(), self.logdir / "kube-apiserver.log"),
             "kube-controller-manager": _Server(
-                "kube-controller-manager", self._controller_manager_command(),
+                "kube-controller-manager",
+                self._controller_manager_command(),
                 self.logdir / "kube-controller-manager.log",
             ),
         }
@@ -115,10 +131,16 @@ class ControlPlane:
         client = f"http://127.0.0.1:{self.etcd_port}"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         return [
-            str(self.binaries.etcd), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}", "--unsafe-no-fsync", "--log-level=warn",
+            str(self.binaries.etcd),
+            "--name=default",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
         ]
 
     def _apiserver_command(self) -> list[str]:
@@ -127,11 +149,14 @@ class ControlPlane:
             str(self.binaries.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             f"--secure-port={self.apiserver_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
             "--authorization-mode=RBAC",
+            "--endpoint-reconciler-type=none",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.service_account_public_key}",
@@ -146,7 +171,8 @@ class ControlPlane:
             f"--kubeconfig={self.admin_kubeconfig}",
             f"--controllers={','.join(CONTROLLERS)}",
             "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
             f"--authentication-kubeconfig={self.admin_kubeconfig}",
             f"--authorization-kubeconfig={self.admin_kubeconfig}",
             f"--root-ca-file={self.pki.ca_cert}",
@@ -231,17 +257,15 @@ class ControlPlane:
 
     # -- clients --------------------------------------------------------------------------
 
-    def _write_kubeconfig(
-        self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default"
-    ) -> None:
+    def _write_kubeconfig(self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default") -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "testenv", "cluster": {
-                "server": self.server, "certificate-authority": str(self.pki.ca_cert)}}],
+            "clusters": [
+                {"name": "testenv", "cluster": {"server": self.server, "certificate-authority": str(self.pki.ca_cert)}}
+            ],
             "users": [{"name": user, "user": credentials}],
-            "contexts": [{"name": "testenv", "context": {
-                "cluster": "testenv", "user": user, "namespace": namespace}}],
+            "contexts": [{"name": "testenv", "context": {"cluster": "testenv", "user": user, "namespace": namespace}}],
             "current-context": "testenv",
         }
         path.write_text(json.dumps(config, indent=2))
@@ -274,10 +298,15 @@ class ControlPlane:
         )
         return path
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
-                input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, kubeconfig: Path | None = None, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this control plane and return the completed process."""
         return subprocess.run(
             [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args],
-            check=check, capture_output=True, text=True, input=input, timeout=120,
+            check=check,
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=120,
         )

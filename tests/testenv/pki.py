@@ -108,15 +108,22 @@ def create_pki(directory: Path) -> Pki:
         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
     ]
     serving = _issue(
-        _name("kube-apiserver"), serving_key.public_key(), ca_name, ca_key,
-        usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans,
+        _name("kube-apiserver"),
+        serving_key.public_key(),
+        ca_name,
+        ca_key,
+        usages=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=sans,
     )
     _write_key(pki.serving_key, serving_key)
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
 
     admin_key = ec.generate_private_key(ec.SECP256R1())
     admin = _issue(
-        _name("kube-rendezvous-admin", "system:masters"), admin_key.public_key(), ca_name, ca_key,
+        _name("kube-rendezvous-admin", "system:masters"),
+        admin_key.public_key(),
+        ca_name,
+        ca_key,
         usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
     )
     _write_key(pki.admin_key, admin_key)
@@ -125,8 +132,6 @@ def create_pki(directory: Path) -> Pki:
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(pki.service_account_key, sa_key)
     pki.service_account_public_key.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki

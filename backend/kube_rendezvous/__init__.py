@@ -1,0 +1,1 @@
+"""Kube-rendezvous backend."""

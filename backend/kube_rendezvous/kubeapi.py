@@ -1,0 +1,184 @@
+"""A thin JSON client for the few Kubernetes API calls the backend and the store make.
+
+It reuses the official ``kubernetes`` client for what that does well (kubeconfig and
+in-cluster credentials, token refresh, TLS, connection pooling) and skips its model layer,
+which costs more CPU per call than the rendezvous can afford at hundreds of agents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import urllib3
+from kubernetes import client as k8s_client
+
+logger = logging.getLogger(__name__)
+
+GROUP = "kube-rendezvous.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+RENDEZVOUS_PLURAL = "rendezvouses"
+KEY_PLURAL = "rendezvouskeys"
+
+#: Statuses after which a request may be repeated: throttled, or the server is not ready.
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    """The API server answered with a non-2xx status."""
+
+    def __init__(self, status: int, reason: str, message: str, method: str, path: str) -> None:
+        super().__init__(f"{method} {path}: {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.method = method
+        self.path = path
+
+
+class ApiUnavailableError(Exception):
+    """The API server could not be reached or did not answer in time (outcome unknown)."""
+
+
+def resource_path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    """Return the URL path of a kube-rendezvous.io resource (collection when ``name`` is None)."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/{plural}"
+    if name is not None:
+        path += "/" + quote(name, safe="")
+    if subresource is not None:
+        path += "/" + subresource
+    return path
+
+
+class KubernetesApi:
+    """Issue JSON requests and watches through a ``kubernetes.client.ApiClient``.
+
+    Args:
+        api_client: carries the credentials and TLS settings (kubeconfig or in-cluster).
+        request_timeout: seconds to wait for one answer (connect and read).
+    """
+
+    def __init__(self, api_client: k8s_client.ApiClient, request_timeout: float = 30.0) -> None:
+        if request_timeout <= 0:
+            raise ValueError(f"request_timeout must be positive seconds, got {request_timeout!r}")
+        self.api_client = api_client
+        self.request_timeout = request_timeout
+
+    def _serialize(
+        self, method: str, path: str, query: dict[str, Any] | None, content_type: str
+    ) -> tuple[str, dict[str, str]]:
+        _, url, headers, _, _ = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[(key, value) for key, value in (query or {}).items() if value is not None],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            auth_settings=["BearerToken"],
+        )
+        return url, headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:
+        """Send one request and return the decoded JSON answer.
+
+        Raises:
+            ApiError: the server answered with a non-2xx status.
+            ApiUnavailableError: no answer (refused, reset, timed out); a write's outcome is unknown.
+        """
+        url, headers = self._serialize(method, path, query, content_type)
+        payload = None if body is None else json.dumps(body, separators=(",", ":"))
+        limit = timeout or self.request_timeout
+        try:
+            response = self.api_client.rest_client.request(
+                method, url, headers=headers, body=payload, _request_timeout=(min(limit, 10.0), limit)
+            )
+            data = response.read()
+        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+            raise ApiUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= response.status < 300:
+            message = data.decode("utf-8", "replace")
+            try:
+                message = json.loads(data).get("message", message)
+            except ValueError:
+                pass
+            raise ApiError(response.status, str(response.reason), message, method, path)
+        return json.loads(data) if data else None
+
+    def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
+        """Yield watch events (``{"type": ..., "object": ...}``) until the server ends the watch.
+
+        Raises:
+            ApiError: the watch request itself was refused.
+            ApiUnavailableError: the connection failed or dropped.
+        """
+        watch_query = dict(query, watch="true", allowWatchBookmarks="true", timeoutSeconds=timeout_seconds)
+        url, headers = self._serialize("GET", path, watch_query, "application/json")
+        try:
+            response = self.api_client.rest_client.pool_manager.request(
+                "GET",
+                url,
+                headers=headers,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=min(self.request_timeout, 10.0), read=timeout_seconds + 15),
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailableError(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            if response.status != 200:
+                body = response.read().decode("utf-8", "replace")
+                raise ApiError(response.status, str(response.reason), body, "WATCH", path)
+            buffer = b""
+            for chunk in response.stream(65536, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailableError(f"WATCH {path} dropped: {type(exc).__name__}: {exc}") from exc
+        finally:
+            response.release_conn()
+
+
+def call_with_retries(
+    call: Callable[[], T], *, deadline: float, what: str, retry_statuses: frozenset[int] = RETRYABLE_STATUSES
+) -> T:
+    """Run ``call`` until it succeeds, retrying unavailability and retryable statuses until ``deadline``.
+
+    Backs off exponentially (0.1 s doubling to 2 s, with jitter). Only for calls that are safe
+    to repeat (reads, and writes whose preconditions make a repeat harmless).
+
+    Raises:
+        ApiError: a status that is not retryable, or the last one at the deadline.
+        ApiUnavailableError: still unreachable at the deadline.
+    """
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except ApiUnavailableError as exc:
+            failure: Exception = exc
+        except ApiError as exc:
+            if exc.status not in retry_statuses:
+                raise
+            failure = exc
+        if time.monotonic() + delay > deadline:
+            raise failure
+        logger.info("%s failed (%s); retrying in %.1f s", what, failure, delay)
+        time.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 2.0)
