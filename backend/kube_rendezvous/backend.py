@@ -87,6 +87,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         self._retry_timeout = retry_timeout
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, name)
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, name, "status")
+        #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
+        self.spec: dict[str, Any] = {}
         #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads.
         self.stats = {"writes": 0, "conflicts": 0, "reads": 0}
 

@@ -101,11 +101,10 @@ class KubernetesApi:
             ApiUnavailableError: no answer (refused, reset, timed out); a write's outcome is unknown.
         """
         url, headers = self._serialize(method, path, query, content_type)
-        payload = None if body is None else json.dumps(body, separators=(",", ":"))
         limit = timeout or self.request_timeout
         try:
             response = self.api_client.rest_client.request(
-                method, url, headers=headers, body=payload, _request_timeout=(min(limit, 10.0), limit)
+                method, url, headers=headers, body=body, _request_timeout=(min(limit, 10.0), limit)
             )
             data = response.read()
         except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:

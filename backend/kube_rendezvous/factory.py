@@ -1,0 +1,201 @@
+"""``create_backend(params) -> (backend, store)`` for the ``k8s`` rendezvous backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from tensorplay.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
+from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousParameters
+
+from .backend import KubernetesRendezvousBackend, describe_api_error
+from .kubeapi import API_VERSION, RENDEZVOUS_PLURAL, ApiError, ApiUnavailableError, KubernetesApi, call_with_retries
+from .kubeapi import resource_path as _resource_path
+from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE, UNSET_RUN_IDS, KubernetesRendezvousConfig, OwnerReference
+from .store import KubernetesStore
+
+logger = logging.getLogger(__name__)
+
+
+def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:
+    """Return an API client and the kubeconfig context's namespace (None in-cluster).
+
+    In-cluster credentials (the pod's service-account token, refreshed as it rotates) are
+    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig.
+
+    Raises:
+        ValueError: no usable credentials; the message says what to pass.
+    """
+    in_cluster = (
+        os.environ.get("KUBERNETES_SERVICE_HOST")
+        and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
+    )
+    try:
+        if kubeconfig is None and in_cluster:
+            configuration = k8s_client.Configuration()
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            return k8s_client.ApiClient(configuration), None
+        api_client = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
+        _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        if context is not None:
+            contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+            active = next((item for item in contexts if item["name"] == context), active)
+        return api_client, (active or {}).get("context", {}).get("namespace")
+    except (k8s_config.ConfigException, OSError, TypeError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ValueError(
+            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r} could not be loaded ({exc}). "
+            "Run in a pod with a ServiceAccount, or pass --rdzv-conf kubeconfig=PATH."
+        ) from exc
+
+
+def resolve_namespace(configured: str | None, context_namespace: str | None) -> str:
+    """The endpoint's or rdzv-conf's namespace, else the pod's, else the kubeconfig context's, else default."""
+    if configured:
+        return configured
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE_FILE).read_text().strip()
+    except OSError:
+        return context_namespace or "default"
+
+
+def ensure_rendezvous(
+    api: KubernetesApi,
+    namespace: str,
+    name: str,
+    *,
+    min_nodes: int,
+    max_nodes: int,
+    create: bool,
+    owner: OwnerReference | None,
+    retry_timeout: float,
+) -> dict[str, Any]:
+    """Return the Rendezvous object, creating it from ``min_nodes``/``max_nodes`` when allowed.
+
+    Raises:
+        ValueError: it does not exist and ``create`` is false, or the API server rejects its spec.
+        RendezvousConnectionError: the API server is unreachable, or refuses (403).
+    """
+    path = _resource_path(RENDEZVOUS_PLURAL, namespace, name)
+    deadline = time.monotonic() + retry_timeout
+    try:
+        try:
+            obj: dict[str, Any] = call_with_retries(
+                lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
+            )
+            return obj
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        if not create:
+            raise ValueError(
+                f"Rendezvous {namespace}/{name} does not exist. Create it (kubectl apply -f rendezvous.yaml) "
+                "or let the agents create it (--rdzv-conf create=true)."
+            )
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner.as_dict()]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Rendezvous",
+            "metadata": metadata,
+            "spec": {"minNodes": min_nodes, "maxNodes": max_nodes},
+        }
+        try:
+            created: dict[str, Any] = call_with_retries(
+                lambda: api.request("POST", _resource_path(RENDEZVOUS_PLURAL, namespace), body=body),
+                deadline=deadline,
+                what=f"create {path}",
+            )
+            logger.info("created Rendezvous %s/%s (minNodes=%d, maxNodes=%d)", namespace, name, min_nodes, max_nodes)
+            return created
+        except ApiError as exc:
+            if exc.status == 409:  # another agent created it first
+                existing: dict[str, Any] = call_with_retries(
+                    lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
+                )
+                return existing
+            if exc.status == 422:
+                raise ValueError(f"The API server rejected Rendezvous {namespace}/{name}: {exc.message}") from exc
+            if exc.status == 404:
+                raise ValueError(
+                    "The Rendezvous CRD (rendezvouses.kube-rendezvous.io) is not installed in this cluster: "
+                    "kubectl apply -f crds/ or helm install kube-rendezvous"
+                ) from exc
+            raise
+    except ApiError as exc:
+        raise RendezvousConnectionError(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, namespace)) from exc
+    except ApiUnavailableError as exc:
+        raise RendezvousConnectionError(
+            "The connection to the Kubernetes API server has failed. See the inner exception for details."
+        ) from exc
+
+
+def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
+    """Create the ``k8s`` rendezvous backend and its store from the launcher's parameters.
+
+    An empty or ``none`` run id (the launcher's default) is replaced by the Rendezvous
+    object's UID, so a new Rendezvous never inherits an old job's state.
+
+    Raises:
+        ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
+        RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
+    """
+    try:
+        settings = KubernetesRendezvousConfig.from_parameters(params.endpoint, params)
+        api_client, context_namespace = load_api_client(settings.kubeconfig, settings.context)
+        namespace = resolve_namespace(settings.namespace, context_namespace)
+        api = KubernetesApi(api_client, settings.request_timeout)
+        obj = ensure_rendezvous(
+            api,
+            namespace,
+            settings.name,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            create=settings.create,
+            owner=settings.owner,
+            retry_timeout=settings.retry_timeout,
+        )
+        uid = obj["metadata"]["uid"]
+        run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
+        if params.run_id in UNSET_RUN_IDS:
+            logger.info(
+                "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, settings.name, uid
+            )
+        if len(run_id) > 253:
+            raise ValueError(f"--rdzv-id {run_id[:40]!r}...: at most 253 characters")
+        spec = obj.get("spec") or {}
+        if (spec.get("minNodes"), spec.get("maxNodes")) != (params.min_nodes, params.max_nodes):
+            logger.warning(
+                "Rendezvous %s/%s says minNodes=%s maxNodes=%s but --nnodes=%s:%s; the agents follow --nnodes",
+                namespace,
+                settings.name,
+                spec.get("minNodes"),
+                spec.get("maxNodes"),
+                params.min_nodes,
+                params.max_nodes,
+            )
+        backend = KubernetesRendezvousBackend(
+            api,
+            namespace,
+            settings.name,
+            run_id,
+            node_name=params.local_addr or socket.getfqdn(),
+            retry_timeout=settings.retry_timeout,
+        )
+        backend.spec = spec
+        store = KubernetesStore(
+            api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
+        )
+    except Exception as exc:
+        construct_and_record_rdzv_event(
+            message=f"{type(exc).__name__}: {exc}", run_id=params.run_id, node_state=NodeState.FAILED
+        )
+        raise
+    return backend, store

@@ -1,0 +1,142 @@
+"""Settings of the ``k8s`` rendezvous backend, parsed from the launcher's parameters (pure, no I/O).
+
+Every ``--rdzv-conf`` key, with unit and default, is in the README's configuration table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: Run ids that mean "not set": the launcher's default is ``none`` (pytorch/pytorch#82160).
+UNSET_RUN_IDS = frozenset({"", "none"})
+
+
+def validate_object_name(name: str, field: str) -> str:
+    """Return ``name`` if it is a valid Kubernetes object name, else raise ``ValueError`` naming ``field``."""
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise ValueError(
+            f"{field}: {name!r} is not a valid Kubernetes object name; use at most 253 lowercase letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit"
+        )
+    return name
+
+
+def validate_namespace(namespace: str, field: str) -> str:
+    """Return ``namespace`` if valid, else raise ``ValueError`` naming ``field``."""
+    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+        raise ValueError(
+            f"{field}: {namespace!r} is not a valid namespace; use at most 63 lowercase letters, digits "
+            "and '-', starting and ending with a letter or digit"
+        )
+    return namespace
+
+
+def parse_endpoint(endpoint: str) -> tuple[str | None, str]:
+    """Split ``<namespace>/<name>`` or ``<name>`` into (namespace or None, name).
+
+    Raises:
+        ValueError: empty, too many parts, or not valid Kubernetes names.
+    """
+    text = (endpoint or "").strip()
+    if not text:
+        raise ValueError(
+            "--rdzv-endpoint is empty: with --rdzv-backend=k8s it names the Rendezvous object, "
+            "as <namespace>/<name> or <name>"
+        )
+    parts = text.split("/")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"--rdzv-endpoint {text!r}: expected <namespace>/<name> or <name>, e.g. 'team-a/llama-train'")
+    if len(parts) == 2:
+        return validate_namespace(parts[0], "--rdzv-endpoint namespace"), validate_object_name(
+            parts[1], "--rdzv-endpoint name"
+        )
+    return None, validate_object_name(parts[0], "--rdzv-endpoint name")
+
+
+@dataclass(frozen=True)
+class OwnerReference:
+    """The owner a created Rendezvous is garbage-collected with."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    @classmethod
+    def parse(cls, text: str) -> OwnerReference:
+        """Parse ``<apiVersion>/<kind>/<name>/<uid>`` (``batch/v1/Job/train/<uid>``, ``v1/Pod/p/<uid>``)."""
+        parts = text.split("/")
+        if len(parts) not in (4, 5) or not all(parts):
+            raise ValueError(
+                f"rdzv-conf owner={text!r}: expected <apiVersion>/<kind>/<name>/<uid>, e.g. 'batch/v1/Job/train/<uid>'"
+            )
+        *api_version, kind, name, uid = parts
+        return cls("/".join(api_version), kind, name, uid)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the ``metadata.ownerReferences`` entry."""
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
+
+
+@dataclass(frozen=True)
+class KubernetesRendezvousConfig:
+    """Where the Rendezvous object is and how to reach it; validated on construction.
+
+    The fields are the ``--rdzv-conf`` keys of the same names (README, "Configuration"), plus
+    ``name`` and ``namespace`` from ``--rdzv-endpoint``.
+    """
+
+    name: str
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    create: bool = True
+    owner: OwnerReference | None = None
+    request_timeout: float = 30.0
+    retry_timeout: float = 60.0
+    store_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        validate_object_name(self.name, "Rendezvous name")
+        if self.namespace is not None:
+            validate_namespace(self.namespace, "namespace")
+        for field in ("request_timeout", "retry_timeout", "store_timeout"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"rdzv-conf {field}={value!r}: must be a positive number of seconds")
+
+    @classmethod
+    def from_parameters(cls, endpoint: str, conf: Any) -> KubernetesRendezvousConfig:
+        """Build the settings from ``--rdzv-endpoint`` and ``RendezvousParameters`` (``conf.get...``)."""
+        namespace, name = parse_endpoint(endpoint)
+        conf_namespace = conf.get("namespace")
+        if namespace is None and conf_namespace:
+            namespace = validate_namespace(str(conf_namespace), "rdzv-conf namespace")
+        owner = conf.get("owner")
+
+        def seconds(key: str, default: float) -> float:
+            value = conf.get(key)
+            if value is None:
+                return default
+            try:
+                return float(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"rdzv-conf {key}={value!r}: must be a number of seconds") from exc
+
+        create = conf.get_as_bool("create", True)
+        return cls(
+            name=name,
+            namespace=namespace,
+            kubeconfig=conf.get("kubeconfig") or None,
+            context=conf.get("context") or None,
+            create=True if create is None else create,
+            owner=OwnerReference.parse(str(owner)) if owner else None,
+            request_timeout=seconds("request_timeout", 30.0),
+            retry_timeout=seconds("retry_timeout", 60.0),
+            store_timeout=seconds("store_timeout", 300.0),
+        )

@@ -1,0 +1,448 @@
+"""``KubernetesStore``: tensorplay's key/value Store on the Kubernetes API.
+
+Each key is one ``RendezvousKey`` object owned by the Rendezvous (garbage-collected with it),
+named by a hash of the Rendezvous UID and the key. So independent keys never conflict, and
+store traffic never writes the Rendezvous object (its resourceVersion, the state's
+compare-and-swap token, stays untouched). Blocking ``get`` and ``wait`` list once and then
+watch from the list's resourceVersion, so they wake as soon as the key appears and miss
+nothing when a watch drops and resumes. ``add`` and ``compare_and_swap`` are
+read-modify-write under the key object's resourceVersion, retried on conflict; each write
+records its operation id so that a write whose answer was lost is never applied twice.
+
+Not guaranteed: values are visible to anyone who may read RendezvousKey objects in the
+namespace (use RBAC), and a value is limited to about 1 MiB.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from tensorplay.distributed import Store, StoreTimeoutError
+
+from .kubeapi import (
+    API_VERSION,
+    KEY_PLURAL,
+    ApiError,
+    ApiUnavailableError,
+    KubernetesApi,
+    call_with_retries,
+    resource_path,
+)
+
+logger = logging.getLogger(__name__)
+
+RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
+RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
+ROUND_LABEL = "kube-rendezvous.io/round"
+OPS_ANNOTATION = "kube-rendezvous.io/recent-ops"
+#: How many operation ids a key remembers to recognise its own write after a lost answer.
+RECENT_OPS_KEPT = 32
+DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+
+
+def _as_bytes(value: str | bytes | bytearray) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)
+
+
+def _as_seconds(timeout: float | timedelta | None, default: timedelta) -> float:
+    if timeout is None:
+        return default.total_seconds()
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
+    """Return the RendezvousKey object name for ``key``: a DNS subdomain, at most 253 characters."""
+    digest = hashlib.sha256(f"{rendezvous_uid}\0{key}".encode()).hexdigest()[:32]
+    prefix = rendezvous_name[:200].rstrip(".-")
+    return f"{prefix}.k-{digest}"
+
+
+class KubernetesStore(Store):
+    """A key/value store scoped to one Rendezvous object.
+
+    Args:
+        api: the API client.
+        namespace: the Rendezvous object's namespace.
+        rendezvous_name: the Rendezvous object's name.
+        rendezvous_uid: its UID; keys are owned by it and keyed by it, so a re-created
+            Rendezvous of the same name never sees an old job's keys.
+        timeout: default for blocking ``get`` and ``wait`` (seconds or timedelta, 300 s).
+        retry_timeout: seconds to keep retrying while the API server is unreachable.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        rendezvous_uid: str,
+        *,
+        timeout: float | timedelta = DEFAULT_STORE_TIMEOUT,
+        retry_timeout: float = 60.0,
+    ) -> None:
+        if not rendezvous_uid:
+            raise ValueError("rendezvous_uid must be the Rendezvous object's metadata.uid, got ''")
+        self._api = api
+        self.namespace = namespace
+        self.rendezvous_name = rendezvous_name
+        self.rendezvous_uid = rendezvous_uid
+        self.timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+        self._retry_timeout = retry_timeout
+        self._collection = resource_path(KEY_PLURAL, namespace)
+        self._selector = f"{RENDEZVOUS_UID_LABEL}={rendezvous_uid}"
+        #: Counters for tests and benchmarks.
+        self.stats = {"requests": 0, "conflicts": 0, "watch_restarts": 0}
+
+    @property
+    def timeout(self) -> timedelta:
+        """Default timeout of blocking ``get`` and ``wait``; assignable (seconds or timedelta)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | timedelta) -> None:
+        seconds = _as_seconds(value, DEFAULT_STORE_TIMEOUT)
+        if seconds <= 0:
+            raise ValueError(f"store timeout must be positive, got {value!r}")
+        self._timeout = timedelta(seconds=seconds)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _name(self, key: str | bytes) -> str:
+        return key_object_name(self.rendezvous_name, self.rendezvous_uid, self._key(key))
+
+    @staticmethod
+    def _key(key: str | bytes) -> str:
+        return key if isinstance(key, str) else key.decode("utf-8")
+
+    def _call(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
+        self.stats["requests"] += 1
+        if not retry:
+            return self._api.request(method, path, **kwargs)
+        return call_with_retries(
+            lambda: self._api.request(method, path, **kwargs),
+            deadline=time.monotonic() + self._retry_timeout,
+            what=f"{method} {path}",
+        )
+
+    def _read(self, key: str | bytes) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self._call("GET", f"{self._collection}/{self._name(key)}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise self._failure(exc, "get") from exc
+        return obj
+
+    def _failure(self, exc: Exception, verb: str) -> RuntimeError:
+        if isinstance(exc, ApiError) and exc.status == 403:
+            return RuntimeError(
+                f"The API server refused to {verb} {KEY_PLURAL} in namespace {self.namespace!r} (403): "
+                f"{exc.message}. Grant the pods' ServiceAccount the kube-rendezvous agent Role (docs/rbac.yaml)."
+            )
+        return RuntimeError(f"KubernetesStore could not {verb} a key: {exc}")
+
+    @staticmethod
+    def _value_of(obj: dict[str, Any]) -> bytes:
+        return base64.b64decode(obj["spec"]["value"])
+
+    def _new_object(self, key: str | bytes, value: bytes, op: str, round_number: int | None) -> dict[str, Any]:
+        labels = {RENDEZVOUS_LABEL: self.rendezvous_name[:63].rstrip(".-_"), RENDEZVOUS_UID_LABEL: self.rendezvous_uid}
+        if round_number is not None:
+            labels[ROUND_LABEL] = str(round_number)
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "RendezvousKey",
+            "metadata": {
+                "name": self._name(key),
+                "labels": labels,
+                "annotations": {OPS_ANNOTATION: op},
+                "ownerReferences": [
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "Rendezvous",
+                        "name": self.rendezvous_name,
+                        "uid": self.rendezvous_uid,
+                    }
+                ],
+            },
+            "spec": {"key": self._key(key), "value": base64.b64encode(value).decode("ascii")},
+        }
+
+    def _committed(self, key: str | bytes, op: str) -> dict[str, Any] | None:
+        """After a write without an answer: the key object if it carries ``op``, else None."""
+        obj = self._read(key)
+        if obj is not None and op in obj["metadata"].get("annotations", {}).get(OPS_ANNOTATION, "").split(","):
+            return obj
+        return None
+
+    def _create(self, key: str | bytes, value: bytes, op: str, round_number: int | None) -> dict[str, Any] | None:
+        """Create the key object; None when it already exists."""
+        try:
+            created: dict[str, Any] = self._call(
+                "POST", self._collection, body=self._new_object(key, value, op, round_number), retry=False
+            )
+            return created
+        except ApiError as exc:
+            if exc.status == 409:
+                return self._committed(key, op)
+            if exc.status in (429, 500, 502, 503, 504):
+                return self._committed(key, op)
+            raise self._failure(exc, "create") from exc
+        except ApiUnavailableError:
+            time.sleep(0.2)
+            return self._committed(key, op)
+
+    def _replace(self, obj: dict[str, Any], value: bytes, op: str) -> dict[str, Any] | None:
+        """Write ``value`` if ``obj`` is still current; None when somebody wrote first."""
+        annotations = obj["metadata"].setdefault("annotations", {})
+        recent = [item for item in annotations.get(OPS_ANNOTATION, "").split(",") if item]
+        annotations[OPS_ANNOTATION] = ",".join([*recent[-(RECENT_OPS_KEPT - 1) :], op])
+        obj["spec"]["value"] = base64.b64encode(value).decode("ascii")
+        try:
+            replaced: dict[str, Any] = self._call(
+                "PUT", f"{self._collection}/{obj['metadata']['name']}", body=obj, retry=False
+            )
+            return replaced
+        except ApiError as exc:
+            if exc.status in (409, 404):
+                return None
+            if exc.status in (429, 500, 502, 503, 504):
+                return self._committed(obj["spec"]["key"], op)
+            raise self._failure(exc, "update") from exc
+        except ApiUnavailableError:
+            time.sleep(0.2)
+            return self._committed(obj["spec"]["key"], op)
+
+    def _read_modify_write(
+        self, key: str | bytes, update: Any, round_number: int | None = None
+    ) -> tuple[bytes | None, bytes | None]:
+        """Apply ``update(current_or_None) -> new_or_None`` atomically; return (previous, written)."""
+        op = uuid.uuid4().hex[:12]
+        while True:
+            obj = self._read(key)
+            previous = None if obj is None else self._value_of(obj)
+            desired = update(previous)
+            if desired is None:
+                return previous, None
+            result = self._create(key, desired, op, round_number) if obj is None else self._replace(obj, desired, op)
+            if result is not None:
+                return previous, desired
+            self.stats["conflicts"] += 1
+
+    # -- the Store interface -----------------------------------------------------------------
+
+    def set(self, key: str | bytes, value: str | bytes, *, round_number: int | None = None) -> None:  # type: ignore[override]
+        """Store ``value`` (``str`` is stored as UTF-8) under ``key``."""
+        data = _as_bytes(value)
+        op = uuid.uuid4().hex[:12]
+        if self._create(key, data, op, round_number) is None:  # the key exists: overwrite it
+            self._read_modify_write(key, lambda _current: data, round_number)
+
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        """Return the value of ``key``, waiting up to ``timeout`` (default ``self.timeout``) for it.
+
+        Raises:
+            StoreTimeoutError: the key did not appear in time.
+        """
+        deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+        while True:
+            obj = self._read(key)
+            if obj is not None:
+                return self._value_of(obj)
+            if not self._wait_for([self._name(key)], deadline):
+                raise StoreTimeoutError(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+
+    def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:  # type: ignore[override]
+        """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value."""
+        step = int(amount)
+        _, written = self._read_modify_write(
+            key, lambda current: str(int(current or b"0") + step).encode(), round_number
+        )
+        assert written is not None
+        return int(written)
+
+    def compare_and_swap(  # type: ignore[override]
+        self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
+    ) -> tuple[bool, bytes]:
+        """Set ``desired`` if the value is ``expected`` (a missing key matches ``b""``).
+
+        Returns ``(True, previous)`` when it swapped, ``(False, current)`` when not.
+        """
+        want, new = _as_bytes(expected), _as_bytes(desired)
+        previous, written = self._read_modify_write(
+            key, lambda current: new if (current if current is not None else b"") == want else None, round_number
+        )
+        return (written is not None), (previous if previous is not None else b"")
+
+    def compare_set(  # type: ignore[override]
+        self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
+    ) -> bytes:
+        """Like ``compare_and_swap`` but return the value now stored (``b""`` for a missing key)."""
+        swapped, current = self.compare_and_swap(key, expected, desired, round_number=round_number)
+        return _as_bytes(desired) if swapped else current
+
+    def has(self, key: str | bytes) -> bool:
+        """Return whether ``key`` exists."""
+        return self._read(key) is not None
+
+    def check(self, keys: Iterable[str | bytes]) -> bool:
+        """Return whether every key exists."""
+        return all(self.has(key) for key in keys)
+
+    def delete_key(self, key: str | bytes) -> None:  # type: ignore[override]
+        """Delete ``key``; deleting a missing key does nothing."""
+        try:
+            self._call("DELETE", f"{self._collection}/{self._name(key)}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise self._failure(exc, "delete") from exc
+
+    def num_keys(self) -> int:
+        """Return how many keys this Rendezvous's store holds."""
+        listed = self._call("GET", self._collection, query={"labelSelector": self._selector})
+        return len(listed.get("items", []))
+
+    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:  # type: ignore[override]
+        """Wait until every key exists; return False at the timeout (default ``self.timeout``)."""
+        deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+        return self._wait_for([self._name(key) for key in keys], deadline)
+
+    def delete_rounds_except(self, keep: Iterable[int]) -> None:
+        """Delete the keys written for rounds other than ``keep`` (keys without a round stay)."""
+        kept = ",".join(str(number) for number in sorted(set(keep)))
+        selector = f"{self._selector},{ROUND_LABEL},{ROUND_LABEL} notin ({kept})"
+        try:
+            self._call("DELETE", self._collection, query={"labelSelector": selector})
+        except (ApiError, ApiUnavailableError) as exc:
+            logger.warning(
+                "could not delete the store keys of old rounds (%s); they stay until the Rendezvous goes", exc
+            )
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def _wait_for(self, names: list[str], deadline: float) -> bool:
+        """Return True once every object in ``names`` exists, False at ``deadline``.
+
+        Lists once, then watches from the list's resourceVersion; a dropped watch resumes from
+        the last event it saw, and a watch too old to resume (410 Gone) lists again.
+        """
+        pending = set(names)
+        if not pending:
+            return True
+        query = (
+            {"fieldSelector": f"metadata.name={names[0]}"} if len(pending) == 1 else {"labelSelector": self._selector}
+        )
+        resource_version: str | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                if resource_version is None:
+                    listed = self._call("GET", self._collection, query=query, retry=False)
+                    pending -= {item["metadata"]["name"] for item in listed.get("items", [])}
+                    if not pending:
+                        return True
+                    resource_version = listed["metadata"]["resourceVersion"]
+                self.stats["requests"] += 1
+                events = self._api.watch(
+                    self._collection,
+                    query=dict(query, resourceVersion=resource_version),
+                    timeout_seconds=max(1, int(remaining + 0.999)),
+                )
+                for event in events:
+                    kind, obj = event.get("type"), event.get("object", {})
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            resource_version = None  # too old to resume: list again
+                            break
+                        raise ApiUnavailableError(f"watch error: {obj.get('message')}")
+                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                    name = obj.get("metadata", {}).get("name")
+                    if kind in ("ADDED", "MODIFIED"):
+                        pending.discard(name)
+                    elif kind == "DELETED" and name in names:
+                        pending.add(name)
+                    if not pending:
+                        return True
+                    if time.monotonic() >= deadline:
+                        return False
+            except ApiUnavailableError as exc:
+                self.stats["watch_restarts"] += 1
+                logger.info("store watch interrupted (%s); resuming", exc)
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            except ApiError as exc:
+                if exc.status == 410:
+                    resource_version = None
+                    continue
+                if exc.status in (429, 500, 502, 503, 504):
+                    self.stats["watch_restarts"] += 1
+                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                    continue
+                raise self._failure(exc, "watch") from exc
+
+
+class KubernetesPrefixStore(Store):
+    """A view of a ``KubernetesStore`` whose keys are ``prefix + "/" + key``.
+
+    tensorplay's C++ ``PrefixStore`` refuses Python stores, so the handler uses this one.
+    Keys written through a view made for a round carry that round's label, which lets the
+    store delete the keys of finished rounds.
+    """
+
+    def __init__(self, prefix: str, store: KubernetesStore, round_number: int | None = None) -> None:
+        self.prefix = prefix
+        self.underlying_store = store
+        self.round_number = round_number
+
+    def _k(self, key: str | bytes) -> str:
+        return f"{self.prefix}/{key if isinstance(key, str) else key.decode('utf-8')}"
+
+    @property
+    def timeout(self) -> timedelta:
+        return self.underlying_store.timeout
+
+    @timeout.setter
+    def timeout(self, value: float | timedelta) -> None:
+        self.underlying_store.timeout = value
+
+    def set(self, key: str | bytes, value: str | bytes) -> None:  # type: ignore[override]
+        self.underlying_store.set(self._k(key), value, round_number=self.round_number)
+
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:  # type: ignore[override]
+        return self.underlying_store.get(self._k(key), timeout)
+
+    def add(self, key: str | bytes, amount: int) -> int:  # type: ignore[override]
+        return self.underlying_store.add(self._k(key), amount, round_number=self.round_number)
+
+    def compare_and_swap(  # type: ignore[override]
+        self, key: str | bytes, expected: str | bytes, desired: str | bytes
+    ) -> tuple[bool, bytes]:
+        return self.underlying_store.compare_and_swap(self._k(key), expected, desired, round_number=self.round_number)
+
+    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:  # type: ignore[override]
+        return self.underlying_store.compare_set(self._k(key), expected, desired, round_number=self.round_number)
+
+    def has(self, key: str | bytes) -> bool:  # type: ignore[override]
+        return self.underlying_store.has(self._k(key))
+
+    def check(self, keys: Iterable[str | bytes]) -> bool:
+        return self.underlying_store.check([self._k(key) for key in keys])
+
+    def delete_key(self, key: str | bytes) -> None:  # type: ignore[override]
+        self.underlying_store.delete_key(self._k(key))
+
+    def num_keys(self) -> int:
+        return self.underlying_store.num_keys()
+
+    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:  # type: ignore[override]
+        return self.underlying_store.wait([self._k(key) for key in keys], timeout)
