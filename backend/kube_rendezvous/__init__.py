@@ -1,1 +1,36 @@
-"""Kube-rendezvous backend."""
+"""kube-rendezvous: a Kubernetes-native rendezvous for tensorplay's elastic launcher.
+
+The pure helpers (``encoding``, ``summary``, ``settings``) import neither tensorplay nor the
+network; the backend, the store and the handler need ``kube-rendezvous[tensorplay]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "KubernetesRendezvousBackend",
+    "KubernetesRendezvousHandler",
+    "KubernetesStore",
+    "create_backend",
+    "create_k8s_handler",
+    "register",
+]
+
+_EXPORTS = {
+    "KubernetesRendezvousBackend": "backend",
+    "KubernetesStore": "store",
+    "create_backend": "factory",
+    "KubernetesRendezvousHandler": "handler",
+    "create_k8s_handler": "handler",
+    "register": "handler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the tensorplay-dependent parts on first use, so the pure helpers stay light."""
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -165,7 +165,9 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             status.update({"lastChangeTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "lastWriter": self._node_name})
         return status
 
-    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+    def set_state(  # type: ignore[override]
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
         """Write ``state`` if ``token`` is the object's current resourceVersion.
 
         Returns ``(state, new_token, True)`` when written, else the current

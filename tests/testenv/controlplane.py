@@ -284,18 +284,22 @@ class ControlPlane:
         api = client.CoreV1Api(config.new_client_from_config(str(self.admin_kubeconfig)))
         if create:
             try:
-                api.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+                api.create_namespaced_service_account(
+                    namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+                )
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
-        request = api.create_namespaced_service_account_token(
-            name, namespace, {"spec": {"expirationSeconds": expiration_seconds}}
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
         )
+        answer = api.create_namespaced_service_account_token(name, namespace, request)
+        token = answer.status.token if answer.status is not None else None
+        if not token:
+            raise RuntimeError(f"TokenRequest for {namespace}/{name} returned no token: {answer}")
         path = self.workdir / "kubeconfigs" / f"{namespace}.{name}.kubeconfig"
         path.parent.mkdir(exist_ok=True)
-        self._write_kubeconfig(
-            path, f"system:serviceaccount:{namespace}:{name}", {"token": request.status.token}, namespace
-        )
+        self._write_kubeconfig(path, f"system:serviceaccount:{namespace}:{name}", {"token": token}, namespace)
         return path
 
     def kubectl(

@@ -1,0 +1,167 @@
+"""The ``k8s`` rendezvous handler: tensorplay's DynamicRendezvousHandler over the Kubernetes API.
+
+Two changes to the stock handler, both needed for a job to survive the loss of a pod:
+
+- the rendezvous store is a ``KubernetesStore``, and tensorplay's C++ ``PrefixStore`` refuses
+  Python stores, so each round's view is a ``KubernetesPrefixStore``;
+- tensorplay 1.0.0 reuses rank 0's bootstrap TCPStore and publishes its address at the store
+  root, so after a membership change the new round's workers read the old round's keys and
+  hang. Here rank 0 starts a fresh bootstrap store every round and publishes its address under
+  this round's prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any, cast
+
+from tensorplay.distributed.elastic.rendezvous.api import (
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeout,
+)
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousSettings,
+    _RendezvousExitOp,
+    _RendezvousJoinOp,
+)
+from tensorplay.distributed.elastic.rendezvous.utils import _delay
+
+from .factory import create_backend
+from .store import KubernetesPrefixStore, KubernetesStore
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "k8s"
+#: Rounds whose store keys survive the cleanup that rank 0 runs when a round forms.
+ROUNDS_KEPT_BEHIND = 1
+ROUNDS_KEPT_AHEAD = 2
+
+
+class KubernetesRendezvousHandler(DynamicRendezvousHandler):
+    """A DynamicRendezvousHandler whose store and bootstrap address are safe across rounds."""
+
+    def _wrap_store(self, store: Any) -> KubernetesPrefixStore:
+        round_number = self._state_holder.state.round
+        if not isinstance(store, KubernetesStore):
+            raise TypeError(f"KubernetesRendezvousHandler needs a KubernetesStore, got {type(store).__name__}")
+        return KubernetesPrefixStore(
+            f"tp_elastic/rendezvous/{self._settings.run_id}/{round_number}", store, round_number=round_number
+        )
+
+    def _stop_bootstrap_store(self) -> None:
+        server, self._shared_tcp_store_server = self._shared_tcp_store_server, None
+        if server is not None:
+            try:
+                server.stop()  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - an old server that will not stop is harmless
+                logger.debug("stopping the previous bootstrap store failed: %s", exc)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round; rank 0 hosts a fresh bootstrap store and publishes it under the round's prefix."""
+        self._stop_heartbeats()
+        if self._state_holder.state.round == 0:
+            _delay((0, 0.3))
+        deadline = self._get_deadline(self._settings.timeout.join)
+        self._executor.run(_RendezvousExitOp(), deadline)
+        self._executor.run(_RendezvousJoinOp(), deadline, self._get_deadline)
+        self._start_heartbeats()
+        rank, world_size = self._get_world()
+        state = self._state_holder.state
+        round_store = self._get_store()
+        self._stop_bootstrap_store()
+        server_port = None
+        if rank == 0:
+            if self.use_agent_store:
+                self._shared_tcp_store_server = self._create_tcp_store_server(self._this_node.addr, 0)
+                server_port = int(cast(Any, self._shared_tcp_store_server).port)
+            assert isinstance(self._store, KubernetesStore)
+            self._store.delete_rounds_except(
+                range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
+            )
+        self._bootstrap_store_info = RendezvousStoreInfo.build(
+            rank, round_store, local_addr=self._this_node.addr, server_port=server_port
+        )
+        logger.info(
+            "round %d formed: rank %d of %d, bootstrap store %s:%s",
+            state.round,
+            rank,
+            world_size,
+            self._bootstrap_store_info.master_addr,
+            self._bootstrap_store_info.port,
+        )
+        return RendezvousInfo(
+            store=round_store,
+            rank=rank,
+            world_size=world_size,
+            bootstrap_store_info=self._bootstrap_store_info,
+            participants=sorted(state.participants),
+            wait_list=sorted(state.wait_list),
+        )
+
+    def shutdown(self) -> bool:
+        """Close the rendezvous (as the stock handler does) and stop the bootstrap store."""
+        try:
+            return bool(super().shutdown())
+        finally:
+            self._stop_bootstrap_store()
+
+
+def _seconds(params: RendezvousParameters, key: str, spec: dict[str, Any], spec_key: str) -> timedelta | None:
+    value = params.get_as_int(key)
+    if value is None:
+        value = spec.get(spec_key)
+    if value is None:
+        return None
+    if int(value) <= 0:
+        raise ValueError(f"rdzv-conf {key}={value!r}: must be a positive number of seconds")
+    return timedelta(seconds=int(value))
+
+
+def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHandler:
+    """Create the ``k8s`` handler from the launcher's parameters (the registry's creator).
+
+    Timeouts come from ``--rdzv-conf`` first, then from the Rendezvous spec, then tensorplay's
+    defaults. The launcher always passes ``join_timeout`` (its ``--rdzv-timeout``, 900 s).
+    """
+    backend, store = create_backend(params)
+    spec = backend.spec
+    timeout = RendezvousTimeout(
+        join=_seconds(params, "join_timeout", spec, "joinTimeoutSeconds"),
+        last_call=_seconds(params, "last_call_timeout", spec, "lastCallTimeoutSeconds"),
+        close=_seconds(params, "close_timeout", spec, "closeTimeoutSeconds"),
+        heartbeat=_seconds(params, "heartbeat_timeout", spec, "keepAliveIntervalSeconds"),
+    )
+    keep_alive = _seconds(params, "keep_alive_interval", spec, "keepAliveIntervalSeconds") or timedelta(seconds=5)
+    max_attempts = params.get_as_int("keep_alive_max_attempt") or int(spec.get("keepAliveMaxAttempts") or 3)
+    settings = RendezvousSettings(
+        run_id=backend.run_id,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        timeout=timeout,
+        keep_alive_interval=keep_alive,
+        keep_alive_max_attempt=max_attempts,
+    )
+    return KubernetesRendezvousHandler(
+        backend=backend,
+        settings=settings,
+        local_addr=params.local_addr,
+        node_rank=params.node_rank,
+        run_id=backend.run_id,
+        store=store,
+        backend_name=BACKEND_NAME,
+    )
+
+
+def register() -> None:
+    """Register rendezvous backend ``k8s`` with tensorplay's handler registry (idempotent).
+
+    tensorplay 1.0.0 never loads the ``tp.elastic.handlers`` entry points, so launch code
+    must call this before it builds its rendezvous handler; ``kube_rendezvous.run`` does.
+    """
+    from tensorplay.distributed.elastic.rendezvous.api import get_registry
+
+    get_registry().register(BACKEND_NAME, create_k8s_handler)
