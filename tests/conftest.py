@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.testenv import ControlPlane
+from tests.testenv import ControlPlane, wait_until
 
 _CONTROL_PLANE: ControlPlane | None = None
 
@@ -60,3 +60,45 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if Path(path).exists():
                 tail = "\n".join(Path(path).read_text(errors="replace").splitlines()[-60:])
                 report.sections.append((f"{name} log (tail of {path})", tail))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> None:
+    """The Rendezvous and RendezvousKey CRDs from crds/, applied and established."""
+    control_plane.kubectl("apply", "-f", str(REPO / "crds"))
+    control_plane.kubectl(
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        "crd/rendezvouses.kube-rendezvous.io",
+        "crd/rendezvouskeys.kube-rendezvous.io",
+    )
+
+
+@pytest.fixture
+def agent_kubeconfig(control_plane: ControlPlane, namespace: str, crds: None) -> Path:
+    """Kubeconfig of ServiceAccount ``trainer`` bound to docs/rbac.yaml: a training pod's credentials."""
+    path = control_plane.serviceaccount_kubeconfig(namespace, "trainer")
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(REPO / "docs" / "rbac.yaml"))
+    wait_until(
+        lambda: (
+            control_plane.kubectl(
+                "auth",
+                "can-i",
+                "patch",
+                "rendezvouses.kube-rendezvous.io",
+                "--subresource=status",
+                "-n",
+                namespace,
+                kubeconfig=path,
+                check=False,
+            ).stdout.strip()
+            == "yes"
+        ),
+        30,
+        "the agent RoleBinding to apply",
+    )
+    return path

@@ -1,0 +1,50 @@
+"""Shared helpers of the tests (no fixtures here; see conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rendezvous_parameters(
+    endpoint: str,
+    kubeconfig: Path | str,
+    *,
+    run_id: str = "job-1",
+    min_nodes: int = 1,
+    max_nodes: int = 4,
+    **conf: Any,
+) -> RendezvousParameters:
+    """Launcher-style parameters for backend ``k8s`` using ``kubeconfig``."""
+    config = {"kubeconfig": str(kubeconfig), **{key: str(value) for key, value in conf.items()}}
+    return RendezvousParameters(
+        backend="k8s", endpoint=endpoint, run_id=run_id, min_nodes=min_nodes, max_nodes=max_nodes, config=config
+    )
+
+
+def run_workers(command: str, count: int, *args: str, timeout: float = 300) -> list[dict[str, Any]]:
+    """Run ``count`` processes of ``python -m tests.workers <command> <args>`` at once; return their JSON outputs."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.workers", command, *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    results = []
+    for process in processes:
+        out, err = process.communicate(timeout=timeout)
+        if process.returncode != 0:
+            raise AssertionError(f"worker {command} failed ({process.returncode}):\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
