@@ -288,7 +288,7 @@ class TestObjectLifecycle:
         backend.set_state(b"old job")
         other, _ = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig, run_id="job-2"))
         assert other.get_state() is None
-        state, token, has_set = other.set_state(b"new job")  # type: ignore[misc]
+        state, _token, has_set = other.set_state(b"new job")  # type: ignore[misc]
         assert (state, has_set) == (b"new job", True)
         assert backend.get_state() is None
 
@@ -304,7 +304,7 @@ class TestObjectLifecycle:
         self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
     ) -> None:
         _, token, _ = backend.set_state(b"x")  # type: ignore[misc]
-        with pytest.raises(RendezvousStateError, match="over the .*-byte limit"):
+        with pytest.raises(RendezvousStateError, match=r"over the .*-byte limit"):
             backend.set_state(os.urandom(2 * 1024 * 1024), token)
         assert read_object(objects, namespace)["metadata"]["resourceVersion"] == token
 
