@@ -46,7 +46,14 @@ def get_key(endpoint: str, kubeconfig: str, key: str, timeout: str) -> dict[str,
     return {"value": value.decode(), "returned_at": time.time()}
 
 
-COMMANDS = {"increment-state": increment_state, "add-to-key": add_to_key, "get-key": get_key}
+def claim_key(endpoint: str, kubeconfig: str, key: str, claimant: str) -> dict[str, object]:
+    """Try to claim ``key`` with compare_and_swap(key, b"", claimant)."""
+    _, store = create_backend(rendezvous_parameters(endpoint, kubeconfig))
+    swapped, previous = store.compare_and_swap(key, b"", claimant.encode())
+    return {"swapped": swapped, "previous": previous.decode()}
+
+
+COMMANDS = {"claim-key": claim_key, "increment-state": increment_state, "add-to-key": add_to_key, "get-key": get_key}
 
 if __name__ == "__main__":
     print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])), flush=True)

@@ -215,7 +215,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 raise RendezvousClosedError(
                     f"The Rendezvous {self.namespace}/{self.object_name} no longer exists (deleted)."
                 ) from exc
-            if exc.status in (429, 500, 502, 503, 504):
+            if exc.transient:
                 obj = self._read_object()
                 if (obj.get("status") or {}).get("state") == encoded:
                     return state, obj["metadata"]["resourceVersion"], True

@@ -35,8 +35,12 @@ T = TypeVar("T")
 class ApiError(Exception):
     """The API server answered with a non-2xx status."""
 
-    def __init__(self, status: int, reason: str, message: str, method: str, path: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
+        #: True when a retry may succeed: throttling, an unready server, or a 401/403 from a
+        #: server that accepted these credentials before (a restarted API server answers 403
+        #: until its RBAC caches have synced).
+        self.transient = transient or status in RETRYABLE_STATUSES
         self.status = status
         self.reason = reason
         self.message = message
@@ -58,6 +62,16 @@ def resource_path(plural: str, namespace: str, name: str | None = None, subresou
     return path
 
 
+def _permission(method: str, path: str) -> tuple[str, str, str]:
+    """Return (verb, resource, subresource) of a request path, ignoring namespace and name."""
+    parts = path.split("?")[0].strip("/").split("/")
+    tail = parts[parts.index("namespaces") + 2 :] if "namespaces" in parts else parts[-1:]
+    resource = tail[0] if tail else ""
+    subresource = tail[2] if len(tail) > 2 else ""
+    verb = method if len(tail) > 1 or method in ("POST", "WATCH") else method + "-collection"
+    return verb, resource, subresource
+
+
 class KubernetesApi:
     """Issue JSON requests and watches through a ``kubernetes.client.ApiClient``.
 
@@ -71,6 +85,8 @@ class KubernetesApi:
             raise ValueError(f"request_timeout must be positive seconds, got {request_timeout!r}")
         self.api_client = api_client
         self.request_timeout = request_timeout
+        #: (verb, resource, subresource) the server has allowed this client before.
+        self._allowed_before: set[tuple[str, str, str]] = set()
 
     def _serialize(
         self, method: str, path: str, query: dict[str, Any] | None, content_type: str
@@ -115,8 +131,19 @@ class KubernetesApi:
                 message = json.loads(data).get("message", message)
             except ValueError:
                 pass
-            raise ApiError(response.status, str(response.reason), message, method, path)
+            raise ApiError(
+                response.status,
+                str(response.reason),
+                message,
+                method,
+                path,
+                self._maybe_flapping(method, path, response.status),
+            )
+        self._allowed_before.add(_permission(method, path))
         return json.loads(data) if data else None
+
+    def _maybe_flapping(self, method: str, path: str, status: int) -> bool:
+        return status in (401, 403) and _permission(method, path) in self._allowed_before
 
     def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """Yield watch events (``{"type": ..., "object": ...}``) until the server ends the watch.
@@ -140,7 +167,15 @@ class KubernetesApi:
         try:
             if response.status != 200:
                 body = response.read().decode("utf-8", "replace")
-                raise ApiError(response.status, str(response.reason), body, "WATCH", path)
+                raise ApiError(
+                    response.status,
+                    str(response.reason),
+                    body,
+                    "WATCH",
+                    path,
+                    self._maybe_flapping("WATCH", path, response.status),
+                )
+            self._allowed_before.add(_permission("WATCH", path))
             buffer = b""
             for chunk in response.stream(65536, decode_content=True):
                 buffer += chunk
@@ -154,10 +189,8 @@ class KubernetesApi:
             response.release_conn()
 
 
-def call_with_retries(
-    call: Callable[[], T], *, deadline: float, what: str, retry_statuses: frozenset[int] = RETRYABLE_STATUSES
-) -> T:
-    """Run ``call`` until it succeeds, retrying unavailability and retryable statuses until ``deadline``.
+def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T:
+    """Run ``call`` until it succeeds, retrying unavailability and transient statuses until ``deadline``.
 
     Backs off exponentially (0.1 s doubling to 2 s, with jitter). Only for calls that are safe
     to repeat (reads, and writes whose preconditions make a repeat harmless).
@@ -173,7 +206,7 @@ def call_with_retries(
         except ApiUnavailableError as exc:
             failure: Exception = exc
         except ApiError as exc:
-            if exc.status not in retry_statuses:
+            if not exc.transient:
                 raise
             failure = exc
         if time.monotonic() + delay > deadline:

@@ -194,7 +194,7 @@ class KubernetesStore(Store):
         except ApiError as exc:
             if exc.status == 409:
                 return self._committed(key, op)
-            if exc.status in (429, 500, 502, 503, 504):
+            if exc.transient:
                 return self._committed(key, op)
             raise self._failure(exc, "create") from exc
         except ApiUnavailableError:
@@ -215,7 +215,7 @@ class KubernetesStore(Store):
         except ApiError as exc:
             if exc.status in (409, 404):
                 return None
-            if exc.status in (429, 500, 502, 503, 504):
+            if exc.transient:
                 return self._committed(obj["spec"]["key"], op)
             raise self._failure(exc, "update") from exc
         except ApiUnavailableError:
@@ -384,7 +384,7 @@ class KubernetesStore(Store):
                 if exc.status == 410:
                     resource_version = None
                     continue
-                if exc.status in (429, 500, 502, 503, 504):
+                if exc.transient:
                     self.stats["watch_restarts"] += 1
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                     continue

@@ -1,0 +1,268 @@
+"""KubernetesStore on the real API server: tensorplay's Store semantics, atomicity, blocking, ownership."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous.factory import create_backend
+from kube_rendezvous.store import KubernetesPrefixStore, KubernetesStore
+from kubernetes import client
+from tensorplay.distributed import HashStore, StoreTimeoutError
+
+from tests.helpers import REPO, rendezvous_parameters, run_workers
+from tests.testenv import ControlPlane, wait_until
+
+GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
+
+
+@pytest.fixture
+def endpoint(namespace: str) -> str:
+    return f"{namespace}/rdzv"
+
+
+@pytest.fixture
+def store(endpoint: str, agent_kubeconfig: Path) -> KubernetesStore:
+    _, made = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+    return made
+
+
+@pytest.fixture
+def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(admin_api)
+
+
+def key_objects(objects: client.CustomObjectsApi, namespace: str) -> list[dict[str, Any]]:
+    listed: dict[str, Any] = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, "rendezvouskeys")
+    return list(listed["items"])
+
+
+# The same script runs against tensorplay's in-process HashStore (the reference) and ours.
+CONFORMANCE_SCRIPT: list[tuple[str, tuple[Any, ...]]] = [
+    ("has", ("a",)),
+    ("set", ("a", b"1")),
+    ("get", ("a",)),
+    ("has", ("a",)),
+    ("set", ("a", "h\u00e9llo")),
+    ("get", ("a",)),
+    ("add", ("counter", 3)),
+    ("add", ("counter", -1)),
+    ("add", ("counter", 0)),
+    ("get", ("counter",)),
+    ("compare_and_swap", ("missing-cas", b"x", b"y")),
+    ("has", ("missing-cas",)),
+    ("compare_and_swap", ("cas", b"", b"first")),
+    ("compare_and_swap", ("cas", b"wrong", b"second")),
+    ("compare_and_swap", ("cas", b"first", b"second")),
+    ("get", ("cas",)),
+    ("compare_set", ("missing-cs", b"x", b"y")),
+    ("has", ("missing-cs",)),
+    ("compare_set", ("cs", b"", b"one")),
+    ("compare_set", ("cs", b"nope", b"two")),
+    ("compare_set", ("cs", b"one", b"two")),
+    ("delete_key", ("not-there",)),
+    ("delete_key", ("a",)),
+    ("has", ("a",)),
+    ("num_keys", ()),
+    ("wait", (["counter", "cas"], 1.0)),
+    ("wait", (["counter", "never"], 0.3)),
+]
+
+
+class TestStoreSemantics:
+    def test_every_method_behaves_like_tensorplays_hash_store(self, store: KubernetesStore) -> None:
+        reference = HashStore()
+        for method, args in CONFORMANCE_SCRIPT:
+            expected = getattr(reference, method)(*args)
+            actual = getattr(store, method)(*args)
+            assert actual == expected, f"{method}{args}: HashStore gave {expected!r}, KubernetesStore {actual!r}"
+
+    @pytest.mark.parametrize("timeout", [0.5, timedelta(seconds=0.5)], ids=["seconds", "timedelta"])
+    def test_get_of_a_missing_key_raises_store_timeout_error_at_the_deadline(
+        self, store: KubernetesStore, timeout: float | timedelta
+    ) -> None:
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError, match="never-set"):
+            store.get("never-set", timeout=timeout)
+        assert time.monotonic() - started >= 0.45
+
+    def test_get_without_timeout_uses_the_assignable_default(self, store: KubernetesStore) -> None:
+        store.timeout = timedelta(seconds=0.5)
+        assert store.timeout == timedelta(seconds=0.5)
+        with pytest.raises(StoreTimeoutError):
+            store.get("never-set")
+
+    def test_invalid_default_timeout_is_refused(self, store: KubernetesStore) -> None:
+        with pytest.raises(ValueError, match="positive"):
+            store.timeout = 0
+
+    @pytest.mark.parametrize(
+        "key",
+        [
+            "tp_elastic/rendezvous/run/0/tp_elastic/role_info/0",
+            "UPPER and spaces",
+            "\u00fcnic\u00f8de/\u2603",
+            "k" * 2000,
+        ],
+        ids=["path", "spaces", "unicode", "long"],
+    )
+    def test_arbitrary_keys_round_trip(self, store: KubernetesStore, key: str) -> None:
+        store.set(key, b"\x00\xffbinary")
+        assert store.get(key) == b"\x00\xffbinary"
+        assert store.has(key)
+
+    def test_prefix_store_prefixes_keys_and_labels_them_with_its_round(
+        self, store: KubernetesStore, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        view = KubernetesPrefixStore("tp_elastic/rendezvous/run/7", store, round_number=7)
+        view.set("master_port", "1234")
+        assert store.get("tp_elastic/rendezvous/run/7/master_port") == b"1234"
+        assert view.get("master_port") == b"1234"
+        assert view.add("n", 2) == 2
+        assert view.wait(["master_port", "n"], 1)
+        written = sorted(key_objects(objects, namespace), key=lambda item: item["spec"]["key"])
+        assert [item["spec"]["key"] for item in written] == [
+            "tp_elastic/rendezvous/run/7/master_port",
+            "tp_elastic/rendezvous/run/7/n",
+        ]
+        assert all(item["metadata"]["labels"]["kube-rendezvous.io/round"] == "7" for item in written)
+
+
+class TestAtomicity:
+    def test_concurrent_adds_from_several_processes_sum_exactly(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        processes, adds = 4, 20
+        results = run_workers("add-to-key", processes, endpoint, str(agent_kubeconfig), "counter", str(adds))
+        assert store.get("counter") == str(processes * adds).encode()
+        every_value = sorted(value for result in results for value in result["values"])
+        assert every_value == list(range(1, processes * adds + 1))  # each add saw a distinct total
+        print(f"\n{processes}x{adds} adds: {sum(r['conflicts'] for r in results)} conflicts retried")
+
+    def test_concurrent_compare_and_swap_has_exactly_one_winner(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        processes = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.workers",
+                    "claim-key",
+                    endpoint,
+                    str(agent_kubeconfig),
+                    "leader",
+                    f"p{i}",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(4)
+        ]
+        results = [json.loads(process.communicate(timeout=120)[0].splitlines()[-1]) for process in processes]
+        winners = [index for index, result in enumerate(results) if result["swapped"]]
+        assert len(winners) == 1
+        assert store.get("leader") == f"p{winners[0]}".encode()
+        assert all(result["previous"] == f"p{winners[0]}" for result in results if not result["swapped"])
+
+
+class TestBlockingCalls:
+    def test_blocking_get_in_another_process_wakes_after_a_set(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "tests.workers", "get-key", endpoint, str(agent_kubeconfig), "late", "60"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert waiter.stdout is not None
+        assert json.loads(waiter.stdout.readline()) == {"ready": True}
+        time.sleep(0.5)  # let it reach its watch; the assertion does not depend on this
+        store.set("late", "arrived")
+        out, _ = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0
+        assert json.loads(out.splitlines()[-1])["value"] == "arrived"
+
+    def test_wait_for_several_keys_returns_once_all_exist(self, store: KubernetesStore) -> None:
+        outcome: list[bool] = []
+        thread = threading.Thread(target=lambda: outcome.append(store.wait(["x", "y"], 30)))
+        thread.start()
+        store.set("x", "1")
+        store.set("y", "2")
+        thread.join(40)
+        assert outcome == [True]
+
+    def test_a_wait_that_spans_an_api_server_restart_still_returns_the_value(
+        self, store: KubernetesStore, control_plane: ControlPlane, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        outcome: list[bytes | BaseException] = []
+
+        def blocking_get() -> None:
+            try:
+                outcome.append(store.get("after-restart", timeout=120))
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=blocking_get)
+        thread.start()
+        wait_until(lambda: store.stats["requests"] >= 2, 10, "the get to start watching")
+        control_plane.restart_apiserver(downtime=2)
+        _, writer = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+        writer.set("after-restart", "survived")
+        thread.join(120)
+        assert outcome == [b"survived"]
+
+
+class TestOwnershipAndIsolation:
+    def test_store_traffic_leaves_the_rendezvous_resource_version_unchanged(
+        self, store: KubernetesStore, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        def resource_version() -> str:
+            found: dict[str, Any] = objects.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "rendezvouses", "rdzv"
+            )
+            return str(found["metadata"]["resourceVersion"])
+
+        before = resource_version()
+        store.set("a", "1")
+        store.add("b", 5)
+        store.compare_and_swap("c", b"", b"x")
+        store.delete_key("a")
+        store.wait(["b"], 1)
+        assert resource_version() == before
+
+    def test_keys_are_garbage_collected_with_their_rendezvous(
+        self, store: KubernetesStore, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        store.set("a", "1")
+        store.set("b", "2")
+        assert len(key_objects(objects, namespace)) == 2
+        objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, "rendezvouses", "rdzv")
+        wait_until(lambda: key_objects(objects, namespace) == [], 60, "the garbage collector to delete the keys")
+
+    def test_keys_of_finished_rounds_are_deleted_and_the_rest_kept(
+        self, store: KubernetesStore, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        for round_number in range(5):
+            KubernetesPrefixStore(f"r/{round_number}", store, round_number=round_number).set("k", "v")
+        store.set("no-round", "kept")
+        store.delete_rounds_except([3, 4])
+        remaining = sorted(item["spec"]["key"] for item in key_objects(objects, namespace))
+        assert remaining == ["no-round", "r/3/k", "r/4/k"]
+
+    def test_stores_of_two_rendezvous_do_not_see_each_others_keys(
+        self, store: KubernetesStore, namespace: str, agent_kubeconfig: Path
+    ) -> None:
+        _, other = create_backend(rendezvous_parameters(f"{namespace}/other", agent_kubeconfig))
+        store.set("shared-name", "mine")
+        assert not other.has("shared-name")
+        assert other.num_keys() == 0
