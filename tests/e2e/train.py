@@ -2,7 +2,7 @@
 
 Each worker all_reduces its global rank STEPS times over gloo (sleeping STEP_SECONDS between
 steps, so that a test can kill an agent mid-training), checks every sum, and writes one JSON
-line per worker to $RESULT_DIR/result-<restart>-<rank>.json at the end.
+line per worker to $RESULT_DIR/result-<bootstrap port>-<rank>.json at the end.
 """
 
 import json
@@ -27,7 +27,10 @@ for step in range(steps):
     sums.append(value.tolist()[0])
     if abs(sums[-1] - expected) > 1e-6:
         raise SystemExit(f"rank {rank}: all_reduce gave {sums[-1]}, expected {expected}")
-    print(f"rank {rank}/{world_size} step {step}: sum {sums[-1]}", flush=True)
+    print(
+        f"rank {rank}/{world_size} group_rank {os.environ['GROUP_RANK']} restart {restart} step {step}: sum {sums[-1]}",
+        flush=True,
+    )
     time.sleep(step_seconds)
 dist.barrier()
 result = {
@@ -39,7 +42,9 @@ result = {
     "sums": sums,
     "expected": expected,
     "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+    "finished_at": time.time(),
 }
-with open(os.path.join(result_dir, f"result-{restart}-{rank}.json"), "w") as handle:
+# The bootstrap store's port identifies the round: every worker of a round shares it.
+with open(os.path.join(result_dir, f"result-{os.environ['MASTER_PORT']}-{rank}.json"), "w") as handle:
     json.dump(result, handle)
 dist.destroy_process_group()

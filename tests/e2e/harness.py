@@ -1,0 +1,180 @@
+"""Run elastic tensorplay jobs as separate agent processes, as pods would run them.
+
+Each agent is ``python -m kube_rendezvous.run`` (tensorplay's launcher with ``k8s``
+registered) in its own process session, with its own log file. ``kill_pod`` plays a pod's
+death: the agent and every worker it started are SIGKILLed together (the workers run in
+their own sessions, so a process-group kill would miss them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO / "tests" / "e2e" / "train.py"
+
+
+@dataclass
+class Agent:
+    """One launcher process (a pod) and its log."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill_pod(self) -> None:
+        """SIGKILL the agent and all its descendants at once, as a pod's death does."""
+        try:
+            root = psutil.Process(self.process.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in tree:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=10)
+        self.process.wait(10)
+
+
+@dataclass
+class ElasticJob:
+    """A set of agents of one job sharing a result directory."""
+
+    workdir: Path
+    backend: str
+    endpoint: str
+    nnodes: str
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    run_id: str = "none"
+    nproc_per_node: int = 2
+    steps: int = 3
+    step_seconds: float = 0.0
+    max_restarts: int = 3
+    agents: list[Agent] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.result_dir = self.workdir / "results"
+        self.result_dir.mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
+        return [
+            sys.executable,
+            "-m",
+            "kube_rendezvous.run",
+            f"--nnodes={self.nnodes}",
+            f"--nproc-per-node={self.nproc_per_node}",
+            f"--rdzv-backend={self.backend}",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.run_id}",
+            *([f"--rdzv-conf={conf}"] if conf else []),
+            f"--max-restarts={self.max_restarts}",
+            "--monitor-interval=0.5",
+            "--local-addr=127.0.0.1",
+            str(TRAIN_SCRIPT),
+        ]
+
+    def start_agent(self, name: str | None = None) -> Agent:
+        name = name or f"agent-{len(self.agents)}"
+        log = self.workdir / f"{name}.log"
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+            LOGLEVEL="INFO",
+            RESULT_DIR=str(self.result_dir),
+            STEPS=str(self.steps),
+            STEP_SECONDS=str(self.step_seconds),
+        )
+        with log.open("wb") as handle:
+            process = subprocess.Popen(
+                self.command(),
+                cwd=self.workdir,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        agent = Agent(name, process, log)
+        self.agents.append(agent)
+        return agent
+
+    def agent_with_group_rank(self, group_rank: int, restart: int = 0) -> Agent | None:
+        """The agent whose workers printed ``group_rank N restart R``, if any did yet."""
+        marker = f"group_rank {group_rank} restart {restart} "
+        return next((agent for agent in self.agents if marker in agent.output()), None)
+
+    def results(self) -> list[dict[str, Any]]:
+        """Every worker's result, of every round that finished."""
+        return [json.loads(path.read_text()) for path in sorted(self.result_dir.glob("result-*.json"))]
+
+    def last_results(self) -> list[dict[str, Any]]:
+        """Results of the round that finished last (its workers share one bootstrap address)."""
+        found = self.results()
+        if not found:
+            return []
+        last = max(found, key=lambda item: item["finished_at"])["master"]
+        return [item for item in found if item["master"] == last]
+
+    def wait(self, agents: list[Agent], timeout: float) -> list[int]:
+        """Wait for ``agents`` to exit; return their exit codes. Raises TimeoutError with their logs."""
+        deadline = time.monotonic() + timeout
+        for agent in agents:
+            try:
+                agent.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                tails = "\n".join(f"--- {a.name}\n{a.output()[-4000:]}" for a in agents)
+                raise TimeoutError(f"agents still running after {timeout:.0f} s:\n{tails}") from None
+        return [agent.process.returncode for agent in agents]
+
+    def stop(self) -> None:
+        """Kill every agent still running (test teardown)."""
+        for agent in self.agents:
+            if agent.alive():
+                agent.kill_pod()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {agent.name}\n{agent.output()[-6000:]}" for agent in self.agents)
+
+
+STEP_LINE = re.compile(r"rank (\d+)/(\d+) group_rank (\d+) restart (\d+) step (\d+)")
+
+
+def training_progress(agent: Agent) -> tuple[int, int, int] | None:
+    """(world_size, group_rank, step) of the last training step the agent's workers printed."""
+    matches = STEP_LINE.findall(agent.output())
+    if not matches:
+        return None
+    _, world, group, _, step = matches[-1]
+    return int(world), int(group), int(step)
+
+
+def training_in_world(agents: list[Agent], world_size: int, min_step: int = 1) -> dict[int, Agent] | None:
+    """Map group rank -> agent once every agent trains in a world of ``world_size`` past ``min_step``."""
+    found: dict[int, Agent] = {}
+    for agent in agents:
+        progress = training_progress(agent)
+        if progress is None or progress[0] != world_size or progress[2] < min_step:
+            return None
+        found[progress[1]] = agent
+    return found

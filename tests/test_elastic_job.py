@@ -1,0 +1,141 @@
+"""Elastic tensorplay jobs end to end: real agents as separate processes, each with a
+ServiceAccount token as a pod would have, rendezvousing through a Rendezvous object on the
+real API server. The operator is NOT running: the data path needs only the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import ElasticJob, training_in_world
+from tests.testenv import ControlPlane, free_port, wait_until
+
+MakeJob = Callable[..., ElasticJob]
+
+
+@pytest.fixture
+def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
+    jobs: list[ElasticJob] = []
+
+    def make(backend: str = "k8s", **options: Any) -> ElasticJob:
+        conf = dict(options.pop("rdzv_conf", {}))
+        if backend == "k8s":
+            conf.setdefault("kubeconfig", str(agent_kubeconfig))
+            endpoint = f"{namespace}/job"
+        else:
+            endpoint = f"127.0.0.1:{free_port()}"
+        job = ElasticJob(tmp_path / f"job-{len(jobs)}", backend, endpoint, rdzv_conf=conf, **options)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+def rendezvous_status(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
+    shown = json.loads(control_plane.kubectl("-n", namespace, "get", "rdzv", "job", "-o", "json").stdout)
+    status: dict[str, Any] = shown.get("status", {})
+    return status
+
+
+def assert_one_correct_world(results: list[dict[str, Any]], world_size: int) -> None:
+    in_world = [item for item in results if item["world_size"] == world_size]
+    assert sorted(item["rank"] for item in in_world) == list(range(world_size)), in_world
+    assert all(sum_ == item["expected"] for item in in_world for sum_ in item["sums"])
+    assert item_groups(in_world) == set(range(world_size // 2))
+
+
+def item_groups(results: list[dict[str, Any]]) -> set[int]:
+    return {item["group_rank"] for item in results}
+
+
+class TestOneRound:
+    def test_three_agents_with_two_workers_each_all_reduce_with_unique_global_ranks(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="3")
+        started = time.monotonic()
+        agents = [job.start_agent() for _ in range(3)]
+        assert job.wait(agents, 180) == [0, 0, 0], job.logs()
+        print(f"\n3 agents x 2 workers, one round and 3 all_reduces: {time.monotonic() - started:.1f} s")
+        results = job.results()
+        assert len(results) == 6
+        assert_one_correct_world(results, 6)
+        status = rendezvous_status(control_plane, namespace)
+        assert (status["phase"], status["round"], status["participantCount"]) == ("Closed", 0, 3)
+
+
+class TestElasticity:
+    @pytest.mark.parametrize("victim_group_rank", [0, 1], ids=["rank-0-agent", "another-agent"])
+    def test_survivors_of_a_killed_pod_form_a_new_round_and_finish(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_group_rank: int
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
+        agents = [job.start_agent() for _ in range(3)]
+        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+        victim = by_group[victim_group_rank]
+        killed_at = time.monotonic()
+        victim.kill_pod()
+        survivors = [agent for agent in agents if agent is not victim]
+        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
+        print(f"\nsurvivors trained again {time.monotonic() - killed_at:.1f} s after the kill")
+        assert job.wait(survivors, 180) == [0, 0], job.logs()
+        assert_one_correct_world(job.last_results(), 4)
+        status = rendezvous_status(control_plane, namespace)
+        assert status["round"] >= 1
+        assert status["participantCount"] == 2
+        print(control_plane.kubectl("-n", namespace, "get", "rdzv", "-o", "wide").stdout)
+
+    def test_a_late_agent_joins_the_next_round_when_max_nodes_allows(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=12, step_seconds=1.0, rdzv_conf={"last_call_timeout": "1"})
+        first = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(first, 4), 120, "2 agents training together")
+        late = job.start_agent("late")
+        assert job.wait([*first, late], 240) == [0, 0, 0], job.logs()
+        assert_one_correct_world(job.last_results(), 6)
+        status = rendezvous_status(control_plane, namespace)
+        assert status["round"] >= 1 and status["participantCount"] == 3
+
+
+class TestApiServerRestart:
+    def test_the_round_completes_when_the_api_server_restarts_mid_rendezvous(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="3", steps=2)
+        first = [job.start_agent() for _ in range(2)]
+        wait_until(
+            lambda: rendezvous_status(control_plane, namespace).get("participantCount") == 2,
+            120,
+            "two agents to join the round",
+        )
+        control_plane.restart_apiserver(downtime=3)
+        third = job.start_agent()
+        assert job.wait([*first, third], 240) == [0, 0, 0], job.logs()
+        assert_one_correct_world(job.results(), 6)
+
+
+class TestTheSinglePointOfFailure:
+    def test_with_p10d_killing_the_agent_that_hosts_the_tcp_store_hangs_the_survivors(self, make_job: MakeJob) -> None:
+        job = make_job(backend="p10d", nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
+        agents = [job.start_agent() for _ in range(3)]
+        wait_until(lambda: training_in_world(agents, 6), 120, "3 p10d agents training together")
+        host = next(agent for agent in agents if "hosts the rendezvous TCP store" in agent.output())
+        host.kill_pod()
+        survivors = [agent for agent in agents if agent is not host]
+        with pytest.raises(TimeoutError):
+            wait_until(
+                lambda: training_in_world(survivors, 4, min_step=0) or not all(a.alive() for a in survivors),
+                45,
+                "p10d survivors to recover or exit",
+            )
+        assert all(agent.alive() for agent in survivors)
+        assert job.results() == []
