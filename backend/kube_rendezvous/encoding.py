@@ -67,4 +67,8 @@ def decode_state(text: object) -> bytes:
         raise StateEncodingError(f"status.state holds corrupt zlib data ({exc})") from exc
     if not decompressor.eof:
         raise StateEncodingError(f"status.state is truncated: the zlib stream of {len(compressed)} bytes does not end")
+    if decompressor.unused_data:
+        raise StateEncodingError(
+            f"status.state has {len(decompressor.unused_data)} bytes after the end of its zlib stream; it is corrupt"
+        )
     return state

@@ -5,11 +5,13 @@ Every ``--rdzv-conf`` key, with unit and default, is in the README's configurati
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: Run ids that mean "not set": the launcher's default is ``none`` (pytorch/pytorch#82160).
@@ -76,6 +78,11 @@ class OwnerReference:
                 f"rdzv-conf owner={text!r}: expected <apiVersion>/<kind>/<name>/<uid>, e.g. 'batch/v1/Job/train/<uid>'"
             )
         *api_version, kind, name, uid = parts
+        if not _UID.match(uid):
+            raise ValueError(
+                f"rdzv-conf owner={text!r}: the last part must be the owner's metadata.uid (a UUID), got {uid!r}; "
+                "expected <apiVersion>/<kind>/<name>/<uid>"
+            )
         return cls("/".join(api_version), kind, name, uid)
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,8 +114,8 @@ class KubernetesRendezvousConfig:
             validate_namespace(self.namespace, "namespace")
         for field in ("request_timeout", "retry_timeout", "store_timeout"):
             value = getattr(self, field)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"rdzv-conf {field}={value!r}: must be a positive number of seconds")
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"rdzv-conf {field}={value!r}: must be a positive, finite number of seconds")
 
     @classmethod
     def from_parameters(cls, endpoint: str, conf: Any) -> KubernetesRendezvousConfig:

@@ -20,13 +20,20 @@ PHASES = ("Pending", "Joining", "LastCall", "Complete", "Closed")
 class RendezvousStateLike(Protocol):
     """The fields of tensorplay's ``_RendezvousState`` that the summary reads."""
 
-    round: int
-    complete: bool
-    deadline: datetime | None
-    closed: bool
-    participants: Mapping[Any, int]
-    wait_list: set[Any]
-    last_heartbeats: Mapping[Any, datetime]
+    @property
+    def round(self) -> int: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def deadline(self) -> datetime | None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def participants(self) -> Mapping[Any, int]: ...
+    @property
+    def wait_list(self) -> set[Any]: ...
+    @property
+    def last_heartbeats(self) -> Mapping[Any, datetime]: ...
 
 
 def format_time(moment: datetime) -> str:

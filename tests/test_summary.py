@@ -1,0 +1,279 @@
+"""rendezvous_phase/summarize_state/format_time: the readable status derived from a real tensorplay state (pure)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from kube_rendezvous.summary import (
+    PHASES,
+    SUMMARY_LIST_LIMIT,
+    RendezvousStateLike,
+    format_time,
+    rendezvous_phase,
+    summarize_state,
+)
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def node(addr: str, pid: int = 100, local_id: int = 0) -> _NodeDesc:
+    return _NodeDesc(addr, pid, local_id)
+
+
+def like(state: _RendezvousState) -> RendezvousStateLike:
+    """``state`` typed as the summary's protocol (tensorplay's state satisfies it)."""
+    return state
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies it to ``status``."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class TestRendezvousPhase:
+    def test_no_state_is_pending(self) -> None:
+        assert rendezvous_phase(None) == "Pending"
+
+    def test_fresh_state_is_joining(self) -> None:
+        assert rendezvous_phase(like(_RendezvousState())) == "Joining"
+
+    def test_state_with_participants_and_no_deadline_is_joining(self) -> None:
+        state = _RendezvousState()
+        state.participants[node("a")] = 0
+        assert rendezvous_phase(like(state)) == "Joining"
+
+    def test_deadline_set_before_completion_is_last_call(self) -> None:
+        state = _RendezvousState()
+        state.deadline = NOW + timedelta(seconds=30)
+        assert rendezvous_phase(like(state)) == "LastCall"
+
+    def test_complete_state_is_complete(self) -> None:
+        state = _RendezvousState()
+        state.complete = True
+        assert rendezvous_phase(like(state)) == "Complete"
+
+    def test_complete_state_with_a_leftover_deadline_is_complete_not_last_call(self) -> None:
+        state = _RendezvousState()
+        state.complete = True
+        state.deadline = NOW
+        assert rendezvous_phase(like(state)) == "Complete"
+
+    def test_closed_state_is_closed(self) -> None:
+        state = _RendezvousState()
+        state.closed = True
+        assert rendezvous_phase(like(state)) == "Closed"
+
+    def test_closed_state_is_closed_even_if_complete_with_a_deadline(self) -> None:
+        state = _RendezvousState()
+        state.closed = True
+        state.complete = True
+        state.deadline = NOW
+        assert rendezvous_phase(like(state)) == "Closed"
+
+    def test_every_phase_returned_is_one_of_the_declared_phases(self) -> None:
+        states: list[_RendezvousState | None] = [None]
+        for closed in (False, True):
+            for complete in (False, True):
+                for deadline in (None, NOW):
+                    state = _RendezvousState()
+                    state.closed, state.complete, state.deadline = closed, complete, deadline
+                    states.append(state)
+        assert {rendezvous_phase(None if state is None else like(state)) for state in states} == set(PHASES)
+
+
+class TestSummarizeState:
+    def test_participants_are_sorted_by_rank_with_node_strings(self) -> None:
+        state = _RendezvousState()
+        state.participants = {node("c"): 2, node("a"): 1, node("b"): 0}
+
+        summary = summarize_state(like(state), now=NOW)
+
+        assert summary["participants"] == [
+            {"node": "b_100_0", "rank": 0},
+            {"node": "a_100_0", "rank": 1},
+            {"node": "c_100_0", "rank": 2},
+        ]
+
+    def test_participants_with_equal_ranks_are_ordered_by_node_string(self) -> None:
+        state = _RendezvousState()
+        state.participants = {node("b"): 0, node("a"): 0}
+        assert [entry["node"] for entry in summarize_state(like(state), now=NOW)["participants"]] == [
+            "a_100_0",
+            "b_100_0",
+        ]
+
+    def test_waiting_nodes_are_sorted_node_strings(self) -> None:
+        state = _RendezvousState()
+        state.wait_list = {node("z", 3, 1), node("m", 9, 0), node("a", 1, 2)}
+        assert summarize_state(like(state), now=NOW)["waiting"] == ["a_1_2", "m_9_0", "z_3_1"]
+
+    def test_heartbeats_are_sorted_by_node_with_rfc3339_utc_times(self) -> None:
+        state = _RendezvousState()
+        state.last_heartbeats = {
+            node("b"): datetime(2024, 5, 1, 11, 59, 58, 999_999, tzinfo=timezone.utc),
+            node("a"): datetime(2024, 5, 1, 13, 59, 59, tzinfo=timezone(timedelta(hours=2))),
+        }
+
+        assert summarize_state(like(state), now=NOW)["heartbeats"] == [
+            {"node": "a_100_0", "time": "2024-05-01T11:59:59Z"},
+            {"node": "b_100_0", "time": "2024-05-01T11:59:58Z"},
+        ]
+
+    def test_counts_are_exact_while_lists_are_truncated_at_the_limit(self) -> None:
+        state = _RendezvousState()
+        for index in range(5):
+            member, waiter = node(f"p{index}"), node(f"w{index}")
+            state.participants[member] = index
+            state.wait_list.add(waiter)
+            state.last_heartbeats[member] = NOW
+
+        summary = summarize_state(like(state), now=NOW, limit=2)
+
+        assert summary["participantCount"] == 5
+        assert summary["waitingCount"] == 5
+        assert summary["participants"] == [{"node": "p0_100_0", "rank": 0}, {"node": "p1_100_0", "rank": 1}]
+        assert summary["waiting"] == ["w0_100_0", "w1_100_0"]
+        assert [entry["node"] for entry in summary["heartbeats"]] == ["p0_100_0", "p1_100_0"]
+
+    def test_default_limit_truncates_lists_at_summary_list_limit(self) -> None:
+        state = _RendezvousState()
+        for index in range(SUMMARY_LIST_LIMIT + 3):
+            state.participants[node("host", index)] = index
+        summary = summarize_state(like(state), now=NOW)
+        assert summary["participantCount"] == SUMMARY_LIST_LIMIT + 3
+        assert len(summary["participants"]) == SUMMARY_LIST_LIMIT
+        assert summary["participants"][-1]["rank"] == SUMMARY_LIST_LIMIT - 1
+
+    def test_scalars_describe_round_phase_and_closed(self) -> None:
+        state = _RendezvousState()
+        state.round = 7
+        state.closed = True
+        summary = summarize_state(like(state), now=NOW)
+        assert (summary["round"], summary["phase"], summary["closed"]) == (7, "Closed", True)
+
+    def test_deadline_is_shown_during_last_call(self) -> None:
+        state = _RendezvousState()
+        state.deadline = datetime(2024, 5, 1, 12, 0, 30, 500_000, tzinfo=timezone.utc)
+        summary = summarize_state(like(state), now=NOW)
+        assert summary["phase"] == "LastCall"
+        assert summary["deadline"] == "2024-05-01T12:00:30Z"
+
+    def test_deadline_is_none_once_complete(self) -> None:
+        state = _RendezvousState()
+        state.complete = True
+        state.deadline = NOW + timedelta(seconds=30)
+        summary = summarize_state(like(state), now=NOW)
+        assert summary["phase"] == "Complete"
+        assert summary["deadline"] is None
+
+    def test_deadline_is_none_when_not_set(self) -> None:
+        assert summarize_state(like(_RendezvousState()), now=NOW)["deadline"] is None
+
+    def test_last_change_time_is_now_formatted(self) -> None:
+        assert summarize_state(like(_RendezvousState()), now=NOW)["lastChangeTime"] == "2024-05-01T12:00:00Z"
+
+    def test_last_writer_is_passed_through(self) -> None:
+        assert summarize_state(like(_RendezvousState()), now=NOW, writer="trainer-0")["lastWriter"] == "trainer-0"
+
+    def test_last_writer_is_none_by_default(self) -> None:
+        assert summarize_state(like(_RendezvousState()), now=NOW)["lastWriter"] is None
+
+    def test_summary_of_a_fresh_state_has_empty_lists_and_zero_counts(self) -> None:
+        assert summarize_state(like(_RendezvousState()), now=NOW) == {
+            "round": 0,
+            "phase": "Joining",
+            "closed": False,
+            "participantCount": 0,
+            "waitingCount": 0,
+            "participants": [],
+            "waiting": [],
+            "heartbeats": [],
+            "deadline": None,
+            "lastChangeTime": "2024-05-01T12:00:00Z",
+            "lastWriter": None,
+        }
+
+    def test_summary_is_json_serializable(self) -> None:
+        state = _RendezvousState()
+        state.participants[node("a")] = 0
+        state.last_heartbeats[node("a")] = NOW
+        state.deadline = NOW
+        summary = summarize_state(like(state), now=NOW, writer="w")
+        assert json.loads(json.dumps(summary)) == summary
+
+    def test_every_value_is_a_scalar_a_list_or_none_never_a_dict(self) -> None:
+        state = _RendezvousState()
+        state.participants[node("a")] = 0
+        state.wait_list.add(node("b"))
+        state.last_heartbeats[node("a")] = NOW
+        state.deadline = NOW
+
+        for key, value in summarize_state(like(state), now=NOW, writer="w").items():
+            assert value is None or isinstance(value, (bool, int, str, list)), f"{key} is {type(value).__name__}"
+            if isinstance(value, list):
+                assert all(isinstance(item, (dict, str)) for item in value), key
+
+    def test_merge_patch_of_a_new_summary_replaces_the_previous_one_completely(self) -> None:
+        old_state = _RendezvousState()
+        old_state.participants = {node("a"): 0, node("b"): 1}
+        old_state.wait_list = {node("c")}
+        old_state.last_heartbeats = {node("a"): NOW, node("b"): NOW}
+        old_state.deadline = NOW
+        previous = {"state": "z1:...", **summarize_state(like(old_state), now=NOW, writer="old")}
+
+        new_state = _RendezvousState()
+        new_state.round = 1
+        new_state.complete = True
+        new_state.deadline = NOW
+        new_state.participants = {node("d"): 0}
+        new_summary = summarize_state(like(new_state), now=NOW + timedelta(seconds=5))
+
+        patched = merge_patch(previous, new_summary)
+
+        expected = {key: value for key, value in new_summary.items() if value is not None}
+        assert patched == {"state": "z1:...", **expected}
+        assert "deadline" not in patched
+        assert "lastWriter" not in patched
+
+
+@pytest.fixture
+def local_zone_not_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Make the process's local time zone UTC+05:30, so treating naive times as local would show."""
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    assert time.timezone == -(5 * 3600 + 30 * 60)
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+class TestFormatTime:
+    def test_aware_utc_time_is_formatted_with_z_and_whole_seconds(self) -> None:
+        assert format_time(datetime(2024, 1, 2, 3, 4, 5, 678_901, tzinfo=timezone.utc)) == "2024-01-02T03:04:05Z"
+
+    @pytest.mark.usefixtures("local_zone_not_utc")
+    def test_naive_time_is_treated_as_utc_not_local_time(self) -> None:
+        assert format_time(datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02T03:04:05Z"
+
+    def test_non_utc_aware_time_is_converted_to_utc(self) -> None:
+        moment = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+        assert format_time(moment) == "2024-01-01T21:34:05Z"
+
+    @pytest.mark.parametrize("hours", [-8, -1, 1, 9])
+    def test_same_instant_in_any_offset_formats_identically(self, hours: int) -> None:
+        moment = datetime(2024, 6, 30, 23, 59, 59, tzinfo=timezone.utc)
+        assert format_time(moment.astimezone(timezone(timedelta(hours=hours)))) == "2024-06-30T23:59:59Z"
