@@ -337,3 +337,62 @@ class TestReadableSummary:
         table = control_plane.kubectl("-n", namespace, "get", "rdzv").stdout
         assert table.split("\n")[0].split()[:7] == ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING"]
         assert table.split("\n")[1].split()[:7] == ["rdzv", "Complete", "3", "2", "1", "4", "1"]
+
+
+class HostileState:
+    """Unpickling this runs ``touch <path>``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.path}",))
+
+
+class TestSafetyAndIntents:
+    def test_a_hostile_pickle_in_the_status_is_refused_and_its_command_never_runs(
+        self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str, tmp_path: Path
+    ) -> None:
+        marker = tmp_path / "pwned"
+        backend.set_state(b"x")
+        write_raw_status(
+            objects,
+            namespace,
+            {"state": "z1:" + base64.b64encode(zlib.compress(pickle.dumps(HostileState(marker)))).decode()},
+        )
+        with pytest.raises(RendezvousStateError, match=r"refers to posix\.system"):
+            backend.get_state()
+        assert not marker.exists()
+
+    def test_spec_closed_is_folded_into_the_state_the_agents_read(
+        self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        backend.set_state(pickle.dumps(_RendezvousState()))
+        objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rdzv", {"spec": {"closed": True}})
+        current = backend.get_state()
+        assert current is not None
+        assert pickle.loads(current[0]).closed is True
+
+    def test_closing_before_any_agent_wrote_gives_newcomers_a_closed_state(
+        self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rdzv", {"spec": {"closed": True}})
+        current = backend.get_state()
+        assert current is not None
+        assert pickle.loads(current[0]).closed is True
+
+    def test_an_evicted_node_gets_an_expired_heartbeat_so_tensorplay_prunes_it(
+        self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        state = _RendezvousState()
+        alive, dead = _NodeDesc("10.0.0.1", 1, 0), _NodeDesc("10.0.0.2", 2, 0)
+        now = datetime.now(timezone.utc)
+        state.participants = {alive: 0, dead: 1}
+        state.last_heartbeats = {alive: now, dead: now}
+        backend.set_state(pickle.dumps(state))
+        write_raw_status(objects, namespace, {"evictedNodes": [str(dead)]})
+        current = backend.get_state()
+        assert current is not None
+        folded = pickle.loads(current[0])
+        assert folded.last_heartbeats[alive] == now
+        assert folded.last_heartbeats[dead] < now - timedelta(days=365)

@@ -25,14 +25,21 @@ from tensorplay.distributed.elastic.rendezvous.api import (
     RendezvousStateError,
 )
 from tensorplay.distributed.elastic.rendezvous.core_rendezvous_backend import RendezvousBackend
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 from .encoding import StateEncodingError, StateTooLargeError, decode_state, encode_state
+from .intents import fold_intents
 from .kubeapi import RENDEZVOUS_PLURAL, ApiError, ApiUnavailableError, KubernetesApi, call_with_retries, resource_path
+from .statecheck import RENDEZVOUS_MODULE, ForbiddenGlobalError, check_state_pickle
 from .summary import summarize_state
 
 logger = logging.getLogger(__name__)
 
 Token = Any
+_STATE_CLASSES = {
+    (RENDEZVOUS_MODULE, "_RendezvousState"): _RendezvousState,
+    (RENDEZVOUS_MODULE, "_NodeDesc"): _NodeDesc,
+}
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -122,9 +129,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
     def _state_of(self, obj: dict[str, Any]) -> tuple[bytes, Token] | None:
         status = obj.get("status") or {}
         encoded = status.get("state")
-        if not encoded:
-            return None
-        if status.get("runId") not in (None, self.run_id):
+        foreign = status.get("runId") not in (None, self.run_id)
+        if foreign and encoded:
             logger.info(
                 "Rendezvous %s/%s holds the state of run %r; run %r starts afresh over it",
                 self.namespace,
@@ -132,7 +138,9 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 status.get("runId"),
                 self.run_id,
             )
-            return None
+        if not encoded or foreign:
+            initial = self._with_intents(obj, None)
+            return None if initial is None else (initial, obj["metadata"]["resourceVersion"])
         try:
             state = decode_state(encoded)
         except StateEncodingError as exc:
@@ -140,7 +148,34 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 f"The rendezvous state in {self.namespace}/{self.object_name} is corrupt: {exc}. "
                 "See the inner exception for details."
             ) from exc
-        return state, obj["metadata"]["resourceVersion"]
+        folded = self._with_intents(obj, state)
+        return (state if folded is None else folded), obj["metadata"]["resourceVersion"]
+
+    def _with_intents(self, obj: dict[str, Any], state: bytes | None) -> bytes | None:
+        """Refuse a hostile pickle; fold spec.closed, a deletion and status.evictedNodes into the state."""
+        close = bool((obj.get("spec") or {}).get("closed")) or bool(obj["metadata"].get("deletionTimestamp"))
+        evicted = (obj.get("status") or {}).get("evictedNodes") or []
+        decoded: Any = None
+        if state is not None:
+            try:
+                decoded = check_state_pickle(state, _STATE_CLASSES)
+            except ForbiddenGlobalError as exc:
+                raise RendezvousStateError(
+                    f"The rendezvous state in {self.namespace}/{self.object_name} was refused: {exc}."
+                ) from exc
+            except Exception:  # noqa: BLE001 - not a pickle at all: the holder reports that itself
+                return state
+            if not isinstance(decoded, _RendezvousState):
+                return state
+        if not close and not evicted:
+            return state
+        if decoded is None:
+            if not close:
+                return None
+            decoded = _RendezvousState()
+        if fold_intents(decoded, close=close, evicted=evicted) or state is None:
+            return pickle.dumps(decoded)
+        return state
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """Return ``(state, token)``, or None when this run has no state yet.

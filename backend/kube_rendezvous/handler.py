@@ -17,6 +17,8 @@ from datetime import timedelta
 from typing import Any, cast
 
 from tensorplay.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStoreInfo,
@@ -61,7 +63,25 @@ class KubernetesRendezvousHandler(DynamicRendezvousHandler):
                 logger.debug("stopping the previous bootstrap store failed: %s", exc)
 
     def next_rendezvous(self) -> RendezvousInfo:
-        """Join the next round; rank 0 hosts a fresh bootstrap store and publishes it under the round's prefix."""
+        """Join the next round; rank 0 hosts a fresh bootstrap store and publishes it under the round's prefix.
+
+        Raises:
+            RendezvousGracefulExitError: the rendezvous is closed (``spec.closed``, the object
+                deleted, or the job done), so the agent stops its workers and exits cleanly.
+        """
+        try:
+            return self._next_round()
+        except RendezvousClosedError as exc:
+            raise RendezvousGracefulExitError(f"the rendezvous {self._run_id} is closed: {exc}") from exc
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join; a closed rendezvous counts as one so that running agents stop and exit."""
+        with self._heartbeat_lock:
+            self._state_holder.sync()
+            state = self._state_holder.state
+            return max(len(state.wait_list), 1 if state.closed else 0)
+
+    def _next_round(self) -> RendezvousInfo:
         self._stop_heartbeats()
         if self._state_holder.state.round == 0:
             _delay((0, 0.3))
