@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
 from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
 
 logger = logging.getLogger(__name__)
 
@@ -214,3 +217,35 @@ def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T
         logger.info("%s failed (%s); retrying in %.1f s", what, failure, delay)
         time.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(delay * 2, 2.0)
+
+
+def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:
+    """Return an API client and the kubeconfig context's namespace (None in-cluster).
+
+    In-cluster credentials (the pod's service-account token, refreshed as it rotates) are
+    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig.
+
+    Raises:
+        ValueError: no usable credentials; the message says what to pass.
+    """
+    in_cluster = (
+        os.environ.get("KUBERNETES_SERVICE_HOST")
+        and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
+    )
+    try:
+        if kubeconfig is None and in_cluster:
+            configuration = k8s_client.Configuration()
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            return k8s_client.ApiClient(configuration), None
+        api_client = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
+        _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        if context is not None:
+            contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+            active = next((item for item in contexts if item["name"] == context), active)
+        return api_client, (active or {}).get("context", {}).get("namespace")
+    except (k8s_config.ConfigException, OSError, TypeError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ValueError(
+            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r} could not be loaded ({exc}). "
+            "Run in a pod with a ServiceAccount, or pass --rdzv-conf kubeconfig=PATH."
+        ) from exc
