@@ -72,7 +72,18 @@ class KubernetesRendezvousHandler(DynamicRendezvousHandler):
         try:
             return self._next_round()
         except RendezvousClosedError as exc:
+            self._record_closed()
             raise RendezvousGracefulExitError(f"the rendezvous {self._run_id} is closed: {exc}") from exc
+
+    def _record_closed(self) -> None:
+        """Write the closed state a close intent produced, so the summary and kubectl say Closed."""
+        try:
+            with self._heartbeat_lock:
+                if self._state_holder.state.closed:
+                    self._state_holder.mark_dirty()
+                    self._state_holder.sync()
+        except Exception as exc:  # noqa: BLE001 - the object may be gone already; the exit stays clean
+            logger.info("could not record the closed state: %s", exc)
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join; a closed rendezvous counts as one so that running agents stop and exit."""

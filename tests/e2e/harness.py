@@ -75,7 +75,7 @@ class ElasticJob:
         self.result_dir = self.workdir / "results"
         self.result_dir.mkdir(parents=True, exist_ok=True)
 
-    def command(self) -> list[str]:
+    def command(self, local_addr: str = "127.0.0.1") -> list[str]:
         conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
         return [
             sys.executable,
@@ -89,11 +89,11 @@ class ElasticJob:
             *([f"--rdzv-conf={conf}"] if conf else []),
             f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
-            "--local-addr=127.0.0.1",
+            f"--local-addr={local_addr}",
             str(TRAIN_SCRIPT),
         ]
 
-    def start_agent(self, name: str | None = None) -> Agent:
+    def start_agent(self, name: str | None = None, local_addr: str = "127.0.0.1") -> Agent:
         name = name or f"agent-{len(self.agents)}"
         log = self.workdir / f"{name}.log"
         env = dict(
@@ -107,7 +107,7 @@ class ElasticJob:
         )
         with log.open("wb") as handle:
             process = subprocess.Popen(
-                self.command(),
+                self.command(local_addr),
                 cwd=self.workdir,
                 env=env,
                 stdout=handle,

@@ -1,0 +1,355 @@
+"""The operator on the real API server, with real agents: conditions, Events, close, delete,
+eviction of a gone pod, a hostile state, and an operator that dies mid-round.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.harness import ElasticJob, training_in_world
+from tests.helpers import REPO
+from tests.testenv import ControlPlane, free_port, wait_until
+
+GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
+
+
+class Operator:
+    """``python -m kube_rendezvous_operator`` as a subprocess with the documented RBAC."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as handle:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kube_rendezvous_operator",
+                    "--namespace",
+                    self.namespace,
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--log-format",
+                    "plain",
+                    "--liveness",
+                    f"http://127.0.0.1:{self.health_port}/healthz",
+                ],
+                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        wait_until(self.healthy, 60, "the operator's liveness endpoint")
+
+    def healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"operator exited:\n{self.log.read_text()[-3000:]}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
+            return bool(answer.status == 200)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            lines = answer.read().decode().splitlines()
+        return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
+
+
+@pytest.fixture(scope="session")
+def operator_cluster_role(control_plane: ControlPlane, crds: None) -> None:
+    documents = (REPO / "docs" / "operator-rbac.yaml").read_text().split("\n---\n")
+    control_plane.kubectl("apply", "-f", "-", input=documents[0])
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, operator_cluster_role: None, tmp_path: Path
+) -> Iterator[Operator]:
+    kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "kube-rendezvous-operator")
+    control_plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        f"kube-rendezvous-operator-{namespace}",
+        "--clusterrole=kube-rendezvous-operator",
+        f"--serviceaccount={namespace}:kube-rendezvous-operator",
+    )
+    running = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    running.start()
+    yield running
+    running.stop()
+    control_plane.kubectl("delete", "clusterrolebinding", f"kube-rendezvous-operator-{namespace}", check=False)
+
+
+@pytest.fixture
+def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(admin_api)
+
+
+MakeJob = Callable[..., ElasticJob]
+
+
+@pytest.fixture
+def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
+    jobs: list[ElasticJob] = []
+
+    def make(**options: Any) -> ElasticJob:
+        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
+        job = ElasticJob(tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, **options)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+def create_rendezvous(objects: client.CustomObjectsApi, namespace: str, **spec: Any) -> None:
+    objects.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Rendezvous",
+            "metadata": {"name": "job"},
+            "spec": {"minNodes": 1, "maxNodes": 4, **spec},
+        },
+    )
+
+
+def read(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
+    found: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+    return found
+
+
+def condition(obj: dict[str, Any], condition_type: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == condition_type), None)
+
+
+def events(admin_api: client.ApiClient, namespace: str) -> list[tuple[str, str, str]]:
+    listed = client.CoreV1Api(admin_api).list_namespaced_event(namespace, field_selector="involvedObject.name=job")
+    return [(item.type, item.reason, item.message) for item in listed.items]
+
+
+def reasons(admin_api: client.ApiClient, namespace: str) -> list[str]:
+    return [reason for _, reason, _ in events(admin_api, namespace)]
+
+
+def gone(objects: client.CustomObjectsApi, namespace: str) -> bool:
+    try:
+        read(objects, namespace)
+    except client.ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+class TestConditionsAndEvents:
+    def test_ready_condition_then_events_for_joins_the_round_and_close(
+        self,
+        operator: Operator,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        make_job: MakeJob,
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
+        ready = wait_until(lambda: condition(read(objects, namespace), "Ready"), 30, "a Ready condition")
+        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")
+        obj = read(objects, namespace)
+        assert ready["observedGeneration"] == obj["metadata"]["generation"]
+        assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+
+        job = make_job(nnodes="2")
+        agents = [job.start_agent() for _ in range(2)]
+        assert job.wait(agents, 120) == [0, 0], job.logs()
+        wait_until(lambda: "Closed" in reasons(admin_api, namespace), 30, "a Closed event")
+        seen = events(admin_api, namespace)
+        assert [reason for _, reason, _ in seen].count("NodeJoined") == 2
+        completed = [message for _, reason, message in seen if reason == "RoundCompleted"]
+        assert completed and completed[0].startswith("round 0 completed with 2 nodes")
+        wait_until(lambda: (condition(read(objects, namespace), "Closed") or {}).get("status") == "True", 30, "Closed")
+        assert operator.metric("kube_rendezvous_rounds_completed_total") >= 1
+        assert operator.metric("kube_rendezvous_node_joins_total") == 2
+
+    def test_a_closed_rendezvous_is_deleted_after_its_ttl(
+        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=1, ttlSecondsAfterClosed=1)
+        job = make_job(nnodes="1")
+        assert job.wait([job.start_agent()], 120) == [0], job.logs()
+        wait_until(lambda: gone(objects, namespace), 60, "the operator to delete the closed Rendezvous")
+
+
+class TestDeclarativeClose:
+    def test_patching_spec_closed_ends_waiting_agents_cleanly(
+        self,
+        operator: Operator,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        make_job: MakeJob,
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=3, maxNodes=3)
+        job = make_job(nnodes="3")
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: read(objects, namespace).get("status", {}).get("participantCount") == 2, 60, "2 joined")
+        objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job", {"spec": {"closed": True}})
+        assert job.wait(agents, 90) == [0, 0], job.logs()
+        wait_until(lambda: "Closed" in reasons(admin_api, namespace), 30, "a Closed event")
+
+    def test_deleting_a_rendezvous_with_training_agents_closes_it_before_letting_it_go(
+        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
+        job = make_job(nnodes="2", steps=60, step_seconds=1.0)
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training")
+        objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+        held = read(objects, namespace)
+        assert held["metadata"].get("deletionTimestamp")
+        assert "kube-rendezvous.io/close-before-delete" in held["metadata"]["finalizers"]
+        wait_until(lambda: gone(objects, namespace), 90, "the Rendezvous to be released after the agents closed it")
+        assert job.wait(agents, 90) == [0, 0], job.logs()
+
+
+class TestEviction:
+    def test_deleting_a_training_pod_evicts_its_node_so_survivors_reform_without_waiting_for_heartbeats(
+        self,
+        operator: Operator,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        make_job: MakeJob,
+    ) -> None:
+        # Heartbeats expire only after 5 s x 60 = 300 s here: recovery within the deadline below
+        # can only come from the operator's eviction.
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
+        core = client.CoreV1Api(admin_api)
+        addresses = [f"127.0.0.{11 + index}" for index in range(3)]
+        for index, address in enumerate(addresses):
+            core.create_namespaced_pod(
+                namespace,
+                client.V1Pod(
+                    metadata=client.V1ObjectMeta(
+                        name=f"trainer-{index}", labels={"kube-rendezvous.io/rendezvous": "job"}
+                    ),
+                    spec=client.V1PodSpec(containers=[client.V1Container(name="agent", image="trainer:latest")]),
+                ),
+            )
+            core.patch_namespaced_pod_status(
+                f"trainer-{index}",
+                namespace,
+                {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
+            )
+        job = make_job(
+            nnodes="2:3",
+            steps=30,
+            step_seconds=1.0,
+            rdzv_conf={"last_call_timeout": "5", "keep_alive_max_attempt": "60"},
+        )
+        agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
+        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+        victim = by_group[1]
+        killed_at = time.monotonic()
+        victim.kill_pod()
+        core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
+        survivors = [agent for agent in agents if agent is not victim]
+        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
+        print(f"\nwith eviction, survivors trained again {time.monotonic() - killed_at:.1f} s after the kill")
+        evicted = read(objects, namespace)["status"]["evictedNodes"]
+        assert len(evicted) == 1 and evicted[0].startswith(f"{addresses[int(victim.name[-1])]}_")
+        assert "NodeEvicted" in reasons(admin_api, namespace)
+        job.stop()
+
+
+class TestSafety:
+    def test_a_hostile_state_only_raises_a_condition_and_an_event(
+        self,
+        operator: Operator,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        tmp_path: Path,
+    ) -> None:
+        import base64
+        import pickle
+        import zlib
+
+        marker = tmp_path / "operator-was-pwned"
+
+        class Hostile:
+            def __reduce__(self) -> tuple[Any, ...]:
+                return (os.system, (f"touch {marker}",))
+
+        create_rendezvous(objects, namespace)
+        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")
+        hostile = "z1:" + base64.b64encode(zlib.compress(pickle.dumps(Hostile()))).decode()
+        objects.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            "job",
+            {"status": {"state": hostile}},
+            _content_type="application/merge-patch+json",
+        )
+        wait_until(
+            lambda: (condition(read(objects, namespace), "Ready") or {}).get("reason") == "HostileState",
+            30,
+            "Ready=False HostileState",
+        )
+        warning = wait_until(
+            lambda: [e for e in events(admin_api, namespace) if e[1] == "HostileState"], 30, "a HostileState event"
+        )
+        assert warning[0][0] == "Warning" and "posix.system" in warning[0][2]
+        assert not marker.exists()
+
+
+class TestOperatorOutage:
+    def test_a_round_completes_while_the_operator_is_dead_and_it_catches_up_after_a_restart(
+        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
+        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")
+        job = make_job(nnodes="2")
+        first = job.start_agent()
+        wait_until(lambda: read(objects, namespace).get("status", {}).get("participantCount") == 1, 60, "1 joined")
+        operator.kill()
+        second = job.start_agent()
+        assert job.wait([first, second], 120) == [0, 0], job.logs()
+        assert read(objects, namespace)["status"]["closed"] is True
+        assert condition(read(objects, namespace), "Closed") is None  # nobody was there to say so
+        operator.start()
+        wait_until(
+            lambda: (condition(read(objects, namespace), "Closed") or {}).get("status") == "True",
+            60,
+            "the restarted operator to catch up",
+        )
