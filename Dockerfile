@@ -1,0 +1,32 @@
+# The kube-rendezvous operator image (charts/kube-rendezvous runs it).
+#   docker build -t ghcr.io/kube-rendezvous/operator:0.1.0 .
+# Stage 1 builds a wheel of this repository; stage 2 installs it with the operator extra
+# (Kopf, prometheus-client) and runs as an unprivileged numeric user.
+
+FROM python:3.11.7-slim-bookworm AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY . .
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+FROM python:3.11.7-slim-bookworm
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+COPY --from=build /wheels /tmp/wheels
+# Install the wheel by its path (never by name from an index) with the operator extra.
+RUN set -eu; \
+    wheel="$(ls /tmp/wheels/kube_rendezvous-*.whl)"; \
+    pip install "${wheel}[operator]"; \
+    rm -rf /tmp/wheels; \
+    groupadd --system --gid 10001 operator; \
+    useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin operator
+# Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+WORKDIR /tmp
+# 8080: Kopf's liveness endpoint (/healthz); 9090: Prometheus /metrics.
+EXPOSE 8080 9090
+ENTRYPOINT ["python", "-m", "kube_rendezvous_operator"]

@@ -1,0 +1,140 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "kube-rendezvous.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release-qualified name: <release>-<chart>, or the release name if it already holds the chart's. */}}
+{{- define "kube-rendezvous.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* helm.sh/chart label value. */}}
+{{- define "kube-rendezvous.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that identify this release's objects (never change them: selectors use them). */}}
+{{- define "kube-rendezvous.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kube-rendezvous.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Standard labels of every object of the chart. */}}
+{{- define "kube-rendezvous.labels" -}}
+helm.sh/chart: {{ include "kube-rendezvous.chart" . }}
+{{ include "kube-rendezvous.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kube-rendezvous
+{{- end }}
+
+{{/* The operator's pod selector. */}}
+{{- define "kube-rendezvous.operatorSelectorLabels" -}}
+{{ include "kube-rendezvous.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels of the operator's objects. */}}
+{{- define "kube-rendezvous.operatorLabels" -}}
+{{ include "kube-rendezvous.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels of the training pods' RBAC objects. */}}
+{{- define "kube-rendezvous.trainingLabels" -}}
+{{ include "kube-rendezvous.labels" . }}
+app.kubernetes.io/component: training-rbac
+{{- end }}
+
+{{/* The operator's Deployment, Roles and RoleBindings. */}}
+{{- define "kube-rendezvous.operatorName" -}}
+{{- printf "%s-operator" (include "kube-rendezvous.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The metrics Service (a DNS label: at most 63 characters). */}}
+{{- define "kube-rendezvous.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "kube-rendezvous.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The training pods' Role and RoleBinding. */}}
+{{- define "kube-rendezvous.agentName" -}}
+{{- printf "%s-agent" (include "kube-rendezvous.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+Prefix of cluster-scoped objects: release name and namespace both, so that two releases
+(even of the same name, in two namespaces) never share a ClusterRole or ClusterRoleBinding.
+*/}}
+{{- define "kube-rendezvous.clusterPrefix" -}}
+{{- printf "%s-%s" (include "kube-rendezvous.fullname" .) .Release.Namespace | trunc 200 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The operator's ServiceAccount. */}}
+{{- define "kube-rendezvous.serviceAccountName" -}}
+{{- default (include "kube-rendezvous.operatorName" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{/* The operator image: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "kube-rendezvous.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+Namespaces the operator watches, as a JSON list (one --namespace each); [] means every namespace.
+rbac.scope=namespace without watchNamespaces watches the release namespace.
+*/}}
+{{- define "kube-rendezvous.watchNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+{{- toJson (uniq .Values.watchNamespaces) }}
+{{- else if eq .Values.rbac.scope "namespace" }}
+{{- toJson (list .Release.Namespace) }}
+{{- else }}
+{{- toJson list }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces that get the training pods' ServiceAccount, Role and RoleBinding, as a JSON list. */}}
+{{- define "kube-rendezvous.trainingNamespaces" -}}
+{{- if .Values.trainingRBAC.namespaces }}
+{{- toJson (uniq .Values.trainingRBAC.namespaces) }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's rules inside one namespace (docs/operator-rbac.yaml minus the cluster-wide ones). */}}
+{{- define "kube-rendezvous.operatorNamespacedRules" -}}
+# Watch Rendezvous objects; patch for Kopf's finalizer and its rare bookkeeping; delete after a TTL.
+- apiGroups: [kube-rendezvous.io]
+  resources: [rendezvouses]
+  verbs: [get, list, watch, patch, delete]
+# Conditions, observedGeneration and evictedNodes.
+- apiGroups: [kube-rendezvous.io]
+  resources: [rendezvouses/status]
+  verbs: [get, patch]
+# Training pods, to evict the nodes of pods that are gone.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Events for users: round completed, node joined/left/evicted, closed, state corrupt.
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/* The operator's cluster-wide read of CustomResourceDefinitions. */}}
+{{- define "kube-rendezvous.operatorCrdRules" -}}
+# Kopf discovers its resources through the CustomResourceDefinitions.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- end }}
