@@ -14,7 +14,8 @@ FROM python:3.11.7-slim-bookworm
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PYTHONSAFEPATH=1
 COPY --from=build /wheels /tmp/wheels
 # Install the wheel by its path (never by name from an index) with the operator extra.
 RUN set -eu; \
@@ -26,7 +27,8 @@ RUN set -eu; \
         --shell /usr/sbin/nologin operator
 # Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
-WORKDIR /tmp
+# Root-owned and read-only to the operator; PYTHONSAFEPATH keeps the working directory off sys.path.
+WORKDIR /
 # 8080: Kopf's liveness endpoint (/healthz); 9090: Prometheus /metrics.
 EXPOSE 8080 9090
 ENTRYPOINT ["python", "-m", "kube_rendezvous_operator"]
