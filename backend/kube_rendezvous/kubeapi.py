@@ -88,6 +88,8 @@ class KubernetesApi:
             raise ValueError(f"request_timeout must be positive seconds, got {request_timeout!r}")
         self.api_client = api_client
         self.request_timeout = request_timeout
+        #: Counters for benchmarks: requests by method, 409s, request and response body bytes.
+        self.stats: dict[str, int] = {"requests": 0, "conflicts": 0, "bytes_sent": 0, "bytes_received": 0}
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
 
@@ -121,13 +123,24 @@ class KubernetesApi:
         """
         url, headers = self._serialize(method, path, query, content_type)
         limit = timeout or self.request_timeout
+        self.stats["requests"] += 1
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        self.stats["bytes_sent"] += len(payload or b"")
         try:
-            response = self.api_client.rest_client.request(
-                method, url, headers=headers, body=body, _request_timeout=(min(limit, 10.0), limit)
+            response = self.api_client.rest_client.pool_manager.request(
+                method,
+                url,
+                body=payload,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=min(limit, 10.0), read=limit),
+                preload_content=True,
             )
-            data = response.read()
-        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+            data = response.data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        self.stats["bytes_received"] += len(data)
+        if response.status == 409:
+            self.stats["conflicts"] += 1
         if not 200 <= response.status < 300:
             message = data.decode("utf-8", "replace")
             try:
@@ -156,6 +169,7 @@ class KubernetesApi:
             ApiUnavailableError: the connection failed or dropped.
         """
         watch_query = dict(query, watch="true", allowWatchBookmarks="true", timeoutSeconds=timeout_seconds)
+        self.stats["requests"] += 1
         url, headers = self._serialize("GET", path, watch_query, "application/json")
         try:
             response = self.api_client.rest_client.pool_manager.request(

@@ -1,0 +1,760 @@
+"""The Helm chart charts/kube-rendezvous, the examples, and the operator image's build files.
+
+Rendering tests run ``helm lint`` and ``helm template`` only. Installing tests run ``helm install``
+against the real control plane, which has no kubelet: the operator's pod stays Pending, so they
+check the objects and the permissions, and run the operator as a local process under the
+chart's ServiceAccount and RBAC instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kube_rendezvous.factory import create_backend
+from kubernetes import client
+from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+from tests.helpers import REPO, rendezvous_parameters
+from tests.testenv import ControlPlane, ensure_binaries, free_port, wait_until
+
+CHART = REPO / "charts" / "kube-rendezvous"
+EXAMPLES = REPO / "examples"
+GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
+CRD_NAMES = ("rendezvouses.kube-rendezvous.io", "rendezvouskeys.kube-rendezvous.io")
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+RELEASE_NAMESPACE = "ml-platform"
+
+Manifest = dict[str, Any]
+
+
+# -- helm --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The helm binary with its own, empty cache/config/data folders."""
+
+    binary: Path
+    home: Path
+
+    def run(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        result = subprocess.run(
+            [str(self.binary), *map(str, args)], capture_output=True, text=True, env=env, timeout=180
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def template(self, *values: str, release: str = "rdzv", namespace: str = RELEASE_NAMESPACE) -> list[Manifest]:
+        """Render the chart with ``--set`` ``values``; return its objects."""
+        sets = [arg for value in values for arg in ("--set", value)]
+        rendered = self.run("template", release, CHART, "--namespace", namespace, *sets).stdout
+        return [document for document in yaml.safe_load_all(rendered) if document]
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
+
+
+def objects_of(manifests: list[Manifest], kind: str, namespace: str | None = None) -> list[Manifest]:
+    return [
+        manifest
+        for manifest in manifests
+        if manifest["kind"] == kind and (namespace is None or manifest["metadata"].get("namespace") == namespace)
+    ]
+
+
+def the(manifests: list[Manifest], kind: str, namespace: str | None = None) -> Manifest:
+    """The one object of ``kind`` (in ``namespace``); fail if there are none or several."""
+    found = objects_of(manifests, kind, namespace)
+    assert len(found) == 1, f"expected one {kind}, found {[m['metadata']['name'] for m in found]}"
+    return found[0]
+
+
+def operator_objects(manifests: list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in objects_of(manifests, kind) if m["metadata"]["labels"].get(COMPONENT) == "operator"]
+
+
+def training_objects(manifests: list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in objects_of(manifests, kind) if m["metadata"]["labels"].get(COMPONENT) == "training-rbac"]
+
+
+def pod_spec(manifests: list[Manifest]) -> Manifest:
+    spec: Manifest = the(manifests, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def operator_container(manifests: list[Manifest]) -> Manifest:
+    container: Manifest = pod_spec(manifests)["containers"][0]
+    return container
+
+
+def env_of(container: Manifest) -> dict[str, str]:
+    return {item["name"]: item.get("value", "") for item in container.get("env", [])}
+
+
+def documented(path: str, kind: str) -> Manifest:
+    """The object of ``kind`` in docs/``path``, the documented source of the chart's RBAC."""
+    return the([d for d in yaml.safe_load_all((REPO / "docs" / path).read_text()) if d], kind)
+
+
+def without(rules: list[Manifest], *resources: str) -> list[Manifest]:
+    return [rule for rule in rules if not set(rule["resources"]) & set(resources)]
+
+
+def app_version() -> str:
+    version: str = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    return version
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+class TestTheChartRenders:
+    @pytest.mark.parametrize("values", [[], ["rbac.scope=namespace"]], ids=["cluster-scope", "namespace-scope"])
+    def test_helm_lint_reports_no_warning_or_error(self, helm: Helm, values: list[str]) -> None:
+        sets = [arg for value in values for arg in ("--set", value)]
+        linted = helm.run("lint", "--strict", CHART, *sets)
+        assert "[WARNING]" not in linted.stdout
+        assert "[ERROR]" not in linted.stdout
+        assert "0 chart(s) failed" in linted.stdout
+
+    def test_default_values_render_the_operator_its_cluster_rbac_metrics_and_the_training_rbac(
+        self, helm: Helm
+    ) -> None:
+        kinds = sorted(manifest["kind"] for manifest in helm.template())
+        assert kinds == sorted(
+            [
+                "ServiceAccount",  # the operator's
+                "ServiceAccount",  # the trainer
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",  # the trainer's
+                "RoleBinding",
+                "Service",
+                "Deployment",
+            ]
+        )
+
+    def test_namespace_scope_renders_roles_in_place_of_the_cluster_wide_role(self, helm: Helm) -> None:
+        manifests = helm.template("rbac.scope=namespace")
+        assert [m["metadata"]["namespace"] for m in operator_objects(manifests, "Role")] == [RELEASE_NAMESPACE]
+        assert [m["metadata"]["namespace"] for m in operator_objects(manifests, "RoleBinding")] == [RELEASE_NAMESPACE]
+        assert len(objects_of(manifests, "ClusterRole")) == 1  # only reads CRDs; see TestTheOperatorRBAC
+
+    def test_every_object_carries_the_standard_labels(self, helm: Helm) -> None:
+        for manifest in helm.template("rbac.scope=namespace") + helm.template():
+            labels = manifest["metadata"]["labels"]
+            assert labels[INSTANCE] == "rdzv"
+            assert labels["app.kubernetes.io/name"] == "kube-rendezvous"
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["app.kubernetes.io/version"] == app_version()
+            assert labels["helm.sh/chart"] == "kube-rendezvous-0.1.0"
+
+    def test_every_namespaced_object_names_its_namespace(self, helm: Helm) -> None:
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+        for manifest in helm.template("rbac.scope=namespace") + helm.template():
+            assert ("namespace" in manifest["metadata"]) == (manifest["kind"] not in cluster_scoped), manifest
+
+
+class TestTheSchemaRejectsBadValues:
+    @pytest.mark.parametrize(
+        ("value", "complaint"),
+        [
+            ("bogus=1", "additional properties 'bogus' not allowed"),
+            ("image.bogus=1", "additional properties 'bogus' not allowed"),
+            ("operator.resources.limits.gpu=1", "additional properties 'gpu' not allowed"),
+            ("trainingRBAC.enable=false", "additional properties 'enable' not allowed"),
+            ("rbac.scope=galaxy", "/rbac/scope"),
+            ("watchNamespaces={Not_A_Namespace}", "/watchNamespaces/0"),
+            ("metrics.port=80", "/metrics/port"),
+            ("operator.verbose=maybe", "/operator/verbose"),
+        ],
+    )
+    def test_an_unknown_or_mistyped_value_fails_the_render(self, helm: Helm, value: str, complaint: str) -> None:
+        rendered = helm.run("template", "rdzv", CHART, "--set", value, check=False)
+        assert rendered.returncode != 0
+        assert "values don't meet the specifications of the schema" in rendered.stderr
+        assert complaint in rendered.stderr
+
+    def test_every_object_level_of_the_schema_is_closed(self) -> None:
+        def open_levels(node: Any, where: str) -> Iterator[str]:
+            if isinstance(node, dict):
+                if node.get("type") == "object" and node.get("additionalProperties", True) is True:
+                    yield where or "/"
+                for key, child in node.items():
+                    yield from open_levels(child, f"{where}/{key}")
+            elif isinstance(node, list):
+                for index, child in enumerate(node):
+                    yield from open_levels(child, f"{where}/{index}")
+
+        schema = json.loads((CHART / "values.schema.json").read_text())
+        assert list(open_levels(schema, "")) == []
+
+
+class TestTheChartCrds:
+    def test_the_chart_holds_exactly_the_repository_crds(self) -> None:
+        assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
+
+    @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
+    def test_each_chart_crd_is_a_byte_identical_copy_of_crds(self, name: str) -> None:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"charts/kube-rendezvous/crds/{name} drifted from crds/{name}: cp crds/{name} charts/kube-rendezvous/crds/"
+        )
+
+
+class TestTheOperatorDeployment:
+    def test_the_image_tag_defaults_to_the_chart_app_version(self, helm: Helm) -> None:
+        image = operator_container(helm.template())["image"]
+        assert image == f"ghcr.io/kube-rendezvous/operator:{app_version()}"
+
+    def test_a_set_image_tag_and_repository_replace_the_default(self, helm: Helm) -> None:
+        manifests = helm.template("image.repository=registry.local/rdzv-operator", "image.tag=dev-1")
+        assert operator_container(manifests)["image"] == "registry.local/rdzv-operator:dev-1"
+
+    def test_exactly_one_replica_runs_and_is_replaced_by_recreate(self, helm: Helm) -> None:
+        spec = the(helm.template(), "Deployment")["spec"]
+        assert spec["replicas"] == 1
+        assert spec["strategy"] == {"type": "Recreate"}
+
+    def test_it_runs_the_operator_module_on_every_namespace_by_default(self, helm: Helm) -> None:
+        container = operator_container(helm.template())
+        assert container["command"] == ["python", "-m", "kube_rendezvous_operator"]
+        assert "--namespace" not in container.get("args", [])
+
+    def test_metrics_port_and_log_format_reach_the_environment_the_ports_and_the_service(self, helm: Helm) -> None:
+        manifests = helm.template("metrics.port=9191", "operator.logFormat=plain")
+        container = operator_container(manifests)
+        assert env_of(container)["METRICS_PORT"] == "9191"
+        assert env_of(container)["LOG_FORMAT"] == "plain"
+        assert {"name": "metrics", "containerPort": 9191, "protocol": "TCP"} in container["ports"]
+        assert the(manifests, "Service")["spec"]["ports"][0]["port"] == 9191
+
+    def test_the_default_environment_is_json_logs_and_metrics_on_9090(self, helm: Helm) -> None:
+        env = env_of(operator_container(helm.template()))
+        assert env == {
+            "METRICS_PORT": "9090",
+            "LOG_FORMAT": "json",
+            "LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
+        }
+
+    def test_it_runs_as_a_non_root_user_on_a_read_only_root_filesystem_without_privileges(self, helm: Helm) -> None:
+        manifests = helm.template()
+        security = operator_container(manifests)["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["runAsUser"] == 10001
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod_spec(manifests)["securityContext"]["runAsNonRoot"] is True
+
+    def test_only_tmp_is_writable_through_an_empty_dir(self, helm: Helm) -> None:
+        manifests = helm.template()
+        mounts = operator_container(manifests)["volumeMounts"]
+        assert mounts == [{"name": "tmp", "mountPath": "/tmp"}]
+        volume = next(v for v in pod_spec(manifests)["volumes"] if v["name"] == "tmp")
+        assert "emptyDir" in volume
+
+    def test_liveness_and_readiness_probe_healthz_on_port_8080(self, helm: Helm) -> None:
+        container = operator_container(helm.template())
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["path"] == "/healthz"
+            assert ports[get["port"]] == 8080
+
+    def test_resources_come_from_values(self, helm: Helm) -> None:
+        manifests = helm.template("operator.resources.requests.cpu=250m", "operator.resources.limits.memory=1Gi")
+        resources = operator_container(manifests)["resources"]
+        assert resources["requests"]["cpu"] == "250m"
+        assert resources["limits"]["memory"] == "1Gi"
+
+    def test_the_metrics_service_selects_the_operator_pod_on_its_metrics_port(self, helm: Helm) -> None:
+        manifests = helm.template()
+        service = the(manifests, "Service")
+        pod_labels = the(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+
+    def test_the_metrics_service_can_be_left_out(self, helm: Helm) -> None:
+        assert objects_of(helm.template("metrics.service.enabled=false"), "Service") == []
+
+
+class TestTheOperatorRBAC:
+    def test_cluster_scope_grants_the_rules_of_docs_operator_rbac_to_the_operator_account(self, helm: Helm) -> None:
+        manifests = helm.template()
+        role, binding = the(manifests, "ClusterRole"), the(manifests, "ClusterRoleBinding")
+        assert role["rules"] == documented("operator-rbac.yaml", "ClusterRole")["rules"]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": pod_spec(manifests)["serviceAccountName"], "namespace": RELEASE_NAMESPACE}
+        ]
+        assert operator_objects(manifests, "Role") == []
+        assert [m["metadata"]["name"] for m in operator_objects(manifests, "ServiceAccount")] == [
+            pod_spec(manifests)["serviceAccountName"]
+        ]
+
+    def test_namespace_scope_watches_and_grants_the_release_namespace_only(self, helm: Helm) -> None:
+        manifests = helm.template("rbac.scope=namespace")
+        cluster_wide = documented("operator-rbac.yaml", "ClusterRole")["rules"]
+        assert operator_container(manifests)["args"] == ["--namespace", RELEASE_NAMESPACE]
+        role = the(operator_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
+        assert role["rules"] == without(cluster_wide, "customresourcedefinitions", "namespaces")
+        # Kopf still reads CRDs cluster-wide; nothing else is cluster-wide, not even namespaces.
+        assert the(manifests, "ClusterRole")["rules"] == [
+            rule for rule in cluster_wide if rule["resources"] == ["customresourcedefinitions"]
+        ]
+
+    def test_watch_namespaces_render_one_namespace_argument_and_one_role_each(self, helm: Helm) -> None:
+        manifests = helm.template("rbac.scope=namespace", "watchNamespaces={team-a,team-b}")
+        assert operator_container(manifests)["args"] == ["--namespace", "team-a", "--namespace", "team-b"]
+        roles = operator_objects(manifests, "Role")
+        bindings = operator_objects(manifests, "RoleBinding")
+        assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+        assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+        for binding in bindings:
+            assert binding["subjects"][0]["namespace"] == RELEASE_NAMESPACE  # the operator's own account
+
+    def test_watch_namespaces_narrow_a_cluster_scoped_operator_too(self, helm: Helm) -> None:
+        manifests = helm.template("watchNamespaces={team-a}")
+        assert operator_container(manifests)["args"] == ["--namespace", "team-a"]
+        assert len(objects_of(manifests, "ClusterRoleBinding")) == 1
+
+    @pytest.mark.parametrize("scope", ["cluster", "namespace"])
+    def test_two_releases_never_share_a_cluster_scoped_name_even_with_one_release_name(
+        self, helm: Helm, scope: str
+    ) -> None:
+        def cluster_names(release: str, namespace: str) -> set[str]:
+            manifests = helm.template(f"rbac.scope={scope}", release=release, namespace=namespace)
+            return {m["metadata"]["name"] for m in manifests if "namespace" not in m["metadata"]}
+
+        first = cluster_names("rdzv", "team-a")
+        assert first
+        assert first.isdisjoint(cluster_names("rdzv", "team-b"))
+        assert first.isdisjoint(cluster_names("other", "team-a"))
+
+
+class TestTheTrainingRBAC:
+    def test_it_grants_the_rules_of_docs_rbac_to_the_trainer_account(self, helm: Helm) -> None:
+        manifests = helm.template()
+        role = the(training_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
+        binding = the(training_objects(manifests, "RoleBinding"), "RoleBinding", RELEASE_NAMESPACE)
+        account = the(training_objects(manifests, "ServiceAccount"), "ServiceAccount", RELEASE_NAMESPACE)
+        assert role["rules"] == documented("rbac.yaml", "Role")["rules"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": RELEASE_NAMESPACE}]
+        assert account["metadata"]["name"] == "trainer"
+
+    def test_it_renders_in_each_training_namespace(self, helm: Helm) -> None:
+        manifests = helm.template("trainingRBAC.namespaces={team-a,team-b}")
+        for kind in ("ServiceAccount", "Role", "RoleBinding"):
+            assert sorted(m["metadata"]["namespace"] for m in training_objects(manifests, kind)) == ["team-a", "team-b"]
+
+    def test_disabled_it_renders_no_trainer_account_role_or_binding(self, helm: Helm) -> None:
+        manifests = helm.template("trainingRBAC.enabled=false")
+        for kind in ("ServiceAccount", "Role", "RoleBinding"):
+            assert training_objects(manifests, kind) == []
+        assert objects_of(manifests, "Deployment")  # the operator stays
+
+    def test_an_existing_account_is_bound_but_not_created(self, helm: Helm) -> None:
+        manifests = helm.template("trainingRBAC.createServiceAccount=false", "trainingRBAC.serviceAccountName=ml-runner")
+        assert training_objects(manifests, "ServiceAccount") == []
+        assert the(manifests, "RoleBinding")["subjects"][0]["name"] == "ml-runner"
+
+
+class TestTheImage:
+    """The Dockerfile cannot be built here (no container engine); it must agree with the chart."""
+
+    def test_the_image_runs_the_chart_command_as_the_chart_user_and_exposes_the_chart_ports(self, helm: Helm) -> None:
+        dockerfile = (REPO / "Dockerfile").read_text()
+        instructions = [line.split(None, 1) for line in dockerfile.splitlines() if re.match(r"^[A-Z]+\s", line)]
+        last = {keyword: rest.strip() for keyword, rest in instructions}
+        container = operator_container(helm.template())
+        assert json.loads(last["ENTRYPOINT"]) == container["command"]
+        assert last["USER"].split(":")[0] == str(container["securityContext"]["runAsUser"])
+        assert sorted(map(int, last["EXPOSE"].split())) == sorted(port["containerPort"] for port in container["ports"])
+
+    def test_both_stages_start_from_the_pinned_base_and_the_second_installs_the_operator_extra(self) -> None:
+        dockerfile = (REPO / "Dockerfile").read_text()
+        bases = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
+        assert bases == ["python:3.11.7-slim-bookworm", "python:3.11.7-slim-bookworm"]
+        assert "pip wheel --no-deps" in dockerfile
+        assert "[operator]" in dockerfile
+
+    def test_the_build_context_is_the_package_sources_only(self) -> None:
+        lines = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
+        assert lines[0] == "*"
+        assert {"!pyproject.toml", "!backend/", "!operator/"} <= set(lines)
+
+
+# -- the examples ------------------------------------------------------------------------------
+
+
+def example(name: str) -> list[Manifest]:
+    return [document for document in yaml.safe_load_all((EXAMPLES / name).read_text()) if document]
+
+
+class TestTheExamples:
+    def test_they_name_no_namespace_so_they_apply_into_any(self) -> None:
+        for path in EXAMPLES.glob("*.yaml"):
+            for manifest in example(path.name):
+                assert "namespace" not in manifest["metadata"], f"{path.name}: {manifest['metadata']}"
+
+    def test_the_example_role_grants_exactly_docs_rbac(self) -> None:
+        manifests = example("training-job.yaml")
+        assert the(manifests, "Role")["rules"] == documented("rbac.yaml", "Role")["rules"]
+        assert the(manifests, "RoleBinding")["subjects"] == [{"kind": "ServiceAccount", "name": "trainer"}]
+
+    def test_the_job_pods_carry_the_rendezvous_label_and_run_the_launcher_against_it(self) -> None:
+        rendezvous = the(example("rendezvous.yaml"), "Rendezvous")
+        job = the(example("training-job.yaml"), "Job")
+        name = rendezvous["metadata"]["name"]
+        pod = job["spec"]["template"]
+        container = pod["spec"]["containers"][0]
+        assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == (
+            "Indexed",
+            3,
+            3,
+        )
+        assert pod["metadata"]["labels"]["kube-rendezvous.io/rendezvous"] == name
+        assert pod["spec"]["serviceAccountName"] == "trainer"
+        assert pod["spec"]["restartPolicy"] == "Never"
+        assert container["command"] + container["args"] == [
+            "python",
+            "-m",
+            "kube_rendezvous.run",
+            "--nnodes=2:4",
+            "--nproc-per-node=1",
+            "--rdzv-backend=k8s",
+            f"--rdzv-endpoint=$(POD_NAMESPACE)/{name}",
+            "--rdzv-id=$(JOB_UID)",
+            "--local-addr=$(POD_IP)",
+            "--max-restarts=3",
+            "train.py",
+        ]
+        fields = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
+        assert fields == {
+            "POD_NAMESPACE": "metadata.namespace",
+            "POD_IP": "status.podIP",
+            "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
+        }
+        assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
+
+    def test_kubectl_applies_them_into_a_namespace(
+        self, control_plane: ControlPlane, namespace: str, crds: None
+    ) -> None:
+        control_plane.kubectl("apply", "-f", str(EXAMPLES), "-n", namespace)
+        applied = kubectl_json(control_plane, "get", "rendezvous,job,serviceaccount,role,rolebinding", "-n", namespace)
+        names = {(item["kind"], item["metadata"]["name"]) for item in applied["items"]}
+        assert {
+            ("Rendezvous", "llama-train"),
+            ("Job", "llama-train"),
+            ("ServiceAccount", "trainer"),
+            ("Role", "kube-rendezvous-agent"),
+            ("RoleBinding", "kube-rendezvous-agent"),
+        } <= names
+
+    def test_the_example_trainer_can_join_the_example_rendezvous(
+        self, control_plane: ControlPlane, namespace: str, crds: None
+    ) -> None:
+        control_plane.kubectl("apply", "-f", str(EXAMPLES), "-n", namespace)
+        kubeconfig = trainer_kubeconfig(control_plane, namespace)
+        backend, _ = create_backend(
+            rendezvous_parameters(f"{namespace}/llama-train", kubeconfig, min_nodes=2, max_nodes=4, create="false")
+        )
+        written = backend.set_state(b"x")
+        assert written is not None and written[2] is True
+
+
+# -- installing --------------------------------------------------------------------------------
+
+
+def kubectl_json(control_plane: ControlPlane, *args: str) -> Any:
+    return json.loads(control_plane.kubectl(*args, "-o", "json").stdout)
+
+
+def trainer_kubeconfig(control_plane: ControlPlane, namespace: str, account: str = "trainer") -> Path:
+    """A pod's credentials for ``account`` (which exists already), once its Role binding is in effect."""
+    kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, account)
+    wait_until(
+        lambda: can_i(control_plane, kubeconfig, "patch", "rendezvouses.kube-rendezvous.io", "--subresource=status"),
+        30,
+        f"the RoleBinding of {namespace}/{account} to take effect",
+    )
+    return kubeconfig
+
+
+def can_i(control_plane: ControlPlane, kubeconfig: Path, *question: str) -> bool:
+    answer = control_plane.kubectl("auth", "can-i", *question, kubeconfig=kubeconfig, check=False)
+    return answer.stdout.strip() == "yes"
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    install_output: str
+    manifests: list[Manifest]
+
+    @property
+    def operator_account(self) -> str:
+        account: str = pod_spec(self.manifests)["serviceAccountName"]
+        return account
+
+
+def install(helm: Helm, control_plane: ControlPlane, name: str, namespace: str, *values: str) -> Release:
+    sets = [arg for value in values for arg in ("--set", value)]
+    kubeconfig = ("--kubeconfig", str(control_plane.admin_kubeconfig))
+    installed = helm.run("install", name, CHART, "--namespace", namespace, *kubeconfig, *sets)
+    manifest = helm.run("get", "manifest", name, "--namespace", namespace, *kubeconfig).stdout
+    return Release(name, namespace, installed.stdout, [d for d in yaml.safe_load_all(manifest) if d])
+
+
+def uninstall(helm: Helm, control_plane: ControlPlane, release: Release) -> None:
+    helm.run(
+        "uninstall",
+        release.name,
+        "--namespace",
+        release.namespace,
+        "--kubeconfig",
+        str(control_plane.admin_kubeconfig),
+        "--ignore-not-found",
+    )
+
+
+@pytest.fixture
+def release(helm: Helm, control_plane: ControlPlane, namespace: str) -> Iterator[Release]:
+    """The chart installed into the test's namespace, namespace-scoped; uninstalled afterwards."""
+    installed = install(helm, control_plane, f"rdzv-{uuid.uuid4().hex[:8]}", namespace, "rbac.scope=namespace")
+    yield installed
+    uninstall(helm, control_plane, installed)
+
+
+@pytest.fixture
+def other_namespace(admin_api: client.ApiClient) -> Iterator[str]:
+    """A second fresh namespace, deleted afterwards."""
+    name = f"elsewhere-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": name, "labels": {"kube-rendezvous.io/test": "true"}}})
+    yield name
+    core.delete_namespace(name)
+
+
+def release_objects(control_plane: ControlPlane, release: str) -> list[str]:
+    """Every operator-side object labelled with the release, in any namespace or cluster-wide."""
+    selector = f"{INSTANCE}={release}"
+    namespaced = control_plane.kubectl(
+        "get", "deployments,services,serviceaccounts,roles,rolebindings", "-A", "-l", selector, "-o", "name"
+    ).stdout.split()
+    cluster = control_plane.kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
+    ).stdout.split()
+    return namespaced + cluster
+
+
+class TestInstallingTheChart:
+    def test_it_creates_the_crds_the_operator_deployment_accounts_rbac_and_service(
+        self, control_plane: ControlPlane, release: Release
+    ) -> None:
+        for crd in CRD_NAMES:  # created by this install, or already present: both are fine
+            control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{crd}")
+        selector = f"{INSTANCE}={release.name}"
+        found = kubectl_json(
+            control_plane,
+            "get",
+            "deployments,serviceaccounts,roles,rolebindings,services",
+            "-n",
+            release.namespace,
+            "-l",
+            selector,
+        )
+        by_kind: dict[str, set[str]] = {}
+        for item in found["items"]:
+            by_kind.setdefault(item["kind"], set()).add(item["metadata"]["name"])
+        operator = f"{release.name}-kube-rendezvous-operator"
+        agent = f"{release.name}-kube-rendezvous-agent"
+        assert by_kind == {
+            "Deployment": {operator},
+            "ServiceAccount": {operator, "trainer"},
+            "Role": {operator, agent},
+            "RoleBinding": {operator, agent},
+            "Service": {f"{release.name}-kube-rendezvous-metrics"},
+        }
+        deployment = next(item for item in found["items"] if item["kind"] == "Deployment")
+        assert deployment["spec"]["replicas"] == 1
+        cluster = control_plane.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name")
+        assert len(cluster.stdout.split()) == 2  # the CRD reader and its binding
+
+    def test_its_notes_tell_how_to_start_a_rendezvous_and_follow_it(self, release: Release) -> None:
+        assert f"kubectl -n {release.namespace} get rdzv" in release.install_output
+        assert f"--rdzv-backend=k8s --rdzv-endpoint={release.namespace}/my-job" in release.install_output
+        assert "serviceAccountName: trainer" in release.install_output
+
+    def test_the_trainer_account_can_run_the_backend_and_its_store(
+        self, control_plane: ControlPlane, release: Release
+    ) -> None:
+        kubeconfig = trainer_kubeconfig(control_plane, release.namespace)
+        backend, store = create_backend(rendezvous_parameters(f"{release.namespace}/rdzv", kubeconfig))
+        written = backend.set_state(b"x")
+        assert written is not None
+        assert (written[0], written[2]) == (b"x", True)
+        store.set("key", b"value")
+        assert store.get("key") == b"value"
+
+    def test_the_trainer_account_is_refused_a_rendezvous_in_another_namespace(
+        self, control_plane: ControlPlane, release: Release, other_namespace: str
+    ) -> None:
+        kubeconfig = trainer_kubeconfig(control_plane, release.namespace)
+        with pytest.raises(RendezvousConnectionError, match="403"):
+            create_backend(rendezvous_parameters(f"{other_namespace}/rdzv", kubeconfig))
+
+    def test_the_namespace_scoped_operator_may_act_in_its_namespace_only(
+        self, control_plane: ControlPlane, release: Release, other_namespace: str
+    ) -> None:
+        kubeconfig = control_plane.serviceaccount_kubeconfig(release.namespace, release.operator_account, create=False)
+        wait_until(
+            lambda: can_i(control_plane, kubeconfig, "watch", "rendezvouses.kube-rendezvous.io"),
+            30,
+            "the operator's RoleBinding to take effect",
+        )
+        assert can_i(control_plane, kubeconfig, "list", "customresourcedefinitions.apiextensions.k8s.io")
+        assert not can_i(control_plane, kubeconfig, "watch", "rendezvouses.kube-rendezvous.io", "-A")
+        assert not can_i(control_plane, kubeconfig, "list", "pods", "-n", other_namespace)
+        assert not can_i(control_plane, kubeconfig, "list", "namespaces")
+
+    def test_the_operator_runs_under_the_chart_account_and_rbac(
+        self, control_plane: ControlPlane, release: Release, admin_api: client.ApiClient, tmp_path: Path
+    ) -> None:
+        kubeconfig = control_plane.serviceaccount_kubeconfig(release.namespace, release.operator_account, create=False)
+        wait_until(
+            lambda: can_i(control_plane, kubeconfig, "patch", "rendezvouses.kube-rendezvous.io", "--subresource=status"),
+            30,
+            "the operator's RoleBinding to take effect",
+        )
+        objects = client.CustomObjectsApi(admin_api)
+        with LocalOperator(kubeconfig, release.namespace, tmp_path / "operator.log") as operator:
+            objects.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                release.namespace,
+                PLURAL,
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "Rendezvous",
+                    "metadata": {"name": "job"},
+                    "spec": {"minNodes": 1, "maxNodes": 2},
+                },
+            )
+            wait_until(
+                lambda: ready(objects, release.namespace, "job") == "True",
+                60,
+                f"the operator to mark the Rendezvous Ready (operator log: {operator.log})",
+            )
+            # Deleting it while the operator runs lets the operator release its finalizer.
+            objects.delete_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL, "job")
+            wait_until(lambda: gone(objects, release.namespace, "job"), 60, "the operator to release the Rendezvous")
+
+    def test_two_releases_of_one_name_install_side_by_side_in_two_namespaces(
+        self, helm: Helm, control_plane: ControlPlane, namespace: str, other_namespace: str
+    ) -> None:
+        name = f"rdzv-{uuid.uuid4().hex[:8]}"
+        first = install(helm, control_plane, name, namespace)
+        try:
+            second = install(helm, control_plane, name, other_namespace)
+            uninstall(helm, control_plane, second)
+        finally:
+            uninstall(helm, control_plane, first)
+
+    def test_uninstall_leaves_no_operator_object_behind(
+        self, helm: Helm, control_plane: ControlPlane, release: Release
+    ) -> None:
+        assert release_objects(control_plane, release.name)
+        uninstall(helm, control_plane, release)
+        wait_until(lambda: release_objects(control_plane, release.name) == [], 30, "the release's objects to go")
+        # Helm never deletes CRDs (crds/ is installed once and left alone): deleting them would
+        # delete every Rendezvous in the cluster. They stay, by design.
+        for crd in CRD_NAMES:
+            control_plane.kubectl("get", f"crd/{crd}")
+
+
+def ready(objects: client.CustomObjectsApi, namespace: str, name: str) -> str | None:
+    found = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    conditions = (found.get("status") or {}).get("conditions") or []
+    return next((str(c["status"]) for c in conditions if c["type"] == "Ready"), None)
+
+
+def gone(objects: client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    try:
+        objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except client.ApiException as exc:
+        return bool(exc.status == 404)
+    return False
+
+
+class LocalOperator:
+    """``python -m kube_rendezvous_operator`` as a local process, as the chart's pod would run it."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.health_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LocalOperator:
+        with self.log.open("ab") as handle:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kube_rendezvous_operator",
+                    "--namespace",
+                    self.namespace,
+                    "--liveness",
+                    f"http://127.0.0.1:{self.health_port}/healthz",
+                ],
+                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig), METRICS_PORT=str(free_port()), LOG_FORMAT="plain"),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        wait_until(self.healthy, 60, f"the operator's liveness endpoint (log: {self.log})")
+        return self
+
+    def healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the operator exited:\n{self.log.read_text()[-3000:]}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
+            return bool(answer.status == 200)
+
+    def __exit__(self, *_: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
