@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -296,7 +296,9 @@ class TestTheOperatorDeployment:
         service = the(manifests, "Service")
         pod_labels = the(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= pod_labels.items()
-        assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+        assert service["spec"]["ports"] == [
+            {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+        ]
 
     def test_the_metrics_service_can_be_left_out(self, helm: Helm) -> None:
         assert objects_of(helm.template("metrics.service.enabled=false"), "Service") == []
@@ -309,7 +311,11 @@ class TestTheOperatorRBAC:
         assert role["rules"] == documented("operator-rbac.yaml", "ClusterRole")["rules"]
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": pod_spec(manifests)["serviceAccountName"], "namespace": RELEASE_NAMESPACE}
+            {
+                "kind": "ServiceAccount",
+                "name": pod_spec(manifests)["serviceAccountName"],
+                "namespace": RELEASE_NAMESPACE,
+            }
         ]
         assert operator_objects(manifests, "Role") == []
         assert [m["metadata"]["name"] for m in operator_objects(manifests, "ServiceAccount")] == [
@@ -363,7 +369,11 @@ class TestTheTrainingRBAC:
         binding = the(training_objects(manifests, "RoleBinding"), "RoleBinding", RELEASE_NAMESPACE)
         account = the(training_objects(manifests, "ServiceAccount"), "ServiceAccount", RELEASE_NAMESPACE)
         assert role["rules"] == documented("rbac.yaml", "Role")["rules"]
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": RELEASE_NAMESPACE}]
         assert account["metadata"]["name"] == "trainer"
 
@@ -379,7 +389,9 @@ class TestTheTrainingRBAC:
         assert objects_of(manifests, "Deployment")  # the operator stays
 
     def test_an_existing_account_is_bound_but_not_created(self, helm: Helm) -> None:
-        manifests = helm.template("trainingRBAC.createServiceAccount=false", "trainingRBAC.serviceAccountName=ml-runner")
+        manifests = helm.template(
+            "trainingRBAC.createServiceAccount=false", "trainingRBAC.serviceAccountName=ml-runner"
+        )
         assert training_objects(manifests, "ServiceAccount") == []
         assert the(manifests, "RoleBinding")["subjects"][0]["name"] == "ml-runner"
 
@@ -465,7 +477,7 @@ class TestTheExamples:
     def test_kubectl_applies_them_into_a_namespace(
         self, control_plane: ControlPlane, namespace: str, crds: None
     ) -> None:
-        control_plane.kubectl("apply", "-f", str(EXAMPLES), "-n", namespace)
+        control_plane.kubectl("apply", "--validate=strict", "-f", str(EXAMPLES), "-n", namespace)
         applied = kubectl_json(control_plane, "get", "rendezvous,job,serviceaccount,role,rolebinding", "-n", namespace)
         names = {(item["kind"], item["metadata"]["name"]) for item in applied["items"]}
         assert {
@@ -516,6 +528,7 @@ class Release:
     name: str
     namespace: str
     install_output: str
+    install_warnings: str
     manifests: list[Manifest]
 
     @property
@@ -529,7 +542,7 @@ def install(helm: Helm, control_plane: ControlPlane, name: str, namespace: str, 
     kubeconfig = ("--kubeconfig", str(control_plane.admin_kubeconfig))
     installed = helm.run("install", name, CHART, "--namespace", namespace, *kubeconfig, *sets)
     manifest = helm.run("get", "manifest", name, "--namespace", namespace, *kubeconfig).stdout
-    return Release(name, namespace, installed.stdout, [d for d in yaml.safe_load_all(manifest) if d])
+    return Release(name, namespace, installed.stdout, installed.stderr, [d for d in yaml.safe_load_all(manifest) if d])
 
 
 def uninstall(helm: Helm, control_plane: ControlPlane, release: Release) -> None:
@@ -557,7 +570,9 @@ def other_namespace(admin_api: client.ApiClient) -> Iterator[str]:
     """A second fresh namespace, deleted afterwards."""
     name = f"elsewhere-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(admin_api)
-    core.create_namespace({"metadata": {"name": name, "labels": {"kube-rendezvous.io/test": "true"}}})
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"kube-rendezvous.io/test": "true"}))
+    )
     yield name
     core.delete_namespace(name)
 
@@ -649,7 +664,9 @@ class TestInstallingTheChart:
     ) -> None:
         kubeconfig = control_plane.serviceaccount_kubeconfig(release.namespace, release.operator_account, create=False)
         wait_until(
-            lambda: can_i(control_plane, kubeconfig, "patch", "rendezvouses.kube-rendezvous.io", "--subresource=status"),
+            lambda: can_i(
+                control_plane, kubeconfig, "patch", "rendezvouses.kube-rendezvous.io", "--subresource=status"
+            ),
             30,
             "the operator's RoleBinding to take effect",
         )
@@ -667,6 +684,8 @@ class TestInstallingTheChart:
                     "spec": {"minNodes": 1, "maxNodes": 2},
                 },
             )
+            # With --namespace the operator does not scan (list) namespaces, which namespace scope
+            # does not grant, so it serves the named namespace at once.
             wait_until(
                 lambda: ready(objects, release.namespace, "job") == "True",
                 60,
@@ -676,6 +695,20 @@ class TestInstallingTheChart:
             objects.delete_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL, "job")
             wait_until(lambda: gone(objects, release.namespace, "job"), 60, "the operator to release the Rendezvous")
 
+    def test_the_operator_pod_meets_the_restricted_pod_security_standard(
+        self, helm: Helm, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        levels = ("enforce", "warn")
+        control_plane.kubectl(
+            "label", "namespace", namespace, *(f"pod-security.kubernetes.io/{level}=restricted" for level in levels)
+        )
+        installed = install(helm, control_plane, f"rdzv-{uuid.uuid4().hex[:8]}", namespace, "rbac.scope=namespace")
+        try:
+            # The API server warns about a Deployment whose pods the namespace would refuse.
+            assert "PodSecurity" not in installed.install_warnings
+        finally:
+            uninstall(helm, control_plane, installed)
+
     def test_two_releases_of_one_name_install_side_by_side_in_two_namespaces(
         self, helm: Helm, control_plane: ControlPlane, namespace: str, other_namespace: str
     ) -> None:
@@ -683,7 +716,13 @@ class TestInstallingTheChart:
         first = install(helm, control_plane, name, namespace)
         try:
             second = install(helm, control_plane, name, other_namespace)
-            uninstall(helm, control_plane, second)
+            try:
+                cluster_wide = control_plane.kubectl(
+                    "get", "clusterroles,clusterrolebindings", "-l", f"{INSTANCE}={name}", "-o", "name"
+                ).stdout.split()
+                assert len(cluster_wide) == 4  # a ClusterRole and its binding per release
+            finally:
+                uninstall(helm, control_plane, second)
         finally:
             uninstall(helm, control_plane, first)
 
@@ -700,7 +739,7 @@ class TestInstallingTheChart:
 
 
 def ready(objects: client.CustomObjectsApi, namespace: str, name: str) -> str | None:
-    found = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    found = cast(dict[str, Any], objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
     conditions = (found.get("status") or {}).get("conditions") or []
     return next((str(c["status"]) for c in conditions if c["type"] == "Ready"), None)
 
@@ -733,7 +772,9 @@ class LocalOperator:
                     "--liveness",
                     f"http://127.0.0.1:{self.health_port}/healthz",
                 ],
-                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig), METRICS_PORT=str(free_port()), LOG_FORMAT="plain"),
+                env=dict(
+                    os.environ, KUBECONFIG=str(self.kubeconfig), METRICS_PORT=str(free_port()), LOG_FORMAT="plain"
+                ),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import random
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -70,6 +71,9 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         node_name: recorded as ``status.lastWriter``.
         retry_timeout: seconds to keep retrying while the API server is unreachable or
             throttling, before raising ``RendezvousConnectionError``.
+        conflict_backoff: seconds; after k consecutive lost compare-and-swaps, wait a random
+            time up to ``conflict_backoff * 2**(k-1)`` (capped at ``max_conflict_backoff``) before
+            re-reading. 0 disables it.
     """
 
     def __init__(
@@ -81,6 +85,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         *,
         node_name: str | None = None,
         retry_timeout: float = 60.0,
+        conflict_backoff: float = 0.005,
+        max_conflict_backoff: float = 0.5,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -92,6 +98,14 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         self.run_id = run_id
         self._node_name = node_name
         self._retry_timeout = retry_timeout
+        if conflict_backoff < 0 or max_conflict_backoff < conflict_backoff:
+            raise ValueError(
+                f"conflict_backoff ({conflict_backoff!r}) must be >= 0 and <= max_conflict_backoff "
+                f"({max_conflict_backoff!r}), in seconds"
+            )
+        self._conflict_backoff = conflict_backoff
+        self._max_conflict_backoff = max_conflict_backoff
+        self._conflict_streak = 0
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, name)
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
@@ -245,6 +259,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         except ApiError as exc:
             if exc.status in (409, 400, 422):
                 # 409: stale token. 400/422: a token that is not a resourceVersion.
+                if exc.status == 409:
+                    self._back_off()
                 return self._lost(self.get_state())
             if exc.status == 404:
                 raise RendezvousClosedError(
@@ -259,7 +275,19 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
             ) from exc
         self.stats["writes"] += 1
+        self._conflict_streak = 0
         return state, written["metadata"]["resourceVersion"], True
+
+    def _back_off(self) -> None:
+        """Wait a random time that doubles with each consecutive lost compare-and-swap.
+
+        Without it, N agents that lose retry at once and a round costs O(N^2) writes; with it the
+        retries spread out (full jitter), and the first attempt after a win is never delayed.
+        """
+        self._conflict_streak += 1
+        if self._conflict_backoff > 0:
+            limit = min(self._max_conflict_backoff, self._conflict_backoff * 2 ** min(self._conflict_streak - 1, 16))
+            time.sleep(random.uniform(0, limit))
 
     def _lost(self, current: tuple[bytes, Token] | None) -> tuple[bytes, Token, bool] | None:
         self.stats["conflicts"] += 1

@@ -161,6 +161,8 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             run_id,
             node_name=params.local_addr or socket.getfqdn(),
             retry_timeout=settings.retry_timeout,
+            conflict_backoff=settings.conflict_backoff,
+            max_conflict_backoff=max(0.5, settings.conflict_backoff),
         )
         backend.spec = spec
         store = KubernetesStore(

@@ -107,11 +107,14 @@ class KubernetesRendezvousConfig:
     request_timeout: float = 30.0
     retry_timeout: float = 60.0
     store_timeout: float = 300.0
+    conflict_backoff: float = 0.005
 
     def __post_init__(self) -> None:
         validate_object_name(self.name, "Rendezvous name")
         if self.namespace is not None:
             validate_namespace(self.namespace, "namespace")
+        if not isinstance(self.conflict_backoff, (int, float)) or not 0 <= self.conflict_backoff <= 1:
+            raise ValueError(f"rdzv-conf conflict_backoff={self.conflict_backoff!r}: must be seconds between 0 and 1")
         for field in ("request_timeout", "retry_timeout", "store_timeout"):
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -146,4 +149,5 @@ class KubernetesRendezvousConfig:
             request_timeout=seconds("request_timeout", 30.0),
             retry_timeout=seconds("retry_timeout", 60.0),
             store_timeout=seconds("store_timeout", 300.0),
+            conflict_backoff=seconds("conflict_backoff", 0.005),
         )

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     os.environ["METRICS_PORT"] = str(args.metrics_port)
+    if args.namespace:
+        os.environ["KUBE_RENDEZVOUS_WATCH_NAMESPACES"] = ",".join(args.namespace)
     kopf.configure(
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,

@@ -94,6 +94,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.level = logging.WARNING  # handler logs stay logs; Events are the ones we post
     settings.watching.server_timeout = 300
+    if os.environ.get("KUBE_RENDEZVOUS_WATCH_NAMESPACES"):
+        # Named namespaces only: do not scan (list) namespaces, which namespaced RBAC forbids.
+        settings.scanning.disabled = True
     metrics.serve(int(os.environ.get("METRICS_PORT", "9090")))
 
 

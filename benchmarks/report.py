@@ -1,0 +1,139 @@
+"""Turn benchmarks/results/results.json into docs/benchmarks.md and docs/benchmarks.png."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def write_report(report: dict[str, Any]) -> None:
+    """Write the Markdown table and the plot for ``report``."""
+    DOCS.mkdir(exist_ok=True)
+    rounds = report["rounds"]
+    by = {(entry["backend"], entry["nodes"]): entry for entry in rounds}
+    sizes = sorted({entry["nodes"] for entry in rounds})
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured {report['date']} on one {report['machine']} machine, control plane and all agents on it.",
+        "Command: `bash scripts/benchmark.sh` (`python -m benchmarks.run`). Raw numbers:",
+        "[benchmarks/results/results.json](../benchmarks/results/results.json). Plot: ![plot](benchmarks.png)",
+        "",
+        "## One round (min = max = N), median of repeats",
+        "",
+        "| N | p10d s | k8s s | k8s / p10d | floor N x CAS s | k8s requests / agent | 409s / agent "
+        "| bytes sent / agent |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for nodes in sizes:
+        p10d, k8s = by.get(("p10d", nodes), {}), by.get(("k8s", nodes), {})
+        ratio = (
+            k8s["median_seconds"] / p10d["median_seconds"]
+            if "median_seconds" in k8s and "median_seconds" in p10d
+            else None
+        )
+        lines.append(
+            f"| {nodes} | {_fmt(p10d.get('median_seconds')) if 'failed' not in p10d else 'failed'} "
+            f"| {_fmt(k8s.get('median_seconds')) if 'failed' not in k8s else 'failed'} | {_fmt(ratio, 'x')} "
+            f"| {_fmt(k8s.get('floor_seconds'))} | {_fmt(k8s.get('requests_per_agent'), digits=1)} "
+            f"| {_fmt(k8s.get('conflicts_per_agent'), digits=1)} | {_fmt(k8s.get('bytes_sent_per_agent'), digits=0)} |"
+        )
+    failures = [entry for entry in rounds if "failed" in entry]
+    for entry in failures:
+        lines.append(f"\n{entry['backend']} N={entry['nodes']} failed: `{entry['failed']}`")
+    lines += [
+        "",
+        "## State size (60-character node names)",
+        "",
+        "| N | pickle | base64 only | encoded (zlib + base64) | readable summary |",
+        "|---|---|---|---|---|",
+    ]
+    for nodes, size in report["state_sizes"].items():
+        lines.append(
+            f"| {nodes} | {size['pickle']} B | {size['base64_only']} B | {size['encoded']} B | {size['summary']} B |"
+        )
+    if report.get("steady"):
+        lines += [
+            "",
+            "## Steady state: N agents heartbeating (keep-alive 5 s)",
+            "",
+            "| N | writes/s to the Rendezvous | status bytes/s | kube-apiserver CPU (cores) | etcd CPU (cores) |",
+            "|---|---|---|---|---|",
+        ]
+        for item in report["steady"]:
+            lines.append(
+                f"| {item['nodes']} | {item['writes_per_second']:.1f} | {item['status_bytes_per_second']:.0f} "
+                f"| {item['cpu_cores'].get('kube-apiserver', 0):.2f} | {item['cpu_cores'].get('etcd', 0):.2f} |"
+            )
+    if report.get("recovery"):
+        lines += [
+            "",
+            "## Recovery after one of 3 agents is SIGKILLed (to survivors training again)",
+            "",
+            "| how | seconds |",
+            "|---|---|",
+        ]
+        for mode, seconds in report["recovery"].items():
+            lines.append(f"| {mode} | {seconds:.1f} |")
+    notes = DOCS / "benchmarks-notes.md"
+    if notes.exists():
+        lines += ["", notes.read_text().strip()]
+    (DOCS / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    plot(report, sizes, by)
+
+
+def plot(report: dict[str, Any], sizes: list[int], by: dict[tuple[str, int], dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for backend, style in (("p10d", "o-"), ("k8s", "s-")):
+        points = [
+            (n, by[(backend, n)]["median_seconds"]) for n in sizes if "median_seconds" in by.get((backend, n), {})
+        ]
+        if points:
+            left.plot(*zip(*points, strict=True), style, label=f"{backend} round time")
+    floor = [(n, by[("k8s", n)]["floor_seconds"]) for n in sizes if ("k8s", n) in by]
+    if floor:
+        left.plot(*zip(*floor, strict=True), "k--", label="floor: N x CAS latency")
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("agents N (min = max = N)")
+    left.set_ylabel("seconds to complete one round")
+    left.legend()
+    left.set_title("Round time")
+    requests = [
+        (n, by[("k8s", n)]["requests_per_agent"]) for n in sizes if "requests_per_agent" in by.get(("k8s", n), {})
+    ]
+    conflicts = [
+        (n, by[("k8s", n)]["conflicts_per_agent"]) for n in sizes if "conflicts_per_agent" in by.get(("k8s", n), {})
+    ]
+    if requests:
+        right.plot(*zip(*requests, strict=True), "s-", label="API requests / agent")
+        right.plot(*zip(*conflicts, strict=True), "x-", label="409 conflicts / agent")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("agents N")
+    right.set_title("k8s: API cost per agent per round")
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(DOCS / "benchmarks.png", dpi=110)
+
+
+if __name__ == "__main__":
+    write_report(json.loads((REPO / "benchmarks" / "results" / "results.json").read_text()))
+    sys.exit(0)

@@ -1,0 +1,83 @@
+"""One benchmark worker process: T rendezvous handlers in threads join one round together.
+
+Prints ``ready`` once its handlers exist, waits for ``go`` on stdin, runs ``next_rendezvous``
+in every thread, writes a JSON report to ``--out`` and optionally keeps heartbeating for
+``--hold`` seconds (steady-state measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from kube_rendezvous import register
+from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters, get_registry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", required=True, choices=["k8s", "p10d"])
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--worker", type=int, default=0)
+    args = parser.parse_args()
+    register()
+    config: dict[str, Any] = {"last_call_timeout": 30, "join_timeout": 900}
+    config.update(json.loads(os.environ.get("BENCH_RDZV_CONF", "{}")))
+    if args.backend == "k8s":
+        config.update(kubeconfig=args.kubeconfig, create="false")
+    else:
+        config.update(is_host="false", read_timeout=600)
+    handlers = []
+    for _ in range(args.threads):
+        params = RendezvousParameters(
+            backend=args.backend,
+            endpoint=args.endpoint,
+            run_id=args.run_id,
+            min_nodes=args.nodes,
+            max_nodes=args.nodes,
+            local_addr="127.0.0.1",
+            config=dict(config),
+        )
+        handlers.append(get_registry().create_handler(params))
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started = time.time()
+    results: list[dict[str, Any]] = [{} for _ in handlers]
+
+    def join(index: int) -> None:
+        try:
+            info = handlers[index].next_rendezvous()
+            results[index] = {"seconds": time.time() - started, "rank": info.rank, "world": info.world_size}
+        except Exception as exc:  # noqa: BLE001 - reported to the driver
+            results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
+
+    threads = [threading.Thread(target=join, args=(index,)) for index in range(len(handlers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = []
+    for handler in handlers:
+        api = getattr(getattr(handler, "_backend", None), "_api", None)
+        if api is not None:
+            stats.append(dict(api.stats))
+    with open(args.out, "w") as handle:
+        json.dump({"started": started, "results": results, "api": stats}, handle)
+    if args.hold:
+        time.sleep(args.hold)
+    os._exit(0)  # do not close the rendezvous or wait for tensorplay's threads
+
+
+if __name__ == "__main__":
+    main()

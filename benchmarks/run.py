@@ -1,0 +1,466 @@
+"""Benchmarks on the real control plane, beside tensorplay's p10d/TCPStore backend in the same run.
+
+Writes benchmarks/results/results.json, docs/benchmarks.md and docs/benchmarks.png.
+Usage: python -m benchmarks.run [--sizes 8 32 128 512] [--repeats 3] [--steady-seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Bench:
+    def __init__(self, workdir: Path) -> None:
+        from kubernetes import client, config
+
+        from tests.testenv import ControlPlane
+
+        self.plane = ControlPlane(workdir / "control-plane")
+        self.plane.start()
+        self.plane.kubectl("apply", "-f", str(REPO / "crds"))
+        self.plane.kubectl("wait", "--for=condition=established", "crd", "--all", "--timeout=60s")
+        self.plane.kubectl("create", "namespace", "bench")
+        self.plane.kubectl("-n", "bench", "apply", "-f", str(REPO / "docs" / "rbac.yaml"))
+        self.trainer = self.plane.serviceaccount_kubeconfig("bench", "trainer", expiration_seconds=86400)
+        self.objects = client.CustomObjectsApi(config.new_client_from_config(str(self.plane.admin_kubeconfig)))
+        self.workdir = workdir
+        self.counter = 0
+
+    def new_rendezvous(self, nodes: int) -> str:
+        self.counter += 1
+        name = f"bench-{nodes}-{self.counter}"
+        self.objects.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            "bench",
+            "rendezvouses",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Rendezvous",
+                "metadata": {"name": name},
+                "spec": {"minNodes": nodes, "maxNodes": nodes},
+            },
+        )
+        return name
+
+    def round(self, backend: str, nodes: int, hold: float = 0.0) -> dict[str, Any]:
+        """Run one round of ``nodes`` handlers over several processes; return timings and API stats."""
+        from tensorplay.distributed import TCPStore
+
+        from tests.testenv import free_port
+
+        processes = min(nodes, 8)
+        per_process = [nodes // processes + (1 if i < nodes % processes else 0) for i in range(processes)]
+        host: Any = None
+        if backend == "p10d":
+            port = free_port()
+            host = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=600)
+            endpoint, run_id, name = f"127.0.0.1:{port}", f"bench-{self.counter}-{time.time_ns()}", None
+        else:
+            name = self.new_rendezvous(nodes)
+            endpoint, run_id = f"bench/{name}", "none"
+        outs = [self.workdir / f"{backend}-{nodes}-{time.time_ns()}-{i}.json" for i in range(processes)]
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.round_worker",
+                    "--backend",
+                    backend,
+                    "--endpoint",
+                    endpoint,
+                    "--run-id",
+                    run_id,
+                    "--nodes",
+                    str(nodes),
+                    "--threads",
+                    str(count),
+                    "--out",
+                    str(out),
+                    "--kubeconfig",
+                    str(self.trainer),
+                    "--hold",
+                    str(hold),
+                    "--worker",
+                    str(i),
+                ],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+            )
+            for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
+        ]
+        for worker in workers:
+            assert worker.stdout is not None
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("a benchmark worker failed to start")
+        watcher = StateWatcher(self, name, hold) if (name and hold) else None
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        deadline = time.monotonic() + 900 + hold
+        while any(not out.exists() for out in outs):
+            if time.monotonic() > deadline or any(w.poll() not in (None, 0) for w in workers):
+                for worker in workers:
+                    worker.kill()
+                raise RuntimeError(f"{backend} round of {nodes} did not complete")
+            time.sleep(0.2)
+        steady = watcher.measure() if watcher else None
+        for worker in workers:
+            worker.wait(hold + 120)
+        reports = [json.loads(out.read_text()) for out in outs]
+        if host is not None:
+            del host
+        results = [item for report in reports for item in report["results"]]
+        errors = [item["error"] for item in results if "error" in item]
+        if errors:
+            raise RuntimeError(f"{backend} N={nodes}: {len(errors)} handlers failed, e.g. {errors[0]}")
+        start = min(report["started"] for report in reports)
+        seconds = max(report["started"] - start + item["seconds"] for report in reports for item in report["results"])
+        ranks = sorted(item["rank"] for item in results)
+        assert ranks == list(range(nodes)), f"ranks {ranks[:10]}..."
+        api = [stats for report in reports for stats in report["api"]]
+        summary: dict[str, Any] = {"backend": backend, "nodes": nodes, "seconds": seconds}
+        if api:
+            for key in ("requests", "conflicts", "bytes_sent"):
+                summary[f"{key}_per_agent"] = sum(item[key] for item in api) / nodes
+        if steady:
+            summary["steady"] = steady
+        return summary
+
+    def cas_latency(self, nodes: int, samples: int = 40) -> float:
+        """Median seconds of one successful compare-and-swap of an N-node state."""
+        from kube_rendezvous.factory import create_backend
+        from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
+
+        name = self.new_rendezvous(nodes)
+        backend, _ = create_backend(
+            RendezvousParameters(
+                backend="k8s",
+                endpoint=f"bench/{name}",
+                run_id="cas",
+                min_nodes=nodes,
+                max_nodes=nodes,
+                config={"kubeconfig": str(self.trainer)},
+            )
+        )
+        state = synthetic_state(nodes)
+        result = backend.set_state(pickle.dumps(state))
+        assert result is not None
+        token = result[1]
+        timings = []
+        for _ in range(samples):
+            state.last_heartbeats[next(iter(state.last_heartbeats))] = datetime.now(timezone.utc)
+            began = time.perf_counter()
+            written = backend.set_state(pickle.dumps(state), token)
+            timings.append(time.perf_counter() - began)
+            assert written is not None and written[2]
+            token = written[1]
+        return statistics.median(timings)
+
+    def stop(self) -> None:
+        self.plane.stop()
+
+
+class StateWatcher:
+    """Counts writes and bytes to one Rendezvous object, and control-plane CPU, over ``seconds``."""
+
+    def __init__(self, bench: Bench, name: str, seconds: float) -> None:
+        self.bench, self.name, self.seconds = bench, name, seconds
+
+    def measure(self) -> dict[str, Any]:
+        from kubernetes import watch
+
+        warmup = 10.0
+        time.sleep(warmup)  # let the round's last writes and the first heartbeats settle
+        pids = self.bench.plane.pids()
+        processes = {name: psutil.Process(pid) for name, pid in pids.items() if name in ("kube-apiserver", "etcd")}
+        cpu_before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+        writes, state_bytes = 0, 0
+        window = self.seconds - warmup - 5
+        stream = watch.Watch()
+        began = time.monotonic()
+        for event in stream.stream(
+            self.bench.objects.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            "bench",
+            "rendezvouses",
+            field_selector=f"metadata.name={self.name}",
+            timeout_seconds=int(window) + 1,
+        ):
+            if time.monotonic() - began > window:
+                break
+            if event["type"] == "MODIFIED":
+                writes += 1
+                state_bytes += len(json.dumps(event["object"].get("status", {})))
+        elapsed = time.monotonic() - began
+        cpu = {name: (sum(p.cpu_times()[:2]) - cpu_before[name]) / elapsed for name, p in processes.items()}
+        return {
+            "seconds": elapsed,
+            "writes_per_second": writes / elapsed,
+            "status_bytes_per_second": state_bytes / elapsed,
+            "cpu_cores": cpu,
+        }
+
+
+def synthetic_state(nodes: int, name_length: int = 60) -> Any:
+    from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    state = _RendezvousState()
+    now = datetime.now(timezone.utc)
+    for index in range(nodes):
+        node = _NodeDesc(f"trainer-{index:05d}".ljust(name_length - 12, "x") + ".svc.local", 1000 + index, 0)
+        state.participants[node] = index
+        state.last_heartbeats[node] = now - timedelta(seconds=index % 5)
+    state.complete = True
+    state.round = 7
+    return state
+
+
+def state_sizes() -> dict[str, Any]:
+    import base64
+
+    from kube_rendezvous.encoding import encode_state
+    from kube_rendezvous.summary import summarize_state
+
+    sizes = {}
+    for nodes in (1024, 4096):
+        raw = pickle.dumps(synthetic_state(nodes))
+        encoded = encode_state(raw)
+        summary = json.dumps(summarize_state(synthetic_state(nodes), now=datetime.now(timezone.utc)))
+        sizes[str(nodes)] = {
+            "pickle": len(raw),
+            "base64_only": len(base64.b64encode(raw)),
+            "encoded": len(encoded),
+            "summary": len(summary),
+        }
+    return sizes
+
+
+def recovery(bench: Bench) -> dict[str, Any]:
+    """Seconds from SIGKILL of one of 3 agents to the survivors training again."""
+    from tests.e2e.harness import ElasticJob, training_in_world
+    from tests.testenv import free_port, wait_until
+
+    out: dict[str, Any] = {}
+    for mode in ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"):
+        workdir = bench.workdir / f"recovery-{mode}"
+        conf = {"last_call_timeout": "1"}
+        operator = None
+        if mode == "p10d":
+            job = ElasticJob(
+                workdir, "p10d", f"127.0.0.1:{free_port()}", "2:3", rdzv_conf=conf, steps=40, step_seconds=0.5
+            )
+        else:
+            name = bench.new_rendezvous(3)
+            bench.objects.patch_namespaced_custom_object(
+                GROUP, VERSION, "bench", "rendezvouses", name, {"spec": {"minNodes": 2}}
+            )
+            job = ElasticJob(
+                workdir,
+                "k8s",
+                f"bench/{name}",
+                "2:3",
+                rdzv_conf={**conf, "kubeconfig": str(bench.trainer)},
+                steps=40,
+                step_seconds=0.5,
+            )
+            if mode == "k8s-operator-eviction":
+                operator = start_operator(bench, workdir)
+                create_pods(bench, name)
+        addresses = [f"127.0.0.{31 + i}" for i in range(3)]
+        agents = [job.start_agent(f"pod-{i}", local_addr=addresses[i]) for i in range(3)]
+        try:
+            by_group = wait_until(lambda agents=agents: training_in_world(agents, 6), 120, "3 agents training")
+            # Never the p10d store host: that case does not recover at all (see the tests).
+            victim = next(
+                a for g, a in sorted(by_group.items()) if g != 0 and "hosts the rendezvous TCP store" not in a.output()
+            )
+            killed = time.monotonic()
+            victim.kill_pod()
+            if operator is not None:
+                from kubernetes import client, config
+
+                core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+                core.delete_namespaced_pod(victim.name, "bench", grace_period_seconds=0)
+            survivors = [a for a in agents if a is not victim]
+            wait_until(
+                lambda survivors=survivors: training_in_world(survivors, 4, min_step=0), 120, "survivors training"
+            )
+            out[mode] = time.monotonic() - killed
+            log(f"recovery {mode}: {out[mode]:.1f} s")
+        finally:
+            job.stop()
+            if operator is not None:
+                operator.terminate()
+                operator.wait(20)
+            if mode == "k8s-operator-eviction":
+                bench.plane.kubectl("-n", "bench", "delete", "pods", "--all", "--grace-period=0", check=False)
+    return out
+
+
+def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
+    from tests.testenv import free_port, wait_until
+
+    bench.plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"), check=False)
+    kubeconfig = bench.plane.serviceaccount_kubeconfig("bench", "kube-rendezvous-operator")
+    bench.plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        "bench-operator",
+        "--clusterrole=kube-rendezvous-operator",
+        "--serviceaccount=bench:kube-rendezvous-operator",
+        check=False,
+    )
+    health = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kube_rendezvous_operator",
+            "--namespace",
+            "bench",
+            "--log-format",
+            "plain",
+            "--metrics-port",
+            str(free_port()),
+            "--liveness",
+            f"http://127.0.0.1:{health}/healthz",
+        ],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        stdout=(workdir / "operator.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    import urllib.request
+
+    wait_until(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2).status == 200, 60, "operator"
+    )
+    return process
+
+
+def create_pods(bench: Bench, name: str) -> None:
+    from kubernetes import client, config
+
+    core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+    for index in range(3):
+        address = f"127.0.0.{31 + index}"
+        core.create_namespaced_pod(
+            "bench",
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name=f"pod-{index}", labels={"kube-rendezvous.io/rendezvous": name}),
+                spec=client.V1PodSpec(containers=[client.V1Container(name="agent", image="trainer")]),
+            ),
+        )
+        core.patch_namespaced_pod_status(
+            f"pod-{index}", "bench", {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512])
+    parser.add_argument("--repeats", type=int, default=3, help="repeats for N <= 128 (N = 512 runs once)")
+    parser.add_argument("--steady-sizes", type=int, nargs="*", default=[128])
+    parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--skip-recovery", action="store_true")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-bench-"))
+    log(f"starting the control plane in {workdir}")
+    bench = Bench(workdir)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores",
+        "rounds": [],
+        "state_sizes": state_sizes(),
+    }
+    log(f"state sizes: {report['state_sizes']}")
+    try:
+        for nodes in args.sizes:
+            repeats = args.repeats if nodes <= 128 else 1
+            cas = bench.cas_latency(nodes)
+            log(f"N={nodes}: median CAS latency {cas * 1000:.1f} ms -> floor {nodes * cas:.2f} s")
+            for backend in ("p10d", "k8s"):
+                runs = []
+                for repeat in range(repeats):
+                    try:
+                        runs.append(bench.round(backend, nodes))
+                        log(
+                            f"N={nodes} {backend} repeat {repeat + 1}/{repeats}: {runs[-1]['seconds']:.2f} s {runs[-1]}"
+                        )
+                    except RuntimeError as exc:
+                        log(f"N={nodes} {backend} repeat {repeat + 1}: FAILED {exc}")
+                        runs.append({"backend": backend, "nodes": nodes, "failed": str(exc)[:300]})
+                        break
+                done = [run for run in runs if "seconds" in run]
+                entry: dict[str, Any] = {
+                    "backend": backend,
+                    "nodes": nodes,
+                    "repeats": len(runs),
+                    "cas_seconds": cas,
+                    "floor_seconds": nodes * cas,
+                }
+                if done:
+                    entry["median_seconds"] = statistics.median(run["seconds"] for run in done)
+                    for key in ("requests_per_agent", "conflicts_per_agent", "bytes_sent_per_agent"):
+                        if key in done[0]:
+                            entry[key] = statistics.median(run[key] for run in done)
+                if len(done) < len(runs):
+                    entry["failed"] = runs[-1]["failed"]
+                report["rounds"].append(entry)
+                save(report)
+        report["steady"] = []
+        for nodes in args.steady_sizes:
+            log(f"steady state: {nodes} agents heartbeating for {args.steady_seconds:.0f} s")
+            run = bench.round("k8s", nodes, hold=args.steady_seconds)
+            report["steady"].append({"nodes": nodes, **run["steady"]})
+            log(f"steady N={nodes}: {run['steady']}")
+            save(report)
+        if not args.skip_recovery:
+            report["recovery"] = recovery(bench)
+            save(report)
+    finally:
+        bench.stop()
+    save(report)
+    from benchmarks.report import write_report
+
+    write_report(report)
+    return 0
+
+
+def save(report: dict[str, Any]) -> None:
+    (RESULTS / "results.json").write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
