@@ -64,7 +64,7 @@ class Bench:
         )
         return name
 
-    def round(self, backend: str, nodes: int, hold: float = 0.0) -> dict[str, Any]:
+    def round(self, backend: str, nodes: int, hold: float = 0.0, limit: float = 900.0) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats."""
         from tensorplay.distributed import TCPStore
 
@@ -123,12 +123,12 @@ class Bench:
             assert worker.stdin is not None
             worker.stdin.write("go\n")
             worker.stdin.flush()
-        deadline = time.monotonic() + 900 + hold
+        deadline = time.monotonic() + limit + hold
         while any(not out.exists() for out in outs):
             if time.monotonic() > deadline or any(w.poll() not in (None, 0) for w in workers):
                 for worker in workers:
                     worker.kill()
-                raise RuntimeError(f"{backend} round of {nodes} did not complete")
+                raise RuntimeError(f"{backend} round of {nodes} did not complete within {limit:.0f} s")
             time.sleep(0.2)
         steady = watcher.measure() if watcher else None
         for worker in workers:
@@ -389,9 +389,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512])
     parser.add_argument("--repeats", type=int, default=3, help="repeats for N <= 128 (N = 512 runs once)")
-    parser.add_argument("--steady-sizes", type=int, nargs="*", default=[128])
+    parser.add_argument("--steady-sizes", type=int, nargs="*", default=[32])
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--skip-recovery", action="store_true")
+    parser.add_argument("--round-limit", type=float, default=300.0, help="give up on one round after this (s)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -414,7 +415,7 @@ def main() -> int:
                 runs = []
                 for repeat in range(repeats):
                     try:
-                        runs.append(bench.round(backend, nodes))
+                        runs.append(bench.round(backend, nodes, limit=args.round_limit))
                         log(
                             f"N={nodes} {backend} repeat {repeat + 1}/{repeats}: {runs[-1]['seconds']:.2f} s {runs[-1]}"
                         )

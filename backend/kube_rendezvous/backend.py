@@ -85,8 +85,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         *,
         node_name: str | None = None,
         retry_timeout: float = 60.0,
-        conflict_backoff: float = 0.005,
-        max_conflict_backoff: float = 0.5,
+        conflict_backoff: float = 0.02,
+        max_conflict_backoff: float = 2.0,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")

@@ -162,7 +162,7 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             node_name=params.local_addr or socket.getfqdn(),
             retry_timeout=settings.retry_timeout,
             conflict_backoff=settings.conflict_backoff,
-            max_conflict_backoff=max(0.5, settings.conflict_backoff),
+            max_conflict_backoff=max(2.0, settings.conflict_backoff),
         )
         backend.spec = spec
         store = KubernetesStore(

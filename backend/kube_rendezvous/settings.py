@@ -107,7 +107,7 @@ class KubernetesRendezvousConfig:
     request_timeout: float = 30.0
     retry_timeout: float = 60.0
     store_timeout: float = 300.0
-    conflict_backoff: float = 0.005
+    conflict_backoff: float = 0.02
 
     def __post_init__(self) -> None:
         validate_object_name(self.name, "Rendezvous name")
@@ -149,5 +149,5 @@ class KubernetesRendezvousConfig:
             request_timeout=seconds("request_timeout", 30.0),
             retry_timeout=seconds("retry_timeout", 60.0),
             store_timeout=seconds("store_timeout", 300.0),
-            conflict_backoff=seconds("conflict_backoff", 0.005),
+            conflict_backoff=seconds("conflict_backoff", 0.02),
         )
