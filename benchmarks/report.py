@@ -108,7 +108,7 @@ def plot(report: dict[str, Any], sizes: list[int], by: dict[tuple[str, int], dic
         ]
         if points:
             left.plot(*zip(*points, strict=True), style, label=f"{backend} round time")
-    floor = [(n, by[("k8s", n)]["floor_seconds"]) for n in sizes if ("k8s", n) in by]
+    floor = [(n, by[("k8s", n)]["floor_seconds"]) for n in sizes if "floor_seconds" in by.get(("k8s", n), {})]
     if floor:
         left.plot(*zip(*floor, strict=True), "k--", label="floor: N x CAS latency")
     left.set_xscale("log", base=2)

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import pickle
+import select
 import statistics
 import subprocess
 import sys
@@ -114,10 +115,14 @@ class Bench:
             )
             for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
         ]
+        ready_by = time.monotonic() + limit
         for worker in workers:
             assert worker.stdout is not None
-            if worker.stdout.readline().strip() != "ready":
-                raise RuntimeError("a benchmark worker failed to start")
+            readable, _, _ = select.select([worker.stdout], [], [], max(0.0, ready_by - time.monotonic()))
+            if not readable or worker.stdout.readline().strip() != "ready":
+                for each in workers:
+                    each.kill()
+                raise RuntimeError(f"{backend}: {nodes} handlers could not even be created within {limit:.0f} s")
         watcher = StateWatcher(self, name, hold) if (name and hold) else None
         for worker in workers:
             assert worker.stdin is not None
@@ -387,7 +392,8 @@ def create_pods(bench: Bench, name: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128, 512])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128, 512])
+    parser.add_argument("--keep-rounds", action="store_true", help="keep the rounds of the last results.json")
     parser.add_argument("--repeats", type=int, default=3, help="repeats for N <= 128 (N = 512 runs once)")
     parser.add_argument("--steady-sizes", type=int, nargs="*", default=[32])
     parser.add_argument("--steady-seconds", type=float, default=60.0)
@@ -406,6 +412,8 @@ def main() -> int:
         "state_sizes": state_sizes(),
     }
     log(f"state sizes: {report['state_sizes']}")
+    if args.keep_rounds and (RESULTS / "results.json").exists():
+        report["rounds"] = json.loads((RESULTS / "results.json").read_text())["rounds"]
     try:
         for nodes in args.sizes:
             repeats = args.repeats if nodes <= 128 else 1
