@@ -375,19 +375,11 @@ def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
 def create_pods(bench: Bench, name: str) -> None:
     from kubernetes import client, config
 
+    from tests.e2e.operator_process import create_training_pod
+
     core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
     for index in range(3):
-        address = f"127.0.0.{31 + index}"
-        core.create_namespaced_pod(
-            "bench",
-            client.V1Pod(
-                metadata=client.V1ObjectMeta(name=f"pod-{index}", labels={"kube-rendezvous.io/rendezvous": name}),
-                spec=client.V1PodSpec(containers=[client.V1Container(name="agent", image="trainer")]),
-            ),
-        )
-        core.patch_namespaced_pod_status(
-            f"pod-{index}", "bench", {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
-        )
+        create_training_pod(core, "bench", f"pod-{index}", name, f"127.0.0.{31 + index}")
 
 
 def main() -> int:

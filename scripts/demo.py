@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e.harness import ElasticJob, training_in_world  # noqa: E402
+from tests.e2e.operator_process import create_training_pod  # noqa: E402
 from tests.testenv import ControlPlane, free_port, wait_until  # noqa: E402
 
 NAMESPACE = "demo"
@@ -103,23 +104,7 @@ def main() -> int:
         core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
         addresses = [f"127.0.0.{21 + index}" for index in range(3)]
         for index, address in enumerate(addresses):
-            core.create_namespaced_pod(
-                NAMESPACE,
-                client.V1Pod(
-                    metadata=client.V1ObjectMeta(
-                        name=f"trainer-{index}", labels={"kube-rendezvous.io/rendezvous": "llama-train"}
-                    ),
-                    spec=client.V1PodSpec(
-                        service_account_name="trainer",
-                        containers=[client.V1Container(name="agent", image="trainer:latest")],
-                    ),
-                ),
-            )
-            core.patch_namespaced_pod_status(
-                f"trainer-{index}",
-                NAMESPACE,
-                {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
-            )
+            create_training_pod(core, NAMESPACE, f"trainer-{index}", "llama-train", address)
         job = ElasticJob(
             workdir / "job",
             "k8s",

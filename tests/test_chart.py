@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +24,9 @@ from kube_rendezvous.factory import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
+from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import REPO, rendezvous_parameters
-from tests.testenv import ControlPlane, ensure_binaries, free_port, wait_until
+from tests.testenv import ControlPlane, ensure_binaries, wait_until
 
 CHART = REPO / "charts" / "kube-rendezvous"
 EXAMPLES = REPO / "examples"
@@ -671,7 +669,7 @@ class TestInstallingTheChart:
             "the operator's RoleBinding to take effect",
         )
         objects = client.CustomObjectsApi(admin_api)
-        with LocalOperator(kubeconfig, release.namespace, tmp_path / "operator.log") as operator:
+        with OperatorProcess(kubeconfig, release.namespace, tmp_path / "operator.log") as operator:
             objects.create_namespaced_custom_object(
                 GROUP,
                 VERSION,
@@ -750,52 +748,3 @@ def gone(objects: client.CustomObjectsApi, namespace: str, name: str) -> bool:
     except client.ApiException as exc:
         return bool(exc.status == 404)
     return False
-
-
-class LocalOperator:
-    """``python -m kube_rendezvous_operator`` as a local process, as the chart's pod would run it."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.health_port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> LocalOperator:
-        with self.log.open("ab") as handle:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kube_rendezvous_operator",
-                    "--namespace",
-                    self.namespace,
-                    "--liveness",
-                    f"http://127.0.0.1:{self.health_port}/healthz",
-                ],
-                env=dict(
-                    os.environ, KUBECONFIG=str(self.kubeconfig), METRICS_PORT=str(free_port()), LOG_FORMAT="plain"
-                ),
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-            )
-        wait_until(self.healthy, 60, f"the operator's liveness endpoint (log: {self.log})")
-        return self
-
-    def healthy(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"the operator exited:\n{self.log.read_text()[-3000:]}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
-            return bool(answer.status == 200)
-
-    def __exit__(self, *_: object) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)

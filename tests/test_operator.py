@@ -5,11 +5,7 @@ eviction of a gone pod, a hostile state, and an operator that dies mid-round.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,68 +14,11 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.harness import ElasticJob, training_in_world
+from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.helpers import REPO
-from tests.testenv import ControlPlane, free_port, wait_until
+from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
-
-
-class Operator:
-    """``python -m kube_rendezvous_operator`` as a subprocess with the documented RBAC."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.metrics_port, self.health_port = free_port(), free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as handle:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kube_rendezvous_operator",
-                    "--namespace",
-                    self.namespace,
-                    "--metrics-port",
-                    str(self.metrics_port),
-                    "--log-format",
-                    "plain",
-                    "--liveness",
-                    f"http://127.0.0.1:{self.health_port}/healthz",
-                ],
-                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-            )
-        wait_until(self.healthy, 60, "the operator's liveness endpoint")
-
-    def healthy(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"operator exited:\n{self.log.read_text()[-3000:]}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
-            return bool(answer.status == 200)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
-            lines = answer.read().decode().splitlines()
-        return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +30,7 @@ def operator_cluster_role(control_plane: ControlPlane, crds: None) -> None:
 @pytest.fixture
 def operator(
     control_plane: ControlPlane, namespace: str, operator_cluster_role: None, tmp_path: Path
-) -> Iterator[Operator]:
+) -> Iterator[OperatorProcess]:
     kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "kube-rendezvous-operator")
     control_plane.kubectl(
         "create",
@@ -100,7 +39,7 @@ def operator(
         "--clusterrole=kube-rendezvous-operator",
         f"--serviceaccount={namespace}:kube-rendezvous-operator",
     )
-    running = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    running = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log")
     running.start()
     yield running
     running.stop()
@@ -174,7 +113,7 @@ def gone(objects: client.CustomObjectsApi, namespace: str) -> bool:
 class TestConditionsAndEvents:
     def test_ready_condition_then_events_for_joins_the_round_and_close(
         self,
-        operator: Operator,
+        operator: OperatorProcess,
         objects: client.CustomObjectsApi,
         admin_api: client.ApiClient,
         namespace: str,
@@ -200,7 +139,7 @@ class TestConditionsAndEvents:
         assert operator.metric("kube_rendezvous_node_joins_total") == 2
 
     def test_a_closed_rendezvous_is_deleted_after_its_ttl(
-        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+        self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
     ) -> None:
         create_rendezvous(objects, namespace, minNodes=1, maxNodes=1, ttlSecondsAfterClosed=1)
         job = make_job(nnodes="1")
@@ -211,7 +150,7 @@ class TestConditionsAndEvents:
 class TestDeclarativeClose:
     def test_patching_spec_closed_ends_waiting_agents_cleanly(
         self,
-        operator: Operator,
+        operator: OperatorProcess,
         objects: client.CustomObjectsApi,
         admin_api: client.ApiClient,
         namespace: str,
@@ -226,7 +165,7 @@ class TestDeclarativeClose:
         wait_until(lambda: "Closed" in reasons(admin_api, namespace), 30, "a Closed event")
 
     def test_deleting_a_rendezvous_with_training_agents_closes_it_before_letting_it_go(
-        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+        self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
     ) -> None:
         create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
         job = make_job(nnodes="2", steps=60, step_seconds=1.0)
@@ -243,7 +182,7 @@ class TestDeclarativeClose:
 class TestEviction:
     def test_deleting_a_training_pod_evicts_its_node_so_survivors_reform_without_waiting_for_heartbeats(
         self,
-        operator: Operator,
+        operator: OperatorProcess,
         objects: client.CustomObjectsApi,
         admin_api: client.ApiClient,
         namespace: str,
@@ -255,20 +194,7 @@ class TestEviction:
         core = client.CoreV1Api(admin_api)
         addresses = [f"127.0.0.{11 + index}" for index in range(3)]
         for index, address in enumerate(addresses):
-            core.create_namespaced_pod(
-                namespace,
-                client.V1Pod(
-                    metadata=client.V1ObjectMeta(
-                        name=f"trainer-{index}", labels={"kube-rendezvous.io/rendezvous": "job"}
-                    ),
-                    spec=client.V1PodSpec(containers=[client.V1Container(name="agent", image="trainer:latest")]),
-                ),
-            )
-            core.patch_namespaced_pod_status(
-                f"trainer-{index}",
-                namespace,
-                {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
-            )
+            create_training_pod(core, namespace, f"trainer-{index}", "job", address)
         job = make_job(
             nnodes="2:3",
             steps=30,
@@ -293,7 +219,7 @@ class TestEviction:
 class TestSafety:
     def test_a_hostile_state_only_raises_a_condition_and_an_event(
         self,
-        operator: Operator,
+        operator: OperatorProcess,
         objects: client.CustomObjectsApi,
         admin_api: client.ApiClient,
         namespace: str,
@@ -335,7 +261,7 @@ class TestSafety:
 
 class TestOperatorOutage:
     def test_a_round_completes_while_the_operator_is_dead_and_it_catches_up_after_a_restart(
-        self, operator: Operator, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
+        self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
     ) -> None:
         create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
         wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")

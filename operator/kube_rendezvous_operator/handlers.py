@@ -132,32 +132,12 @@ def reconcile_spec(
     problems = logic.spec_problems(spec)
     check = logic.check_stored_state((status or {}).get("state"))
     if problems:
-        update_condition(
-            namespace,
-            name,
-            status,
-            generation,
-            "ready",
-            condition=("Ready", "False", "InvalidSpec", "; ".join(problems)),
-        )
+        ready = ("Ready", "False", "InvalidSpec", "; ".join(problems))
     elif not check.ok:
-        update_condition(
-            namespace,
-            name,
-            status,
-            generation,
-            "ready",
-            condition=("Ready", "False", check.reason, check.message),
-        )
+        ready = ("Ready", "False", check.reason, check.message)
     else:
-        update_condition(
-            namespace,
-            name,
-            status,
-            generation,
-            "ready",
-            condition=("Ready", "True", "Valid", "the spec is valid; agents rendezvous through this object"),
-        )
+        ready = ("Ready", "True", "Valid", "the spec is valid; agents rendezvous through this object")
+    update_condition(namespace, name, status, generation, "ready", condition=ready)
 
 
 @kopf.on.event(GROUP, VERSION, RENDEZVOUS_PLURAL)
