@@ -11,14 +11,18 @@ from typing import Any
 from tensorplay.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousParameters
 
-from .backend import KubernetesRendezvousBackend, describe_api_error
+from .backend import KubernetesRendezvousBackend
 from .kubeapi import (
     API_VERSION,
     RENDEZVOUS_PLURAL,
     ApiError,
     ApiUnavailableError,
+    ConflictError,
+    InvalidError,
     KubernetesApi,
+    NotFoundError,
     call_with_retries,
+    describe_api_error,
     load_api_client,
 )
 from .kubeapi import resource_path as _resource_path
@@ -63,9 +67,8 @@ def ensure_rendezvous(
                 lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
             )
             return obj
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        except NotFoundError:
+            pass
         if not create:
             raise ValueError(
                 f"Rendezvous {namespace}/{name} does not exist. Create it (kubectl apply -f rendezvous.yaml) "
@@ -88,20 +91,18 @@ def ensure_rendezvous(
             )
             logger.info("created Rendezvous %s/%s (minNodes=%d, maxNodes=%d)", namespace, name, min_nodes, max_nodes)
             return created
-        except ApiError as exc:
-            if exc.status == 409:  # another agent created it first
-                existing: dict[str, Any] = call_with_retries(
-                    lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
-                )
-                return existing
-            if exc.status == 422:
-                raise ValueError(f"The API server rejected Rendezvous {namespace}/{name}: {exc.message}") from exc
-            if exc.status == 404:
-                raise ValueError(
-                    "The Rendezvous CRD (rendezvouses.kube-rendezvous.io) is not installed in this cluster: "
-                    "kubectl apply -f crds/ or helm install kube-rendezvous"
-                ) from exc
-            raise
+        except ConflictError:  # another agent created it first
+            existing: dict[str, Any] = call_with_retries(
+                lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
+            )
+            return existing
+        except InvalidError as exc:
+            raise ValueError(f"The API server rejected Rendezvous {namespace}/{name}: {exc.message}") from exc
+        except NotFoundError as exc:
+            raise ValueError(
+                "The Rendezvous CRD (rendezvouses.kube-rendezvous.io) is not installed in this cluster: "
+                "kubectl apply -f crds/ or helm install kube-rendezvous"
+            ) from exc
     except ApiError as exc:
         raise RendezvousConnectionError(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, namespace)) from exc
     except ApiUnavailableError as exc:
@@ -163,6 +164,7 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             retry_timeout=settings.retry_timeout,
             conflict_backoff=settings.conflict_backoff,
             max_conflict_backoff=max(2.0, settings.conflict_backoff),
+            max_participants=params.max_nodes,
         )
         backend.spec = spec
         store = KubernetesStore(

@@ -33,6 +33,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from tensorplay.distributed.elastic.rendezvous.utils import _delay
 
 from .factory import create_backend
+from .settings import RendezvousTimings
 from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
@@ -141,40 +142,26 @@ class KubernetesRendezvousHandler(DynamicRendezvousHandler):
             self._stop_bootstrap_store()
 
 
-def _seconds(params: RendezvousParameters, key: str, spec: dict[str, Any], spec_key: str) -> timedelta | None:
-    value = params.get_as_int(key)
-    if value is None:
-        value = spec.get(spec_key)
-    if value is None:
-        return None
-    if int(value) <= 0:
-        raise ValueError(f"rdzv-conf {key}={value!r}: must be a positive number of seconds")
-    return timedelta(seconds=int(value))
-
-
 def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHandler:
     """Create the ``k8s`` handler from the launcher's parameters (the registry's creator).
 
-    Timeouts come from ``--rdzv-conf`` first, then from the Rendezvous spec, then tensorplay's
-    defaults. The launcher always passes ``join_timeout`` (its ``--rdzv-timeout``, 900 s).
+    Timings come from ``RendezvousTimings.resolve``: ``--rdzv-conf`` first, then the Rendezvous
+    spec, then the defaults. The launcher always passes ``join_timeout`` (its ``--rdzv-timeout``).
     """
     backend, store = create_backend(params)
-    spec = backend.spec
-    timeout = RendezvousTimeout(
-        join=_seconds(params, "join_timeout", spec, "joinTimeoutSeconds"),
-        last_call=_seconds(params, "last_call_timeout", spec, "lastCallTimeoutSeconds"),
-        close=_seconds(params, "close_timeout", spec, "closeTimeoutSeconds"),
-        heartbeat=_seconds(params, "heartbeat_timeout", spec, "keepAliveIntervalSeconds"),
-    )
-    keep_alive = _seconds(params, "keep_alive_interval", spec, "keepAliveIntervalSeconds") or timedelta(seconds=5)
-    max_attempts = params.get_as_int("keep_alive_max_attempt") or int(spec.get("keepAliveMaxAttempts") or 3)
+    timings = RendezvousTimings.resolve(params, backend.spec)
     settings = RendezvousSettings(
         run_id=backend.run_id,
         min_nodes=params.min_nodes,
         max_nodes=params.max_nodes,
-        timeout=timeout,
-        keep_alive_interval=keep_alive,
-        keep_alive_max_attempt=max_attempts,
+        timeout=RendezvousTimeout(
+            join=timedelta(seconds=timings.join),
+            last_call=timedelta(seconds=timings.last_call),
+            close=timedelta(seconds=timings.close),
+            heartbeat=timedelta(seconds=timings.heartbeat),
+        ),
+        keep_alive_interval=timedelta(seconds=timings.keep_alive_interval),
+        keep_alive_max_attempt=timings.keep_alive_max_attempt,
     )
     return KubernetesRendezvousHandler(
         backend=backend,

@@ -1,37 +1,45 @@
-"""Fold the operator's and the user's intents into a rendezvous state (pure, no I/O).
+"""Fold the operator's and the user's intents into a rendezvous state document (pure, no I/O).
 
 The operator never writes the state. It records intents on the Rendezvous object
 (``spec.closed``, a deletion, ``status.evictedNodes``) and the agents' backend folds them into
-the state it reads, so tensorplay's own code acts on them: a closed state ends the job, and an
-evicted node's heartbeat is made ancient so that tensorplay's dead-node pruning removes it at
-once instead of after the heartbeat timeout.
+the document it reads, so the framework's own code acts on them: a closed state ends the job,
+and an evicted node's heartbeat is made ancient so that the framework's dead-node pruning
+removes it at once instead of after the heartbeat timeout.
+
+Not guaranteed: an eviction names a node by ``addr_pid_localid`` only, so it also matches a
+later incarnation with the same name until the intent is gone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any
+
+from .document import RendezvousDocument
 
 #: The heartbeat time given to evicted nodes: long expired on every clock.
 EVICTED_HEARTBEAT = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def fold_intents(state: Any, *, close: bool, evicted: Iterable[str]) -> bool:
-    """Apply ``close`` and ``evicted`` (node names as in the summary) to ``state`` in place.
+def fold_intents(
+    document: RendezvousDocument | None, *, close: bool, evicted: Iterable[str]
+) -> RendezvousDocument | None:
+    """Return ``document`` with ``close`` and ``evicted`` (node names) applied.
 
-    Returns:
-        True when the state changed.
+    Returns the same object when nothing changes; a closed empty document when there is no
+    document yet and ``close`` is set; None when there is none and nothing to close.
     """
-    changed = False
-    if close and not state.closed:
-        state.closed = True
-        changed = True
-    evicted = set(evicted)
-    if evicted:
-        known = set(state.last_heartbeats) | set(state.participants) | set(state.wait_list)
-        for node in known:
-            if str(node) in evicted and state.last_heartbeats.get(node) != EVICTED_HEARTBEAT:
-                state.last_heartbeats[node] = EVICTED_HEARTBEAT
-                changed = True
-    return changed
+    if document is None:
+        return RendezvousDocument(closed=True) if close else None
+    changes: dict[str, object] = {}
+    if close and not document.closed:
+        changes["closed"] = True
+    names = set(evicted)
+    if names:
+        heartbeats = dict(document.last_heartbeats)
+        for node in document.nodes():
+            if str(node) in names and heartbeats.get(node) != EVICTED_HEARTBEAT:
+                heartbeats[node] = EVICTED_HEARTBEAT
+                changes["last_heartbeats"] = heartbeats
+    return dataclasses.replace(document, **changes) if changes else document  # type: ignore[arg-type]

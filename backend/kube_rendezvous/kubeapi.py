@@ -29,21 +29,22 @@ API_VERSION = f"{GROUP}/{VERSION}"
 RENDEZVOUS_PLURAL = "rendezvouses"
 KEY_PLURAL = "rendezvouskeys"
 
-#: Statuses after which a request may be repeated: throttled, or the server is not ready.
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 T = TypeVar("T")
 
 
 class ApiError(Exception):
-    """The API server answered with a non-2xx status."""
+    """Raised when the API server answered with a non-2xx status; the subclass says which outcome.
+
+    Callers catch the subclasses; ``status`` is kept for messages only.
+    """
 
     def __init__(self, status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
         #: True when a retry may succeed: throttling, an unready server, or a 401/403 from a
         #: server that accepted these credentials before (a restarted API server answers 403
         #: until its RBAC caches have synced).
-        self.transient = transient or status in RETRYABLE_STATUSES
+        self.transient = transient
         self.status = status
         self.reason = reason
         self.message = message
@@ -51,8 +52,71 @@ class ApiError(Exception):
         self.path = path
 
 
+class ConflictError(ApiError):
+    """Raised when a precondition failed (409): a stale resourceVersion, or the name exists already."""
+
+
+class NotFoundError(ApiError):
+    """Raised when the object, or the resource type itself (CRD not installed), does not exist (404)."""
+
+
+class GoneError(ApiError):
+    """Raised when a watch's resourceVersion is too old to resume from (410); list again."""
+
+
+class ForbiddenError(ApiError):
+    """Raised when the credentials were refused (401) or lack the permission (403)."""
+
+
+class InvalidError(ApiError):
+    """Raised when the request was malformed or failed validation (400, 422); repeating it cannot help."""
+
+
+class ServerUnavailableError(ApiError):
+    """Raised when the server throttled (429) or was not ready (5xx); a retry may succeed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.transient = True
+
+
 class ApiUnavailableError(Exception):
-    """The API server could not be reached or did not answer in time (outcome unknown)."""
+    """Raised when the API server could not be reached or did not answer in time (outcome unknown)."""
+
+
+_ERROR_CLASSES: dict[int, type[ApiError]] = {
+    400: InvalidError,
+    401: ForbiddenError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    410: GoneError,
+    422: InvalidError,
+    429: ServerUnavailableError,
+}
+
+
+def api_error(status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> ApiError:
+    """Return the exception for an answer with ``status``: the one place a status becomes a type."""
+    cls = _ERROR_CLASSES.get(status) or (ServerUnavailableError if status >= 500 else ApiError)
+    return cls(status, reason, message, method, path, transient)
+
+
+def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) -> str:
+    """Return a message for a failed call; for a refusal it names the permission to grant."""
+    if isinstance(exc, ForbiddenError) and exc.status == 401:
+        return (
+            f"The API server did not accept this process's credentials (401) on {verb} {resource}: "
+            f"{exc.message}. Check the service-account token or the kubeconfig."
+        )
+    if isinstance(exc, ForbiddenError):
+        group = "coordination.k8s.io" if resource.startswith("leases") else GROUP
+        return (
+            f"The API server refused to {verb} {resource} in namespace {namespace!r} (403 Forbidden): "
+            f"{exc.message}. Grant the training pods' ServiceAccount the kube-rendezvous agent Role "
+            f"(verb {verb!r} on {resource!r} in API group {group!r}); see docs/rbac.yaml."
+        )
+    return f"Could not {verb} {resource} in namespace {namespace!r}: {exc}"
 
 
 def resource_path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -147,7 +211,7 @@ class KubernetesApi:
                 message = json.loads(data).get("message", message)
             except ValueError:
                 pass
-            raise ApiError(
+            raise api_error(
                 response.status,
                 str(response.reason),
                 message,
@@ -165,7 +229,8 @@ class KubernetesApi:
         """Yield watch events (``{"type": ..., "object": ...}``) until the server ends the watch.
 
         Raises:
-            ApiError: the watch request itself was refused.
+            GoneError: the resourceVersion is too old to resume from (list again).
+            ApiError: the watch request itself was refused, or the server sent another ERROR event.
             ApiUnavailableError: the connection failed or dropped.
         """
         watch_query = dict(query, watch="true", allowWatchBookmarks="true", timeoutSeconds=timeout_seconds)
@@ -184,7 +249,7 @@ class KubernetesApi:
         try:
             if response.status != 200:
                 body = response.read().decode("utf-8", "replace")
-                raise ApiError(
+                raise api_error(
                     response.status,
                     str(response.reason),
                     body,
@@ -199,7 +264,17 @@ class KubernetesApi:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR":
+                            status = event.get("object") or {}
+                            raise api_error(
+                                int(status.get("code") or 500),
+                                str(status.get("reason") or "WatchError"),
+                                str(status.get("message") or ""),
+                                "WATCH",
+                                path,
+                            )
+                        yield event
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiUnavailableError(f"WATCH {path} dropped: {type(exc).__name__}: {exc}") from exc
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -151,3 +151,76 @@ class KubernetesRendezvousConfig:
             store_timeout=seconds("store_timeout", 300.0),
             conflict_backoff=seconds("conflict_backoff", 0.02),
         )
+
+
+@dataclass(frozen=True)
+class RendezvousTimings:
+    """The rendezvous handler's timings, resolved in one place: rdzv-conf, then the spec, then the default.
+
+    Each field is in seconds except ``keep_alive_max_attempt`` (a count):
+
+    - ``join``: how long a node waits for a round to form (rdzv-conf ``join_timeout``, spec
+      ``joinTimeoutSeconds``, default 600; the launcher always passes its ``--rdzv-timeout``).
+    - ``last_call``: how long a round waits for more nodes once it has ``min_nodes``
+      (``last_call_timeout``, ``lastCallTimeoutSeconds``, 30).
+    - ``close``: how long a node tries to mark the rendezvous closed (``close_timeout``,
+      ``closeTimeoutSeconds``, 30).
+    - ``heartbeat``: how long one heartbeat may take (``heartbeat_timeout``; no spec field; 5).
+    - ``keep_alive_interval``: seconds between heartbeats (``keep_alive_interval``,
+      ``keepAliveIntervalSeconds``, 5).
+    - ``keep_alive_max_attempt``: missed heartbeats before a node is pruned
+      (``keep_alive_max_attempt``, ``keepAliveMaxAttempts``, 3).
+    """
+
+    join: float = 600.0
+    last_call: float = 30.0
+    close: float = 30.0
+    heartbeat: float = 5.0
+    keep_alive_interval: float = 5.0
+    keep_alive_max_attempt: int = 3
+
+    #: field -> (rdzv-conf key, Rendezvous spec key or None)
+    SOURCES: ClassVar[dict[str, tuple[str, str | None]]] = {
+        "join": ("join_timeout", "joinTimeoutSeconds"),
+        "last_call": ("last_call_timeout", "lastCallTimeoutSeconds"),
+        "close": ("close_timeout", "closeTimeoutSeconds"),
+        "heartbeat": ("heartbeat_timeout", None),
+        "keep_alive_interval": ("keep_alive_interval", "keepAliveIntervalSeconds"),
+        "keep_alive_max_attempt": ("keep_alive_max_attempt", "keepAliveMaxAttempts"),
+    }
+
+    def __post_init__(self) -> None:
+        for name in self.SOURCES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"rendezvous timing {name}={value!r}: must be a positive, finite number")
+
+    @property
+    def heartbeat_expiry(self) -> float:
+        """Seconds without a heartbeat after which a node counts as dead."""
+        return self.keep_alive_interval * self.keep_alive_max_attempt
+
+    @classmethod
+    def resolve(cls, conf: Any, spec: dict[str, Any] | None) -> RendezvousTimings:
+        """Resolve every timing from ``conf`` (``.get(key)``, may be None), then ``spec``, then the default.
+
+        Raises:
+            ValueError: a value that is not a positive whole number, naming its rdzv-conf key or spec field.
+        """
+        spec = spec or {}
+        values: dict[str, Any] = {}
+        for name, (conf_key, spec_key) in cls.SOURCES.items():
+            raw = conf.get(conf_key) if conf is not None else None
+            source = f"rdzv-conf {conf_key}"
+            if raw is None and spec_key is not None:
+                raw, source = spec.get(spec_key), f"spec.{spec_key}"
+            if raw is None:
+                continue
+            try:
+                number = int(str(raw))
+            except ValueError as exc:
+                raise ValueError(f"{source}={raw!r}: must be a positive whole number") from exc
+            if number <= 0:
+                raise ValueError(f"{source}={raw!r}: must be a positive whole number")
+            values[name] = number
+        return cls(**values)

@@ -1,10 +1,13 @@
-"""Refuse rendezvous states that would run code when unpickled (pure, no I/O, no tensorplay).
+"""Read the framework's own state pickle with a type check (pure, no I/O).
 
-tensorplay stores its rendezvous state as a pickle, and unpickling runs whatever callables the
-pickle names. Anyone who can write ``Rendezvous.status`` could otherwise run code in every
-pod. ``check_state_pickle`` unpickles with ``find_class`` restricted to the few globals a
-genuine state uses, so a hostile pickle fails on its first forbidden global, before any of it
-runs. The operator calls it with stand-in classes and so never imports tensorplay.
+tensorplay's and torch's state holders hand ``set_state`` the bytes of
+``pickle.dumps(_RendezvousState)``: a pickle made by this very process, never read from the
+API (the API holds the JSON state document only). ``load_own_state`` unpickles it with
+``find_class`` limited to the framework's two state classes and ``datetime``, so bytes that are
+not a rendezvous state (``b"x"``, another object) get a clear error instead of being stored.
+
+Not guaranteed: this is a type check, not a security boundary. Nothing read from Kubernetes
+is ever given to it.
 """
 
 from __future__ import annotations
@@ -15,58 +18,36 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-RENDEZVOUS_MODULE = "tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous"
-#: The globals a genuine tensorplay rendezvous state refers to.
-ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
-    {
-        (RENDEZVOUS_MODULE, "_RendezvousState"),
-        (RENDEZVOUS_MODULE, "_NodeDesc"),
-        ("datetime", "datetime"),
-        ("datetime", "timezone"),
-        ("datetime", "timedelta"),
-    }
-)
+_DATETIME_GLOBALS = frozenset({"datetime", "timezone", "timedelta"})
 
 
-class ForbiddenGlobalError(pickle.UnpicklingError):
-    """The pickle names a callable outside the allow-list: it is not a genuine rendezvous state."""
-
-
-class _StandIn:
-    """Takes the place of a tensorplay class when checking without tensorplay."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
+class _StateUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, classes: Mapping[tuple[str, str], Any]) -> None:
         super().__init__(io.BytesIO(data))
         self._classes = classes
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in ALLOWED_GLOBALS:
-            raise ForbiddenGlobalError(
-                f"the rendezvous state refers to {module}.{name}, which a tensorplay rendezvous state never does; "
-                "it was written by something else and is refused unread"
-            )
-        if module == "datetime":
+        if module == "datetime" and name in _DATETIME_GLOBALS:
             return getattr(datetime, name)
-        return self._classes.get((module, name), _StandIn)
+        if (module, name) in self._classes:
+            return self._classes[(module, name)]
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a rendezvous state never does")
 
 
-def check_state_pickle(data: bytes, classes: Mapping[tuple[str, str], Any] | None = None) -> Any:
-    """Unpickle ``data`` allowing only ``ALLOWED_GLOBALS``; return the object.
-
-    Args:
-        data: the state bytes.
-        classes: the real classes to build for the tensorplay globals; stand-ins when None.
+def load_own_state(data: bytes, state_class: type, node_class: type) -> Any:
+    """Return the ``state_class`` instance pickled in ``data`` by this process.
 
     Raises:
-        ForbiddenGlobalError: the pickle names any other global (nothing of it has run).
-        pickle.UnpicklingError, EOFError, ValueError, ...: ``data`` is not a valid pickle.
+        ValueError: ``data`` is not a pickled ``state_class`` (the message says what it is).
     """
-    return _RestrictedUnpickler(data, classes or {}).load()
+    classes = {(cls.__module__, cls.__qualname__): cls for cls in (state_class, node_class)}
+    try:
+        value = _StateUnpickler(bytes(data), classes).load()
+    except Exception as exc:
+        raise ValueError(
+            f"set_state takes the bytes of a pickled {state_class.__name__} ({len(data)} bytes given are not one: "
+            f"{type(exc).__name__}: {exc}); the Kubernetes backend stores rendezvous states only, as a typed document"
+        ) from exc
+    if not isinstance(value, state_class):
+        raise ValueError(f"set_state takes a pickled {state_class.__name__}, got a pickled {type(value).__name__}")
+    return value

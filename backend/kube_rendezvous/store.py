@@ -31,8 +31,12 @@ from .kubeapi import (
     KEY_PLURAL,
     ApiError,
     ApiUnavailableError,
+    ConflictError,
+    GoneError,
     KubernetesApi,
+    NotFoundError,
     call_with_retries,
+    describe_api_error,
     resource_path,
 )
 
@@ -136,19 +140,14 @@ class KubernetesStore(Store):
     def _read(self, key: str | bytes) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = self._call("GET", f"{self._collection}/{self._name(key)}")
+        except NotFoundError:
+            return None
         except ApiError as exc:
-            if exc.status == 404:
-                return None
             raise self._failure(exc, "get") from exc
         return obj
 
-    def _failure(self, exc: Exception, verb: str) -> RuntimeError:
-        if isinstance(exc, ApiError) and exc.status == 403:
-            return RuntimeError(
-                f"The API server refused to {verb} {KEY_PLURAL} in namespace {self.namespace!r} (403): "
-                f"{exc.message}. Grant the pods' ServiceAccount the kube-rendezvous agent Role (docs/rbac.yaml)."
-            )
-        return RuntimeError(f"KubernetesStore could not {verb} a key: {exc}")
+    def _failure(self, exc: ApiError, verb: str) -> RuntimeError:
+        return RuntimeError(describe_api_error(exc, verb, KEY_PLURAL, self.namespace))
 
     @staticmethod
     def _value_of(obj: dict[str, Any]) -> bytes:
@@ -191,9 +190,9 @@ class KubernetesStore(Store):
                 "POST", self._collection, body=self._new_object(key, value, op, round_number), retry=False
             )
             return created
+        except ConflictError:
+            return self._committed(key, op)
         except ApiError as exc:
-            if exc.status == 409:
-                return self._committed(key, op)
             if exc.transient:
                 return self._committed(key, op)
             raise self._failure(exc, "create") from exc
@@ -212,9 +211,9 @@ class KubernetesStore(Store):
                 "PUT", f"{self._collection}/{obj['metadata']['name']}", body=obj, retry=False
             )
             return replaced
+        except (ConflictError, NotFoundError):
+            return None
         except ApiError as exc:
-            if exc.status in (409, 404):
-                return None
             if exc.transient:
                 return self._committed(obj["spec"]["key"], op)
             raise self._failure(exc, "update") from exc
@@ -302,9 +301,10 @@ class KubernetesStore(Store):
         """Delete ``key``; deleting a missing key does nothing."""
         try:
             self._call("DELETE", f"{self._collection}/{self._name(key)}")
+        except NotFoundError:
+            pass
         except ApiError as exc:
-            if exc.status != 404:
-                raise self._failure(exc, "delete") from exc
+            raise self._failure(exc, "delete") from exc
 
     def num_keys(self) -> int:
         """Return how many keys this Rendezvous's store holds."""
@@ -361,11 +361,6 @@ class KubernetesStore(Store):
                 )
                 for event in events:
                     kind, obj = event.get("type"), event.get("object", {})
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            resource_version = None  # too old to resume: list again
-                            break
-                        raise ApiUnavailableError(f"watch error: {obj.get('message')}")
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     name = obj.get("metadata", {}).get("name")
                     if kind in ("ADDED", "MODIFIED"):
@@ -380,10 +375,10 @@ class KubernetesStore(Store):
                 self.stats["watch_restarts"] += 1
                 logger.info("store watch interrupted (%s); resuming", exc)
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            except GoneError:
+                resource_version = None  # too old to resume: list again
+                continue
             except ApiError as exc:
-                if exc.status == 410:
-                    resource_version = None
-                    continue
                 if exc.transient:
                     self.stats["watch_restarts"] += 1
                     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))

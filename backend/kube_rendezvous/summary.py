@@ -1,39 +1,24 @@
-"""The readable part of ``Rendezvous.status``, derived from a rendezvous state (pure, no I/O).
+"""The readable part of ``Rendezvous.status``, derived from a state document (pure, no I/O).
 
-The agents store it in the same compare-and-swap write as the encoded state, so
-``kubectl get rdzv`` always agrees with the state. The operator reads only this summary and
-never decodes the state itself.
+The agents store it in the same compare-and-swap write as the encoded document, so
+``kubectl get rdzv`` always agrees with the state. It is small on purpose (counts plus the
+first ``SUMMARY_LIST_LIMIT`` nodes): the operator and the kubectl plugin decode the document
+itself when they need every node.
+
+Not guaranteed: ``lastChangeTime`` is the writing agent's clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
-#: Most participants, waiting nodes and heartbeats listed in the summary (counts are exact).
-SUMMARY_LIST_LIMIT = 128
+from .document import RendezvousDocument
+
+#: Most participants and waiting nodes listed in the summary (the counts are exact).
+SUMMARY_LIST_LIMIT = 16
 
 PHASES = ("Pending", "Joining", "LastCall", "Complete", "Closed")
-
-
-class RendezvousStateLike(Protocol):
-    """The fields of tensorplay's ``_RendezvousState`` that the summary reads."""
-
-    @property
-    def round(self) -> int: ...
-    @property
-    def complete(self) -> bool: ...
-    @property
-    def deadline(self) -> datetime | None: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def participants(self) -> Mapping[Any, int]: ...
-    @property
-    def wait_list(self) -> set[Any]: ...
-    @property
-    def last_heartbeats(self) -> Mapping[Any, datetime]: ...
 
 
 def format_time(moment: datetime) -> str:
@@ -43,40 +28,43 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def rendezvous_phase(state: RendezvousStateLike | None) -> str:
-    """Return the phase shown by ``kubectl get rdzv`` for ``state`` (None: no state yet)."""
-    if state is None:
+def parse_time(text: str) -> datetime:
+    """Return the UTC datetime of an RFC 3339 timestamp with seconds precision (``format_time``'s)."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def rendezvous_phase(document: RendezvousDocument | None) -> str:
+    """Return the phase shown by ``kubectl get rdzv`` for ``document`` (None: no state yet)."""
+    if document is None:
         return "Pending"
-    if state.closed:
+    if document.closed:
         return "Closed"
-    if state.complete:
+    if document.complete:
         return "Complete"
-    if state.deadline is not None:
+    if document.deadline is not None:
         return "LastCall"
     return "Joining"
 
 
-def summarize_state(
-    state: RendezvousStateLike, *, now: datetime, writer: str | None = None, limit: int = SUMMARY_LIST_LIMIT
+def summarize_document(
+    document: RendezvousDocument, *, now: datetime, writer: str | None = None, limit: int = SUMMARY_LIST_LIMIT
 ) -> dict[str, Any]:
-    """Return the ``status`` fields that describe ``state``.
+    """Return the ``status`` fields that describe ``document``.
 
     Every field is a scalar, a list or explicitly ``None`` so that a JSON merge patch of the
     result replaces the previous summary completely (``None`` removes a field).
     """
-    ranked = sorted(state.participants.items(), key=lambda item: (item[1], str(item[0])))
-    waiting = sorted(str(node) for node in state.wait_list)
-    heartbeats = sorted(state.last_heartbeats.items(), key=lambda item: str(item[0]))
+    ranked = sorted(document.participants.items(), key=lambda item: (item[1], item[0]))
+    waiting = sorted(document.wait_list)
     return {
-        "round": int(state.round),
-        "phase": rendezvous_phase(state),
-        "closed": bool(state.closed),
+        "round": document.round,
+        "phase": rendezvous_phase(document),
+        "closed": document.closed,
         "participantCount": len(ranked),
         "waitingCount": len(waiting),
-        "participants": [{"node": str(node), "rank": int(rank)} for node, rank in ranked[:limit]],
-        "waiting": waiting[:limit],
-        "heartbeats": [{"node": str(node), "time": format_time(time)} for node, time in heartbeats[:limit]],
-        "deadline": format_time(state.deadline) if state.deadline is not None and not state.complete else None,
+        "participants": [{"node": str(node), "rank": rank} for node, rank in ranked[:limit]],
+        "waiting": [str(node) for node in waiting[:limit]],
+        "deadline": format_time(document.deadline) if document.deadline is not None and not document.complete else None,
         "lastChangeTime": format_time(now),
         "lastWriter": writer,
     }
