@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import uuid
@@ -23,6 +24,7 @@ import yaml
 from kube_rendezvous.factory import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import REPO, rendezvous_parameters
@@ -494,7 +496,7 @@ class TestTheExamples:
         backend, _ = create_backend(
             rendezvous_parameters(f"{namespace}/llama-train", kubeconfig, min_nodes=2, max_nodes=4, create="false")
         )
-        written = backend.set_state(b"x")
+        written = backend.set_state(pickle.dumps(_RendezvousState()))
         assert written is not None and written[2] is True
 
 
@@ -630,7 +632,7 @@ class TestInstallingTheChart:
     ) -> None:
         kubeconfig = trainer_kubeconfig(control_plane, release.namespace)
         backend, store = create_backend(rendezvous_parameters(f"{release.namespace}/rdzv", kubeconfig))
-        written = backend.set_state(b"x")
+        written = backend.set_state(pickle.dumps(_RendezvousState()))
         assert written is not None
         assert (written[0], written[2]) == (b"x", True)
         store.set("key", b"value")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from kube_rendezvous.settings import (
     KubernetesRendezvousConfig,
     OwnerReference,
+    RendezvousTimings,
     parse_endpoint,
     validate_namespace,
     validate_object_name,
@@ -244,3 +246,36 @@ class TestRejectedValuesFoundInReview:
     def test_owner_without_its_uid_is_rejected_instead_of_misread(self) -> None:
         with pytest.raises(ValueError, match=r"owner='batch/v1/Job/train'.*must be the owner's metadata.uid"):
             OwnerReference.parse("batch/v1/Job/train")
+
+
+class TestRendezvousTimings:
+    """rdzv-conf, then the Rendezvous spec, then the default: resolved in one place."""
+
+    def test_defaults_are_tensorplays(self) -> None:
+        timings = RendezvousTimings.resolve({}, {})
+        assert (timings.join, timings.last_call, timings.close, timings.heartbeat) == (600, 30, 30, 5)
+        assert (timings.keep_alive_interval, timings.keep_alive_max_attempt, timings.heartbeat_expiry) == (5, 3, 15)
+
+    def test_the_spec_fills_in_what_rdzv_conf_does_not_give(self) -> None:
+        spec = {"joinTimeoutSeconds": 120, "lastCallTimeoutSeconds": 7, "keepAliveIntervalSeconds": 2}
+        timings = RendezvousTimings.resolve({"join_timeout": "900"}, spec)
+        assert (timings.join, timings.last_call, timings.keep_alive_interval) == (900, 7, 2)
+
+    def test_the_heartbeat_timeout_never_falls_back_to_the_keep_alive_interval(self) -> None:
+        assert RendezvousTimings.resolve({}, {"keepAliveIntervalSeconds": 60}).heartbeat == 5
+
+    def test_the_operator_resolves_from_the_spec_alone(self) -> None:
+        timings = RendezvousTimings.resolve(None, {"keepAliveIntervalSeconds": 4, "keepAliveMaxAttempts": 5})
+        assert timings.heartbeat_expiry == 20
+
+    @pytest.mark.parametrize(
+        ("conf", "spec", "named"),
+        [
+            ({"join_timeout": "0"}, {}, "rdzv-conf join_timeout='0'"),
+            ({"keep_alive_max_attempt": "many"}, {}, "rdzv-conf keep_alive_max_attempt='many'"),
+            ({}, {"closeTimeoutSeconds": -1}, "spec.closeTimeoutSeconds=-1"),
+        ],
+    )
+    def test_a_bad_value_names_where_it_came_from(self, conf: dict[str, str], spec: dict[str, int], named: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            RendezvousTimings.resolve(conf, spec)

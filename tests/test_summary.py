@@ -1,4 +1,4 @@
-"""rendezvous_phase/summarize_state/format_time: the readable status derived from a real tensorplay state (pure)."""
+"""rendezvous_phase/summarize_document/format_time: the readable status derived from a state document (pure)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.summary import (
     PHASES,
     SUMMARY_LIST_LIMIT,
-    RendezvousStateLike,
     format_time,
+    parse_time,
     rendezvous_phase,
-    summarize_state,
+    summarize_document,
 )
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
@@ -26,9 +27,22 @@ def node(addr: str, pid: int = 100, local_id: int = 0) -> _NodeDesc:
     return _NodeDesc(addr, pid, local_id)
 
 
-def like(state: _RendezvousState) -> RendezvousStateLike:
-    """``state`` typed as the summary's protocol (tensorplay's state satisfies it)."""
-    return state
+def ident(desc: _NodeDesc) -> NodeId:
+    return NodeId(desc.addr, desc.pid, desc.local_id)
+
+
+def like(state: _RendezvousState) -> RendezvousDocument:
+    """The document of a tensorplay state, built as is (unvalidated: the summary needs no validity)."""
+    return RendezvousDocument(
+        round=state.round,
+        complete=state.complete,
+        closed=state.closed,
+        deadline=state.deadline,
+        participants={ident(desc): rank for desc, rank in state.participants.items()},
+        wait_list=frozenset(ident(desc) for desc in state.wait_list),
+        redundancy_list=frozenset(ident(desc) for desc in state.redundancy_list),
+        last_heartbeats={ident(desc): moment for desc, moment in state.last_heartbeats.items()},
+    )
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -95,12 +109,12 @@ class TestRendezvousPhase:
         assert {rendezvous_phase(None if state is None else like(state)) for state in states} == set(PHASES)
 
 
-class TestSummarizeState:
+class TestSummarizeDocument:
     def test_participants_are_sorted_by_rank_with_node_strings(self) -> None:
         state = _RendezvousState()
         state.participants = {node("c"): 2, node("a"): 1, node("b"): 0}
 
-        summary = summarize_state(like(state), now=NOW)
+        summary = summarize_document(like(state), now=NOW)
 
         assert summary["participants"] == [
             {"node": "b_100_0", "rank": 0},
@@ -111,7 +125,7 @@ class TestSummarizeState:
     def test_participants_with_equal_ranks_are_ordered_by_node_string(self) -> None:
         state = _RendezvousState()
         state.participants = {node("b"): 0, node("a"): 0}
-        assert [entry["node"] for entry in summarize_state(like(state), now=NOW)["participants"]] == [
+        assert [entry["node"] for entry in summarize_document(like(state), now=NOW)["participants"]] == [
             "a_100_0",
             "b_100_0",
         ]
@@ -119,19 +133,7 @@ class TestSummarizeState:
     def test_waiting_nodes_are_sorted_node_strings(self) -> None:
         state = _RendezvousState()
         state.wait_list = {node("z", 3, 1), node("m", 9, 0), node("a", 1, 2)}
-        assert summarize_state(like(state), now=NOW)["waiting"] == ["a_1_2", "m_9_0", "z_3_1"]
-
-    def test_heartbeats_are_sorted_by_node_with_rfc3339_utc_times(self) -> None:
-        state = _RendezvousState()
-        state.last_heartbeats = {
-            node("b"): datetime(2024, 5, 1, 11, 59, 58, 999_999, tzinfo=timezone.utc),
-            node("a"): datetime(2024, 5, 1, 13, 59, 59, tzinfo=timezone(timedelta(hours=2))),
-        }
-
-        assert summarize_state(like(state), now=NOW)["heartbeats"] == [
-            {"node": "a_100_0", "time": "2024-05-01T11:59:59Z"},
-            {"node": "b_100_0", "time": "2024-05-01T11:59:58Z"},
-        ]
+        assert summarize_document(like(state), now=NOW)["waiting"] == ["a_1_2", "m_9_0", "z_3_1"]
 
     def test_counts_are_exact_while_lists_are_truncated_at_the_limit(self) -> None:
         state = _RendezvousState()
@@ -141,19 +143,19 @@ class TestSummarizeState:
             state.wait_list.add(waiter)
             state.last_heartbeats[member] = NOW
 
-        summary = summarize_state(like(state), now=NOW, limit=2)
+        summary = summarize_document(like(state), now=NOW, limit=2)
 
         assert summary["participantCount"] == 5
         assert summary["waitingCount"] == 5
         assert summary["participants"] == [{"node": "p0_100_0", "rank": 0}, {"node": "p1_100_0", "rank": 1}]
         assert summary["waiting"] == ["w0_100_0", "w1_100_0"]
-        assert [entry["node"] for entry in summary["heartbeats"]] == ["p0_100_0", "p1_100_0"]
+        assert "heartbeats" not in summary  # the document holds them; the summary stays small
 
     def test_default_limit_truncates_lists_at_summary_list_limit(self) -> None:
         state = _RendezvousState()
         for index in range(SUMMARY_LIST_LIMIT + 3):
             state.participants[node("host", index)] = index
-        summary = summarize_state(like(state), now=NOW)
+        summary = summarize_document(like(state), now=NOW)
         assert summary["participantCount"] == SUMMARY_LIST_LIMIT + 3
         assert len(summary["participants"]) == SUMMARY_LIST_LIMIT
         assert summary["participants"][-1]["rank"] == SUMMARY_LIST_LIMIT - 1
@@ -162,13 +164,13 @@ class TestSummarizeState:
         state = _RendezvousState()
         state.round = 7
         state.closed = True
-        summary = summarize_state(like(state), now=NOW)
+        summary = summarize_document(like(state), now=NOW)
         assert (summary["round"], summary["phase"], summary["closed"]) == (7, "Closed", True)
 
     def test_deadline_is_shown_during_last_call(self) -> None:
         state = _RendezvousState()
         state.deadline = datetime(2024, 5, 1, 12, 0, 30, 500_000, tzinfo=timezone.utc)
-        summary = summarize_state(like(state), now=NOW)
+        summary = summarize_document(like(state), now=NOW)
         assert summary["phase"] == "LastCall"
         assert summary["deadline"] == "2024-05-01T12:00:30Z"
 
@@ -176,24 +178,24 @@ class TestSummarizeState:
         state = _RendezvousState()
         state.complete = True
         state.deadline = NOW + timedelta(seconds=30)
-        summary = summarize_state(like(state), now=NOW)
+        summary = summarize_document(like(state), now=NOW)
         assert summary["phase"] == "Complete"
         assert summary["deadline"] is None
 
     def test_deadline_is_none_when_not_set(self) -> None:
-        assert summarize_state(like(_RendezvousState()), now=NOW)["deadline"] is None
+        assert summarize_document(like(_RendezvousState()), now=NOW)["deadline"] is None
 
     def test_last_change_time_is_now_formatted(self) -> None:
-        assert summarize_state(like(_RendezvousState()), now=NOW)["lastChangeTime"] == "2024-05-01T12:00:00Z"
+        assert summarize_document(like(_RendezvousState()), now=NOW)["lastChangeTime"] == "2024-05-01T12:00:00Z"
 
     def test_last_writer_is_passed_through(self) -> None:
-        assert summarize_state(like(_RendezvousState()), now=NOW, writer="trainer-0")["lastWriter"] == "trainer-0"
+        assert summarize_document(like(_RendezvousState()), now=NOW, writer="trainer-0")["lastWriter"] == "trainer-0"
 
     def test_last_writer_is_none_by_default(self) -> None:
-        assert summarize_state(like(_RendezvousState()), now=NOW)["lastWriter"] is None
+        assert summarize_document(like(_RendezvousState()), now=NOW)["lastWriter"] is None
 
     def test_summary_of_a_fresh_state_has_empty_lists_and_zero_counts(self) -> None:
-        assert summarize_state(like(_RendezvousState()), now=NOW) == {
+        assert summarize_document(like(_RendezvousState()), now=NOW) == {
             "round": 0,
             "phase": "Joining",
             "closed": False,
@@ -201,7 +203,6 @@ class TestSummarizeState:
             "waitingCount": 0,
             "participants": [],
             "waiting": [],
-            "heartbeats": [],
             "deadline": None,
             "lastChangeTime": "2024-05-01T12:00:00Z",
             "lastWriter": None,
@@ -212,7 +213,7 @@ class TestSummarizeState:
         state.participants[node("a")] = 0
         state.last_heartbeats[node("a")] = NOW
         state.deadline = NOW
-        summary = summarize_state(like(state), now=NOW, writer="w")
+        summary = summarize_document(like(state), now=NOW, writer="w")
         assert json.loads(json.dumps(summary)) == summary
 
     def test_every_value_is_a_scalar_a_list_or_none_never_a_dict(self) -> None:
@@ -222,7 +223,7 @@ class TestSummarizeState:
         state.last_heartbeats[node("a")] = NOW
         state.deadline = NOW
 
-        for key, value in summarize_state(like(state), now=NOW, writer="w").items():
+        for key, value in summarize_document(like(state), now=NOW, writer="w").items():
             assert value is None or isinstance(value, (bool, int, str, list)), f"{key} is {type(value).__name__}"
             if isinstance(value, list):
                 assert all(isinstance(item, (dict, str)) for item in value), key
@@ -233,19 +234,19 @@ class TestSummarizeState:
         old_state.wait_list = {node("c")}
         old_state.last_heartbeats = {node("a"): NOW, node("b"): NOW}
         old_state.deadline = NOW
-        previous = {"state": "z1:...", **summarize_state(like(old_state), now=NOW, writer="old")}
+        previous = {"state": "kr1:...", **summarize_document(like(old_state), now=NOW, writer="old")}
 
         new_state = _RendezvousState()
         new_state.round = 1
         new_state.complete = True
         new_state.deadline = NOW
         new_state.participants = {node("d"): 0}
-        new_summary = summarize_state(like(new_state), now=NOW + timedelta(seconds=5))
+        new_summary = summarize_document(like(new_state), now=NOW + timedelta(seconds=5))
 
         patched = merge_patch(previous, new_summary)
 
         expected = {key: value for key, value in new_summary.items() if value is not None}
-        assert patched == {"state": "z1:...", **expected}
+        assert patched == {"state": "kr1:...", **expected}
         assert "deadline" not in patched
         assert "lastWriter" not in patched
 
@@ -277,3 +278,17 @@ class TestFormatTime:
     def test_same_instant_in_any_offset_formats_identically(self, hours: int) -> None:
         moment = datetime(2024, 6, 30, 23, 59, 59, tzinfo=timezone.utc)
         assert format_time(moment.astimezone(timezone(timedelta(hours=hours)))) == "2024-06-30T23:59:59Z"
+
+
+class TestParseTime:
+    def test_parse_time_reads_what_format_time_writes(self) -> None:
+        moment = datetime(2024, 6, 30, 23, 59, 59, tzinfo=timezone.utc)
+        assert parse_time(format_time(moment)) == moment
+
+    def test_the_summary_of_128_nodes_stays_small(self) -> None:
+        state = _RendezvousState()
+        for index in range(128):
+            state.participants[node(f"trainer-{index:04d}.trainer-headless.team-a.svc.cluster.local", 1)] = index
+        summary = summarize_document(like(state), now=NOW, writer="trainer-0000")
+        assert len(summary["participants"]) == SUMMARY_LIST_LIMIT == 16
+        assert len(json.dumps(summary)) < 1800

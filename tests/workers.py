@@ -6,24 +6,27 @@ Each prints one JSON line with what it did, and exits non-zero on failure.
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 import time
 
 from kube_rendezvous.factory import create_backend
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.helpers import rendezvous_parameters
 
 
 def increment_state(endpoint: str, kubeconfig: str, increments: str) -> dict[str, object]:
-    """Add 1 to an integer state ``increments`` times by read-modify-write through set_state."""
+    """Add 1 to the state's round ``increments`` times by read-modify-write through set_state."""
     backend, _ = create_backend(rendezvous_parameters(endpoint, kubeconfig))
     attempts = 0
     for _ in range(int(increments)):
         current = backend.get_state()
         while True:
             attempts += 1
-            value = 0 if current is None else int(current[0])
-            result = backend.set_state(str(value + 1).encode(), None if current is None else current[1])
+            state = _RendezvousState() if current is None else pickle.loads(current[0])
+            state.round += 1
+            result = backend.set_state(pickle.dumps(state), None if current is None else current[1])
             assert result is not None or current is None
             if result is not None and result[2]:
                 break

@@ -404,7 +404,7 @@ def _parse_int(literal: str) -> int:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len(pairs) > len(_KEYS):
+    if len(pairs) > 4 * len(_KEYS):
         raise StateDocumentError("text", f"an object has {len(pairs)} fields; a state document has {len(_KEYS)}")
     result: dict[str, Any] = {}
     for key, value in pairs:
