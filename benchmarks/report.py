@@ -54,17 +54,9 @@ def write_report(report: dict[str, Any]) -> None:
     failures = [entry for entry in rounds if "failed" in entry]
     for entry in failures:
         lines.append(f"\n{entry['backend']} N={entry['nodes']} failed: `{entry['failed']}`")
-    lines += [
-        "",
-        "## State size (60-character node names)",
-        "",
-        "| N | pickle | base64 only | encoded (zlib + base64) | readable summary |",
-        "|---|---|---|---|---|",
-    ]
-    for nodes, size in report["state_sizes"].items():
-        lines.append(
-            f"| {nodes} | {size['pickle']} B | {size['base64_only']} B | {size['encoded']} B | {size['summary']} B |"
-        )
+    state_size = DOCS / "state-size.md"  # written by python -m benchmarks.state_size
+    if state_size.exists():
+        lines += ["", state_size.read_text().strip()]
     if report.get("steady"):
         lines += [
             "",

@@ -248,26 +248,6 @@ def synthetic_state(nodes: int, name_length: int = 60) -> Any:
     return state
 
 
-def state_sizes() -> dict[str, Any]:
-    import base64
-
-    from kube_rendezvous.encoding import encode_state
-    from kube_rendezvous.summary import summarize_state
-
-    sizes = {}
-    for nodes in (1024, 4096):
-        raw = pickle.dumps(synthetic_state(nodes))
-        encoded = encode_state(raw)
-        summary = json.dumps(summarize_state(synthetic_state(nodes), now=datetime.now(timezone.utc)))
-        sizes[str(nodes)] = {
-            "pickle": len(raw),
-            "base64_only": len(base64.b64encode(raw)),
-            "encoded": len(encoded),
-            "summary": len(summary),
-        }
-    return sizes
-
-
 def recovery(bench: Bench) -> dict[str, Any]:
     """Seconds from SIGKILL of one of 3 agents to the survivors training again."""
     from tests.e2e.harness import ElasticJob, training_in_world
@@ -401,9 +381,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{os.cpu_count()} cores",
         "rounds": [],
-        "state_sizes": state_sizes(),
     }
-    log(f"state sizes: {report['state_sizes']}")
     if args.keep_rounds and (RESULTS / "results.json").exists():
         report["rounds"] = json.loads((RESULTS / "results.json").read_text())["rounds"]
     try:

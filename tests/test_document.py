@@ -226,7 +226,7 @@ class TestDecoderRefuses:
             (frame(json.dumps(valid_json(round=-1)).encode()), "round"),
             (frame(json.dumps(valid_json(round=True)).encode()), "round"),
             (frame(json.dumps(valid_json(version=2)).encode()), "not a version this release reads"),
-            (frame(json.dumps(valid_json(extra=1)).encode()), "extra: is not a field"),
+            (frame(json.dumps(valid_json(extra=1)).encode()), "field 'extra' is not a field"),
             (frame(json.dumps(valid_json(pid=[1, 1])).encode()), "pid: has 2 entries but addr has 3"),
             (frame(json.dumps(valid_json(addr=["b", "a", "c"])).encode()), "listed twice or out of order"),
             (frame(json.dumps(valid_json(addr=["a", "a", "a"])).encode()), "listed twice or out of order"),
@@ -271,3 +271,21 @@ class TestDecoderRefuses:
                 decode_document(text)
             except StateDocumentError:
                 pass
+
+
+def test_the_fuzz_script_runs_and_reports_its_outcomes() -> None:
+    """A short run of scripts/fuzz_state.py (the README's 60 s run is outside CI's timed tests)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "fuzz_state.py"), "--seconds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fuzzed" in done.stdout and "refused: text" in done.stdout

@@ -106,6 +106,46 @@ class TestElasticity:
         assert status["round"] >= 1 and status["participantCount"] == 3
 
 
+class TestSigtermMeansLeave:
+    def test_a_drained_pod_leaves_and_the_survivors_finish_every_step(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
+        agents = [job.start_agent() for _ in range(3)]
+        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+        victim = by_group[1]
+
+        def participants() -> set[str]:
+            return {item["node"] for item in rendezvous_status(control_plane, namespace).get("participants", [])}
+
+        assert victim.node_name in participants()
+        signalled_at = time.monotonic()
+        victim.terminate()
+        wait_until(lambda: victim.node_name not in participants(), 30, "the drained node to leave the participants")
+        print(f"\nthe drained node left {time.monotonic() - signalled_at:.1f} s after SIGTERM")
+        assert rendezvous_status(control_plane, namespace)["phase"] != "Closed"
+        assert job.wait([victim], 60) != [0], victim.output()[-3000:]
+        survivors = [agent for agent in agents if agent is not victim]
+        assert job.wait(survivors, 240) == [0, 0], job.logs()
+        results = job.last_results()
+        assert_one_correct_world(results, 4)
+        assert all(len(item["sums"]) == 10 for item in results)
+        assert rendezvous_status(control_plane, namespace)["phase"] == "Closed"  # closed by success only
+
+    def test_when_every_pod_is_signalled_no_agent_exits_0_and_the_rendezvous_stays_open(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="2", steps=60, step_seconds=1.0)
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
+        for agent in agents:
+            agent.terminate()
+        codes = job.wait(agents, 60)
+        assert all(code != 0 for code in codes), (codes, job.logs())
+        assert job.results() == []
+        assert rendezvous_status(control_plane, namespace)["phase"] != "Closed"
+
+
 class TestApiServerRestart:
     def test_the_round_completes_when_the_api_server_restarts_mid_rendezvous(
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str

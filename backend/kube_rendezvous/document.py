@@ -291,7 +291,7 @@ def document_from_json(data: Any, *, max_participants: int | None = None) -> Ren
         raise StateDocumentError("text", f"must hold a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise StateDocumentError(unknown[0], "is not a field of the state document version 1")
+        raise StateDocumentError("text", f"field {unknown[0]!r:.60} is not a field of the state document version 1")
     missing = sorted(_KEYS - set(data))
     if missing:
         raise StateDocumentError(missing[0], "is missing")
@@ -409,7 +409,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise StateDocumentError(key, "appears twice")
+            raise StateDocumentError("text", f"field {key!r:.60} appears twice")
         result[key] = value
     return result
 

@@ -1,23 +1,28 @@
 """The ``k8s`` rendezvous handler: tensorplay's DynamicRendezvousHandler over the Kubernetes API.
 
-Two changes to the stock handler, both needed for a job to survive the loss of a pod:
+Three changes to the stock handler, all needed for a job to survive the loss of a pod:
 
 - the rendezvous store is a ``KubernetesStore``, and tensorplay's C++ ``PrefixStore`` refuses
   Python stores, so each round's view is a ``KubernetesPrefixStore``;
 - tensorplay 1.0.0 reuses rank 0's bootstrap TCPStore and publishes its address at the store
   root, so after a membership change the new round's workers read the old round's keys and
   hang. Here rank 0 starts a fresh bootstrap store every round and publishes its address under
-  this round's prefix.
+  this round's prefix;
+- the stock ``shutdown()`` closes the rendezvous on every exit of the agent, a SIGTERM included,
+  which ends every other agent with exit code 0. Here only an agent whose workers succeeded
+  closes it; any other leaves (drained, preempted, failed), and the survivors re-form.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from typing import Any, cast
 
 from tensorplay.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
+    RendezvousError,
     RendezvousGracefulExitError,
     RendezvousInfo,
     RendezvousParameters,
@@ -46,6 +51,9 @@ ROUNDS_KEPT_AHEAD = 2
 
 class KubernetesRendezvousHandler(DynamicRendezvousHandler):
     """A DynamicRendezvousHandler whose store and bootstrap address are safe across rounds."""
+
+    #: What the first ``shutdown()`` returned (None: not shut down yet).
+    _shutdown_result: bool | None = None
 
     def _wrap_store(self, store: Any) -> KubernetesPrefixStore:
         round_number = self._state_holder.state.round
@@ -135,11 +143,59 @@ class KubernetesRendezvousHandler(DynamicRendezvousHandler):
         )
 
     def shutdown(self) -> bool:
-        """Close the rendezvous (as the stock handler does) and stop the bootstrap store."""
+        """Close the rendezvous only when this agent's training succeeded; otherwise leave it.
+
+        The elastic agent calls ``shutdown()`` on every exit path: after its workers succeeded,
+        after they failed for good, and on a SIGTERM (a drain, a preemption, a spot reclaim).
+        The stock handler closes the rendezvous on all of them, which ends every other agent
+        with exit code 0 mid-training. Here only success closes it; otherwise this node leaves
+        (it is removed from the participants) and the survivors re-form. Called by code that
+        is not an elastic agent, it closes as the stock handler does, unless an exception is
+        being handled. Only the first call decides: the launcher calls it again after the agent
+        did, from its own exception handler.
+        """
+        if self._shutdown_result is not None:
+            return self._shutdown_result
+        outcome = agent_training_outcome()
         try:
-            return bool(super().shutdown())
+            if outcome == "SUCCEEDED" or (outcome is None and sys.exc_info()[0] is None):
+                self._shutdown_result = bool(super().shutdown())
+            else:
+                self._shutdown_result = self.leave()
+            return self._shutdown_result
         finally:
             self._stop_bootstrap_store()
+
+    def leave(self) -> bool:
+        """Leave the rendezvous without closing it; return False when that could not be written."""
+        self._stop_heartbeats()
+        deadline = self._get_deadline(self._settings.timeout.close)
+        try:
+            self._executor.run(_RendezvousExitOp(), deadline)
+        except RendezvousError as exc:
+            logger.warning("could not leave the rendezvous %s: %s", self._run_id, exc)
+            return False
+        logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self._run_id)
+        return True
+
+
+def agent_training_outcome() -> str | None:
+    """The state name of the calling elastic agent's worker group, or None when no agent called.
+
+    tensorplay's and torch's agents call the handler's ``shutdown()`` from ``_shutdown`` with
+    ``self._worker_group.state`` already set (``SUCCEEDED`` only after the workers succeeded).
+    """
+    frame = sys._getframe(1)
+    for _ in range(12):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        agent = frame.f_locals.get("self")
+        group = getattr(agent, "_worker_group", None)
+        state = getattr(group, "state", None)
+        if state is not None:
+            return str(getattr(state, "name", state))
+    return None
 
 
 def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHandler:

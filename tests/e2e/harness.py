@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,15 @@ class Agent:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def terminate(self) -> None:
+        """SIGTERM the agent process only, as the kubelet does to a pod's PID 1 on a drain or preemption."""
+        self.process.send_signal(signal.SIGTERM)
+
+    @property
+    def node_name(self) -> str:
+        """The rendezvous node name of this agent (``addr_pid_localid``) with the default --local-addr."""
+        return f"127.0.0.1_{self.process.pid}_0"
 
     def kill_pod(self) -> None:
         """SIGKILL the agent and all its descendants at once, as a pod's death does."""
