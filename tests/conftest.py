@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from tests.testenv import ControlPlane, wait_until
@@ -102,3 +103,57 @@ def agent_kubeconfig(control_plane: ControlPlane, namespace: str, crds: None) ->
         "the agent RoleBinding to apply",
     )
     return path
+
+
+def _state_rule_enforced(objects: client.CustomObjectsApi, namespace: str) -> bool:
+    """Whether the API server refuses a status.state that is not a document (a dry run on a scratch object)."""
+    try:
+        objects.patch_namespaced_custom_object_status(
+            "kube-rendezvous.io",
+            "v1alpha1",
+            namespace,
+            "rendezvouses",
+            "probe",
+            {"status": {"state": "z1:probe"}},
+            dry_run="All",
+            _content_type="application/merge-patch+json",
+        )
+    except client.ApiException as exc:
+        if exc.status == 422:
+            return True
+        raise
+    return False
+
+
+@pytest.fixture
+def first_release_crd(
+    control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str, crds: None
+) -> Iterator[None]:
+    """This release's Rendezvous CRD without its rule on status.state, as the first release shipped it.
+
+    Objects written meanwhile keep their state after the upgrade (``helm upgrade`` never upgrades
+    CRDs either), so what stops a hostile state then is the agents' and the operator's own
+    validator. The CRD is restored afterwards.
+    """
+    objects = client.CustomObjectsApi(admin_api)
+    current = yaml.safe_load((REPO / "crds" / "rendezvous.yaml").read_text())
+    current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"].pop("x-kubernetes-validations")
+    objects.create_namespaced_custom_object(
+        "kube-rendezvous.io",
+        "v1alpha1",
+        namespace,
+        "rendezvouses",
+        {
+            "apiVersion": "kube-rendezvous.io/v1alpha1",
+            "kind": "Rendezvous",
+            "metadata": {"name": "probe"},
+            "spec": {"minNodes": 1, "maxNodes": 1},
+        },
+    )
+    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(current))
+    wait_until(lambda: not _state_rule_enforced(objects, namespace), 60, "the CRD without the state rule to apply")
+    try:
+        yield
+    finally:
+        control_plane.kubectl("apply", "-f", str(REPO / "crds" / "rendezvous.yaml"))
+        wait_until(lambda: _state_rule_enforced(objects, namespace), 60, "this release's CRD to apply again")

@@ -162,6 +162,21 @@ class TestApiServerRestart:
         assert job.wait([*first, third], 240) == [0, 0, 0], job.logs()
         assert_one_correct_world(job.results(), 6)
 
+    def test_a_training_job_survives_a_30_s_outage_without_losing_a_node(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        # The outage is twice the heartbeat expiry (15 s) and half the retry timeout (60 s).
+        job = make_job(nnodes="3", steps=45, step_seconds=1.0)
+        agents = [job.start_agent() for _ in range(3)]
+        wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+        control_plane.restart_apiserver(downtime=30)
+        assert job.wait(agents, 240) == [0, 0, 0], job.logs()
+        results = job.results()
+        assert_one_correct_world(results, 6)
+        assert len(results) == 6 and {item["restart"] for item in results} == {0}  # nobody was pruned
+        status = rendezvous_status(control_plane, namespace)
+        assert (status["round"], status["participantCount"]) == (0, 3)
+
 
 class TestTheSinglePointOfFailure:
     def test_with_p10d_killing_the_agent_that_hosts_the_tcp_store_hangs_the_survivors(self, make_job: MakeJob) -> None:

@@ -10,15 +10,12 @@ import base64
 import os
 import pickle
 import sys
-import uuid
 import zlib
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kube_rendezvous.factory import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
@@ -87,52 +84,6 @@ def write_status(admin_api: client.ApiClient, namespace: str, name: str, status:
     client.CustomObjectsApi(admin_api).patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type="application/merge-patch+json"
     )
-
-
-def status_rule_enforced(admin_api: client.ApiClient, namespace: str) -> bool:
-    """Whether the API server refuses a status.state that is not a document (probing a scratch object)."""
-    objects = client.CustomObjectsApi(admin_api)
-    try:
-        objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "probe")
-    except client.ApiException:
-        objects.create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "Rendezvous",
-                "metadata": {"name": "probe"},
-                "spec": {"minNodes": 1, "maxNodes": 1},
-            },
-        )
-    try:
-        # A new value each time: the API server ratchets, letting an unchanged invalid value stay.
-        write_status(admin_api, namespace, "probe", {"state": f"z1:{uuid.uuid4().hex}"})
-    except client.ApiException as exc:
-        return exc.status == 422
-    return False
-
-
-@pytest.fixture
-def first_release_crd(
-    control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str, crds: None
-) -> Iterator[None]:
-    """The Rendezvous CRD as the first release shipped it (no rule on status.state), restored afterwards.
-
-    Objects written then keep their state across the upgrade: the agents must refuse it themselves.
-    """
-    current = yaml.safe_load((REPO / "crds" / "rendezvous.yaml").read_text())
-    status = current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-    status.pop("x-kubernetes-validations")
-    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(current))
-    wait_until(lambda: not status_rule_enforced(admin_api, namespace), 60, "the first release's CRD to apply")
-    try:
-        yield
-    finally:
-        control_plane.kubectl("apply", "-f", str(REPO / "crds" / "rendezvous.yaml"))
-        wait_until(lambda: status_rule_enforced(admin_api, namespace), 60, "this release's CRD to apply again")
 
 
 class TestHostileStatus:

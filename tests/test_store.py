@@ -99,6 +99,14 @@ class TestStoreSemantics:
         with pytest.raises(StoreTimeoutError):
             store.get("never-set")
 
+    def test_empty_values_set_get_and_compare_and_swap_like_any_other(self, store: KubernetesStore) -> None:
+        store.set("empty", b"")
+        assert store.get("empty") == b""
+        assert store.compare_and_swap("empty", b"", b"full") == (True, b"")
+        assert store.compare_and_swap("empty", b"full", b"") == (True, b"full")
+        assert store.get("empty") == b""
+        assert store.compare_set("empty", b"", "") == b""
+
     def test_invalid_default_timeout_is_refused(self, store: KubernetesStore) -> None:
         with pytest.raises(ValueError, match="positive"):
             store.timeout = 0

@@ -15,6 +15,19 @@ stores rendezvous states only: bytes that are not a pickled ``_RendezvousState``
 ``RendezvousStateError``, and the state handed back is equal in meaning to the one written,
 not byte-identical (it is re-pickled from the document).
 
+Exactly once: each write carries a write id, kept in ``status.recentWriteIds`` (the last 4).
+After a write with no clear answer (no answer, 429, 5xx) the object is read: the write id there
+means it committed (``set_state`` answers ``has_set=True`` with the state and token as they are
+now); a changed token means it never can; an unchanged token means it has not (yet), and the
+same compare-and-swap is sent again: it commits at most once, because the token changes when it
+does. A 409 after an unclear attempt is resolved the same way.
+
+Outages: time while this process could not reach the API server does not count toward other
+nodes' heartbeat expiry. For one heartbeat expiry after an outage, heartbeats older than its end
+are handed to the framework moved forward by the outage's length (never past its end), so the
+first read after the API server returns does not prune live nodes; a node that really died
+still expires one heartbeat expiry after the outage.
+
 Not guaranteed: fencing (an agent paused past its heartbeat expiry can still write with a
 token it read before the pause, as with every backend of this handler), and agreement of
 clocks (heartbeat expiry compares other nodes' timestamps with the local clock).
@@ -22,11 +35,13 @@ clocks (heartbeat expiry compares other nodes' timestamps with the local clock).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import random
 import time
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tensorplay.distributed.elastic.rendezvous.api import (
@@ -58,6 +73,7 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
+from .settings import RendezvousTimings
 from .statecheck import load_own_state
 from .summary import summarize_document
 
@@ -65,6 +81,8 @@ logger = logging.getLogger(__name__)
 
 Token = Any
 MERGE_PATCH = "application/merge-patch+json"
+#: Write ids kept in ``status.recentWriteIds`` to recognise a committed write after an unclear answer.
+RECENT_WRITE_IDS = 4
 
 
 class KubernetesRendezvousBackend(RendezvousBackend):
@@ -83,6 +101,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             re-reading. 0 disables it.
         max_participants: the most participants a state this backend writes may hold (the
             job's max nodes); None checks only the document's own limit.
+        heartbeat_expiry: seconds without a heartbeat after which a node counts as dead; also
+            how long heartbeats are moved forward after an outage (module docstring).
     """
 
     #: The framework's state classes; an adapter for another framework overrides these two.
@@ -101,6 +121,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         conflict_backoff: float = 0.02,
         max_conflict_backoff: float = 2.0,
         max_participants: int | None = None,
+        heartbeat_expiry: float = 15.0,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -120,11 +141,16 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         self._conflict_backoff = conflict_backoff
         self._max_conflict_backoff = max_conflict_backoff
         self._max_participants = max_participants
+        self._heartbeat_expiry = timedelta(seconds=heartbeat_expiry)
         self._conflict_streak = 0
+        #: The token of the last object seen, and its recent write ids.
+        self._recent_write_ids: tuple[str, list[str]] = ("", [])
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
         self.spec: dict[str, Any] = {}
+        #: The handler's timings, resolved once from rdzv-conf, the spec and the defaults.
+        self.timings = RendezvousTimings()
         #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads.
         self.stats = {"writes": 0, "conflicts": 0, "reads": 0}
 
@@ -141,11 +167,12 @@ class KubernetesRendezvousBackend(RendezvousBackend):
     def _read_object(self) -> dict[str, Any]:
         self.stats["reads"] += 1
         try:
-            return call_with_retries(
+            obj: dict[str, Any] = call_with_retries(
                 lambda: self._api.request("GET", self._path),
                 deadline=time.monotonic() + self._retry_timeout,
                 what=f"GET rendezvous {self._where}",
             )
+            return self._remember(obj)
         except NotFoundError as exc:
             raise RendezvousClosedError(
                 f"The Rendezvous {self._where} no longer exists (deleted); the rendezvous is over."
@@ -157,6 +184,11 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
                 "See the inner exception for details."
             ) from exc
+
+    def _remember(self, obj: dict[str, Any]) -> dict[str, Any]:
+        ids = (obj.get("status") or {}).get("recentWriteIds") or []
+        self._recent_write_ids = (obj["metadata"]["resourceVersion"], [str(item) for item in ids])
+        return obj
 
     def read_document(self, obj: dict[str, Any]) -> RendezvousDocument | None:
         """Return the validated document of ``obj`` with the intents folded in (None: no state).
@@ -183,7 +215,22 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                     f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
                 ) from exc
         close = bool((obj.get("spec") or {}).get("closed")) or bool(obj["metadata"].get("deletionTimestamp"))
-        return fold_intents(document, close=close, evicted=status.get("evictedNodes") or [])
+        folded = fold_intents(document, close=close, evicted=status.get("evictedNodes") or [])
+        return None if folded is None else self._resume_after_outage(folded)
+
+    def _resume_after_outage(self, document: RendezvousDocument) -> RendezvousDocument:
+        """Move heartbeats older than the last outage's end forward by its length, for one expiry after it."""
+        outage = self._api.last_outage
+        if outage is None:
+            return document
+        start, end = outage
+        if datetime.now(timezone.utc) > end + self._heartbeat_expiry:
+            return document
+        moved = {
+            node: min(beat + (end - start), end) if beat < end else beat
+            for node, beat in document.last_heartbeats.items()
+        }
+        return dataclasses.replace(document, last_heartbeats=moved)
 
     def _state_of(self, obj: dict[str, Any]) -> tuple[bytes, Token] | None:
         document = self.read_document(obj)
@@ -212,8 +259,13 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         except ValueError as exc:  # StateDocumentError is a ValueError
             raise RendezvousStateError(f"The rendezvous state was not written to {self._where}: {exc}") from exc
 
-    def _status_for(self, document: RendezvousDocument, encoded: str) -> dict[str, Any]:
-        status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": self.run_id}
+    def _status_for(self, document: RendezvousDocument, encoded: str, write_ids: list[str]) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "state": encoded,
+            "stateBytes": len(encoded),
+            "runId": self.run_id,
+            "recentWriteIds": write_ids,
+        }
         status.update(summarize_document(document, now=datetime.now(timezone.utc), writer=self._node_name))
         return status
 
@@ -243,43 +295,67 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         elif not isinstance(token, str) or not token:
             return self._lost(self._state_of(self._read_object()))
 
-        body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded)}
-        try:
-            written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
-        except ApiUnavailableError as exc:
-            # The write may or may not have committed: decide from what is stored now.
-            logger.info("state write had no answer (%s); re-reading to learn its outcome", exc)
-            return self._outcome(state, encoded)
-        except ConflictError:
-            self._back_off()
-            return self._lost(self._state_of(self._read_object()))
-        except InvalidError as exc:
-            obj = self._read_object()
-            if obj["metadata"]["resourceVersion"] == token:
-                # The token was current, so the server refused the status itself.
-                raise RendezvousStateError(
-                    f"The API server refused the rendezvous state for {self._where}: {exc.message}"
-                ) from exc
-            return self._lost(self._state_of(obj))  # a token that is not a resourceVersion
-        except NotFoundError as exc:
-            raise RendezvousClosedError(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
-        except ApiError as exc:
-            if exc.transient:
-                return self._outcome(state, encoded)
-            raise RendezvousConnectionError(
-                describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
-            ) from exc
+        write_id = uuid.uuid4().hex[:8]
+        known_token, known_ids = self._recent_write_ids
+        write_ids = [*(known_ids if known_token == token else [])[-(RECENT_WRITE_IDS - 1) :], write_id]
+        body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded, write_ids)}
+        deadline = time.monotonic() + self._retry_timeout
+        unclear = False
+        delay = 0.1
+        while True:
+            try:
+                written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
+                break
+            except ConflictError:
+                obj = self._read_object()
+                if unclear and (committed := self._committed(obj, write_id)) is not None:
+                    return committed
+                self._back_off()
+                return self._lost(self._state_of(obj))
+            except InvalidError as exc:
+                obj = self._read_object()
+                if obj["metadata"]["resourceVersion"] == token:
+                    # The token was current, so the server refused the status itself.
+                    raise RendezvousStateError(
+                        f"The API server refused the rendezvous state for {self._where}: {exc.message}"
+                    ) from exc
+                return self._lost(self._state_of(obj))  # a token that is not a resourceVersion
+            except NotFoundError as exc:
+                raise RendezvousClosedError(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
+            except (ApiUnavailableError, ApiError) as exc:
+                if isinstance(exc, ApiError) and not exc.transient:
+                    raise RendezvousConnectionError(
+                        describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
+                    ) from exc
+                # No clear answer: read what is stored to learn the outcome.
+                if time.monotonic() + delay > deadline:
+                    raise RendezvousConnectionError(
+                        "The Kubernetes API server gave no clear answer to a state write for "
+                        f"{self._retry_timeout:.0f} s. See the inner exception for details."
+                    ) from exc
+                logger.info("state write had no clear answer (%s); reading the outcome", exc)
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 2.0)
+                obj = self._read_object()
+                if (committed := self._committed(obj, write_id)) is not None:
+                    return committed
+                if obj["metadata"]["resourceVersion"] != token:
+                    return self._lost(self._state_of(obj))  # the token is stale: this write can never commit
+                unclear = True  # not committed (yet): send the same compare-and-swap again
+        self._remember(written)
         self.stats["writes"] += 1
         self._conflict_streak = 0
         return state, written["metadata"]["resourceVersion"], True
 
-    def _outcome(self, state: bytes, encoded: str) -> tuple[bytes, Token, bool] | None:
-        """After a write with no clear answer: written if the stored state is ours, else lost."""
-        obj = self._read_object()
-        if (obj.get("status") or {}).get("state") == encoded:
-            self.stats["writes"] += 1
-            return state, obj["metadata"]["resourceVersion"], True
-        return self._lost(self._state_of(obj))
+    def _committed(self, obj: dict[str, Any], write_id: str) -> tuple[bytes, Token, bool] | None:
+        """``(state, token, True)`` as stored now if write ``write_id`` committed, else None."""
+        if write_id not in ((obj.get("status") or {}).get("recentWriteIds") or []):
+            return None
+        current = self._state_of(obj)  # others may have written since
+        assert current is not None
+        self.stats["writes"] += 1
+        self._conflict_streak = 0
+        return current[0], current[1], True
 
     def _back_off(self) -> None:
         """Wait a random time that doubles with each consecutive lost compare-and-swap.

@@ -26,7 +26,13 @@ from .kubeapi import (
     load_api_client,
 )
 from .kubeapi import resource_path as _resource_path
-from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE, UNSET_RUN_IDS, KubernetesRendezvousConfig, OwnerReference
+from .settings import (
+    SERVICE_ACCOUNT_NAMESPACE_FILE,
+    UNSET_RUN_IDS,
+    KubernetesRendezvousConfig,
+    OwnerReference,
+    RendezvousTimings,
+)
 from .store import KubernetesStore
 
 logger = logging.getLogger(__name__)
@@ -155,6 +161,7 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
                 params.min_nodes,
                 params.max_nodes,
             )
+        timings = RendezvousTimings.resolve(params, spec)
         backend = KubernetesRendezvousBackend(
             api,
             namespace,
@@ -165,8 +172,10 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             conflict_backoff=settings.conflict_backoff,
             max_conflict_backoff=max(2.0, settings.conflict_backoff),
             max_participants=params.max_nodes,
+            heartbeat_expiry=timings.heartbeat_expiry,
         )
         backend.spec = spec
+        backend.timings = timings
         store = KubernetesStore(
             api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
         )

@@ -38,7 +38,6 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from tensorplay.distributed.elastic.rendezvous.utils import _delay
 
 from .factory import create_backend
-from .settings import RendezvousTimings
 from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
@@ -205,7 +204,7 @@ def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHand
     spec, then the defaults. The launcher always passes ``join_timeout`` (its ``--rdzv-timeout``).
     """
     backend, store = create_backend(params)
-    timings = RendezvousTimings.resolve(params, backend.spec)
+    timings = backend.timings
     settings = RendezvousSettings(
         run_id=backend.run_id,
         min_nodes=params.min_nodes,

@@ -13,6 +13,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -156,6 +157,22 @@ class KubernetesApi:
         self.stats: dict[str, int] = {"requests": 0, "conflicts": 0, "bytes_sent": 0, "bytes_received": 0}
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
+        #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure since.
+        self._last_answer: datetime | None = None
+        self._failing_since: datetime | None = None
+        #: The last outage this client saw: (last answer before it, first answer after it), UTC.
+        self.last_outage: tuple[datetime, datetime] | None = None
+
+    def _unavailable(self) -> None:
+        if self._failing_since is None:
+            self._failing_since = datetime.now(timezone.utc)
+
+    def _answered(self) -> None:
+        now = datetime.now(timezone.utc)
+        if self._failing_since is not None:
+            self.last_outage = (self._last_answer or self._failing_since, now)
+            self._failing_since = None
+        self._last_answer = now
 
     def _serialize(
         self, method: str, path: str, query: dict[str, Any] | None, content_type: str
@@ -198,13 +215,21 @@ class KubernetesApi:
                 headers=headers,
                 timeout=urllib3.Timeout(connect=min(limit, 10.0), read=limit),
                 preload_content=True,
+                # Never re-send behind the caller's back: a write whose answer was lost must be
+                # resolved by the caller (operation ids), and hidden retries overshoot deadlines.
+                retries=False,
             )
             data = response.data
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._unavailable()
             raise ApiUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         self.stats["bytes_received"] += len(data)
         if response.status == 409:
             self.stats["conflicts"] += 1
+        if response.status == 429 or response.status >= 500:
+            self._unavailable()
+        else:
+            self._answered()
         if not 200 <= response.status < 300:
             message = data.decode("utf-8", "replace")
             try:
@@ -243,6 +268,7 @@ class KubernetesApi:
                 headers=headers,
                 preload_content=False,
                 timeout=urllib3.Timeout(connect=min(self.request_timeout, 10.0), read=timeout_seconds + 15),
+                retries=False,
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiUnavailableError(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc

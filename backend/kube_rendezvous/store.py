@@ -176,35 +176,33 @@ class KubernetesStore(Store):
             "spec": {"key": self._key(key), "value": base64.b64encode(value).decode("ascii")},
         }
 
-    def _committed(self, key: str | bytes, op: str) -> dict[str, Any] | None:
-        """After a write without an answer: the key object if it carries ``op``, else None."""
-        obj = self._read(key)
-        if obj is not None and op in obj["metadata"].get("annotations", {}).get(OPS_ANNOTATION, "").split(","):
-            return obj
-        return None
+    @staticmethod
+    def _recent_ops(obj: dict[str, Any]) -> list[str]:
+        annotations = obj["metadata"].get("annotations") or {}
+        return [item for item in annotations.get(OPS_ANNOTATION, "").split(",") if item]
 
-    def _create(self, key: str | bytes, value: bytes, op: str, round_number: int | None) -> dict[str, Any] | None:
-        """Create the key object; None when it already exists."""
+    def _create(self, key: str | bytes, value: bytes, attempt: str, round_number: int | None) -> dict[str, Any] | None:
+        """Create the key object; None when it exists already or the outcome is unknown (read to learn it)."""
         try:
             created: dict[str, Any] = self._call(
-                "POST", self._collection, body=self._new_object(key, value, op, round_number), retry=False
+                "POST", self._collection, body=self._new_object(key, value, attempt, round_number), retry=False
             )
             return created
         except ConflictError:
-            return self._committed(key, op)
-        except ApiError as exc:
-            if exc.transient:
-                return self._committed(key, op)
-            raise self._failure(exc, "create") from exc
+            return None
         except ApiUnavailableError:
             time.sleep(0.2)
-            return self._committed(key, op)
+            return None
+        except ApiError as exc:
+            if exc.transient:
+                time.sleep(0.2)
+                return None
+            raise self._failure(exc, "create") from exc
 
-    def _replace(self, obj: dict[str, Any], value: bytes, op: str) -> dict[str, Any] | None:
-        """Write ``value`` if ``obj`` is still current; None when somebody wrote first."""
+    def _replace(self, obj: dict[str, Any], value: bytes, attempt: str) -> dict[str, Any] | None:
+        """Write ``value`` if ``obj`` is still current; None when somebody wrote first or the outcome is unknown."""
         annotations = obj["metadata"].setdefault("annotations", {})
-        recent = [item for item in annotations.get(OPS_ANNOTATION, "").split(",") if item]
-        annotations[OPS_ANNOTATION] = ",".join([*recent[-(RECENT_OPS_KEPT - 1) :], op])
+        annotations[OPS_ANNOTATION] = ",".join([*self._recent_ops(obj)[-(RECENT_OPS_KEPT - 1) :], attempt])
         obj["spec"]["value"] = base64.b64encode(value).decode("ascii")
         try:
             replaced: dict[str, Any] = self._call(
@@ -213,26 +211,49 @@ class KubernetesStore(Store):
             return replaced
         except (ConflictError, NotFoundError):
             return None
-        except ApiError as exc:
-            if exc.transient:
-                return self._committed(obj["spec"]["key"], op)
-            raise self._failure(exc, "update") from exc
         except ApiUnavailableError:
             time.sleep(0.2)
-            return self._committed(obj["spec"]["key"], op)
+            return None
+        except ApiError as exc:
+            if exc.transient:
+                time.sleep(0.2)
+                return None
+            raise self._failure(exc, "update") from exc
 
     def _read_modify_write(
-        self, key: str | bytes, update: Any, round_number: int | None = None
+        self, key: str | bytes, update: Any, round_number: int | None = None, *, create_first: bool = False
     ) -> tuple[bytes | None, bytes | None]:
-        """Apply ``update(current_or_None) -> new_or_None`` atomically; return (previous, written)."""
-        op = uuid.uuid4().hex[:12]
+        """Apply ``update(current_or_None) -> new_or_None`` exactly once; return (previous, written).
+
+        Every write attempt records its own id in the key's recent-ops annotation. An attempt
+        whose outcome is unclear (no answer, a 5xx, a 409 after an earlier unclear attempt) is
+        never repeated blindly: the next read shows whether one of this call's attempts
+        committed, and if so that attempt's result is returned. An attempt can only commit on
+        the resourceVersion it read, so at most one attempt of a call ever commits.
+        ``create_first`` tries to create the key before reading it (one request for a new key).
+        """
+        attempts: dict[str, tuple[bytes | None, bytes]] = {}
+        obj: dict[str, Any] | None = None
+        read = not create_first
         while True:
-            obj = self._read(key)
+            if read:
+                obj = self._read(key)
+                if obj is not None:
+                    mine = [attempts[item] for item in self._recent_ops(obj) if item in attempts]
+                    if mine:
+                        return mine[-1]
+            read = True
             previous = None if obj is None else self._value_of(obj)
             desired = update(previous)
             if desired is None:
                 return previous, None
-            result = self._create(key, desired, op, round_number) if obj is None else self._replace(obj, desired, op)
+            attempt = uuid.uuid4().hex[:12]
+            attempts[attempt] = (previous, desired)
+            result = (
+                self._create(key, desired, attempt, round_number)
+                if obj is None
+                else self._replace(obj, desired, attempt)
+            )
             if result is not None:
                 return previous, desired
             self.stats["conflicts"] += 1
@@ -242,9 +263,7 @@ class KubernetesStore(Store):
     def set(self, key: str | bytes, value: str | bytes, *, round_number: int | None = None) -> None:
         """Store ``value`` (``str`` is stored as UTF-8) under ``key``."""
         data = _as_bytes(value)
-        op = uuid.uuid4().hex[:12]
-        if self._create(key, data, op, round_number) is None:  # the key exists: overwrite it
-            self._read_modify_write(key, lambda _current: data, round_number)
+        self._read_modify_write(key, lambda _current: data, round_number, create_first=True)
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` (default ``self.timeout``) for it.

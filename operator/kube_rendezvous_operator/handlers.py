@@ -5,6 +5,10 @@ posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gon
 them to ``status.evictedNodes``, which the agents fold into the state), holds a deleted
 Rendezvous until its agents have closed, and deletes closed ones after their TTL. It writes to
 a Rendezvous only when a condition changes or a node is evicted: never per heartbeat.
+
+It reads ``status.state`` only through ``logic.read_state`` (the agents' bounded validator,
+``decode_document``), once per change of its text; an invalid state is reported as a
+``StateInvalid`` Warning and Ready=False, and is otherwise ignored.
 """
 
 from __future__ import annotations
@@ -12,20 +16,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
+from kube_rendezvous.document import RendezvousDocument
 from kube_rendezvous.kubeapi import (
     GROUP,
     RENDEZVOUS_PLURAL,
     VERSION,
     ApiError,
     ApiUnavailableError,
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
     KubernetesApi,
+    NotFoundError,
     load_api_client,
     resource_path,
 )
+from kube_rendezvous.summary import parse_time
 
 from . import logic, metrics
 
@@ -35,8 +46,23 @@ FINALIZER = "kube-rendezvous.io/close-before-delete"
 POD_LABEL = "kube-rendezvous.io/rendezvous"
 MERGE_PATCH = "application/merge-patch+json"
 
-#: The last readable summary seen per (namespace, name); the operator's only memory.
-SUMMARIES: dict[tuple[str, str], dict[str, Any]] = {}
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What ``observe_rendezvous`` saw last of one Rendezvous: the base its Events are computed from."""
+
+    status: dict[str, Any]
+    #: The newest valid document seen (kept across an invalid state; dropped when the state is cleared).
+    document: RendezvousDocument | None
+
+
+#: Per (namespace, name): the last ``status.state`` text read and its document or error. The
+#: state is decoded only when its text changed; this and OBSERVED are the operator's only memory.
+STATES: dict[Key, logic.StoredState] = {}
+#: Per (namespace, name): the last status and document seen by ``observe_rendezvous``.
+OBSERVED: dict[Key, Observed] = {}
 _API: KubernetesApi | None = None
 
 
@@ -49,15 +75,34 @@ def api() -> KubernetesApi:
     return _API
 
 
-def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -> None:
-    """Merge-patch the Rendezvous status (no resourceVersion: the server applies it at the latest)."""
+def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
+    """Merge-patch the Rendezvous status (no resourceVersion: the server applies it at the latest).
+
+    Returns False when the Rendezvous is gone (nothing to write to).
+
+    Raises:
+        kopf.PermanentError: the server refused the write for good (forbidden, invalid).
+        kopf.TemporaryError: it may succeed later (conflict, throttled, unready, unreachable).
+    """
     path = resource_path(RENDEZVOUS_PLURAL, namespace, name, "status")
+    what = f"status ({kind}) of {namespace}/{name}"
     try:
         api().request("PATCH", path, body={"status": status}, content_type=MERGE_PATCH)
-        metrics.OPERATOR_WRITES.labels(kind=kind).inc()
-    except (ApiError, ApiUnavailableError) as exc:
+    except NotFoundError:
+        logger.info("did not write the %s: the Rendezvous is gone", what)
+        return False
+    except (ForbiddenError, InvalidError) as exc:
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
-        raise kopf.TemporaryError(f"could not write status ({kind}) of {namespace}/{name}: {exc}", delay=2) from exc
+        if exc.transient:
+            raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+        raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
+    except (ApiError, ApiUnavailableError) as exc:
+        if isinstance(exc, ConflictError):
+            metrics.WRITE_CONFLICTS.inc()
+        metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
+        raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+    metrics.OPERATOR_WRITES.labels(kind=kind).inc()
+    return True
 
 
 def update_condition(
@@ -84,6 +129,19 @@ def update_condition(
         patch_status(namespace, name, {"conditions": conditions, "observedGeneration": generation}, kind)
 
 
+def stored_state(key: Key, text: object) -> logic.StoredState:
+    """The document (or error) of ``status.state`` ``text``; decoded only when it differs from the last read."""
+    stored = logic.read_state(text, STATES.get(key))
+    STATES[key] = stored
+    return stored
+
+
+def post_event(body: kopf.Body, event: logic.RendezvousEvent, namespace: str, name: str) -> None:
+    """Post ``event`` on the Rendezvous and count it."""
+    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    metrics.count_event(event.reason, namespace, name, event.count)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Keep Kopf's own writes rare and under our names; serve metrics."""
@@ -106,8 +164,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def reconcile_spec(
     spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any], namespace: str, name: str, reason: str, **_: Any
 ) -> None:
-    """Post Ready=Unknown on first sight, then Ready=True/False from the spec; keep observedGeneration."""
+    """Post Ready=Unknown on first sight, then Ready=True/False from the spec and the state; keep observedGeneration."""
     generation = meta.get("generation")
+    status = dict(status or {})
     if not status.get("conditions"):
         update_condition(
             namespace,
@@ -117,26 +176,17 @@ def reconcile_spec(
             "ready-unknown",
             condition=("Ready", "Unknown", "Validating", "the operator is checking the spec"),
         )
-        status = {
-            **status,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "Unknown",
-                    "reason": "Validating",
-                    "message": "the operator is checking the spec",
-                    "observedGeneration": generation,
-                }
-            ],
-        }
-    problems = logic.spec_problems(spec)
-    check = logic.check_stored_state((status or {}).get("state"))
-    if problems:
-        ready = ("Ready", "False", "InvalidSpec", "; ".join(problems))
-    elif not check.ok:
-        ready = ("Ready", "False", check.reason, check.message)
-    else:
-        ready = ("Ready", "True", "Valid", "the spec is valid; agents rendezvous through this object")
+        status["conditions"] = [
+            {
+                "type": "Ready",
+                "status": "Unknown",
+                "reason": "Validating",
+                "message": "the operator is checking the spec",
+                "observedGeneration": generation,
+            }
+        ]
+    check = logic.check_state(stored_state((namespace, name), status.get("state")))
+    ready = logic.ready_condition(logic.spec_problems(spec), check)
     update_condition(namespace, name, status, generation, "ready", condition=ready)
 
 
@@ -151,48 +201,53 @@ def observe_rendezvous(
     name: str,
     **_: Any,
 ) -> None:
-    """Turn summary changes into Events and metrics; flag a corrupt or hostile state. Writes only on a change."""
+    """Turn state changes into Events and metrics; flag an invalid state. Writes only on a change."""
     key = (namespace, name)
     if type == "DELETED":
-        SUMMARIES.pop(key, None)
+        OBSERVED.pop(key, None)
+        STATES.pop(key, None)
         metrics.forget(namespace, name)
         return
     status = dict(status or {})
-    previous = SUMMARIES.get(key)
-    SUMMARIES[key] = status
+    previous = OBSERVED.get(key)
+    stored = stored_state(key, status.get("state"))
+    baseline = previous.document if previous is not None else None
+    if stored.document is not None:
+        document: RendezvousDocument | None = stored.document
+    elif stored.error is None:
+        document = None  # no state (cleared): the next one starts afresh
+    else:
+        document = baseline  # an invalid state changes nothing the agents agreed on
+    OBSERVED[key] = Observed(status, document)
     metrics.observe(namespace, name, status)
-    for event in logic.summary_events(previous, status):
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-        metrics.count_event(event.reason, namespace, name)
-    if previous is None or previous.get("state") != status.get("state"):
-        check = logic.check_stored_state(status.get("state"))
-        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if previous is None or previous.status.get("state") != status.get("state"):
+        check = logic.check_state(stored)
+        ready = logic.find_condition(status, "Ready")
         if not check.ok:
-            if ready is None or ready.get("reason") != check.reason:
-                kopf.event(body, type="Warning", reason=check.reason, message=check.message)
-                update_condition(
-                    namespace,
-                    name,
-                    status,
-                    meta.get("generation"),
-                    "state-check",
-                    condition=("Ready", "False", check.reason, check.message),
-                )
-        elif (
-            ready is not None
-            and ready.get("reason") in ("StateCorrupt", "HostileState")
-            and not logic.spec_problems(spec)
-        ):
+            reported = (
+                previous is None  # a restarted operator: say it once
+                and ready is not None
+                and ready.get("reason") == check.reason
+                and str(ready.get("message", "")).startswith(check.message)
+            )
+            if not reported:
+                post_event(body, logic.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
+        if not check.ok or (ready is not None and ready.get("reason") == logic.STATE_INVALID):
             update_condition(
                 namespace,
                 name,
                 status,
                 meta.get("generation"),
                 "state-check",
-                condition=("Ready", "True", "Valid", "the state is valid again"),
+                condition=logic.ready_condition(logic.spec_problems(spec), check),
             )
+        if stored.document is not None:
+            same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
+            evicted = status.get("evictedNodes") or []
+            for event in logic.state_events(baseline, stored.document, same_run=same_run, evicted=evicted):
+                post_event(body, event, namespace, name)
     if status.get("closed"):
-        closed = next((c for c in status.get("conditions") or [] if c.get("type") == "Closed"), None)
+        closed = logic.find_condition(status, "Closed")
         if closed is None or closed.get("status") != "True":
             update_condition(
                 namespace,
@@ -211,41 +266,44 @@ def evict_nodes_of_gone_pods(type: str | None, body: kopf.Body, namespace: str, 
     if not logic.pod_is_gone(pod, type):
         return
     rendezvous = pod["metadata"].get("labels", {}).get(POD_LABEL)
-    status = SUMMARIES.get((namespace, rendezvous))
-    if status is None or status.get("closed"):
+    observed, stored = OBSERVED.get((namespace, rendezvous)), STATES.get((namespace, rendezvous))
+    if observed is None or stored is None or stored.document is None:
         return
-    nodes = logic.nodes_of_pod(pod, logic.known_nodes(status))
-    evicted = logic.with_evicted(status, nodes)
+    if observed.status.get("closed") or stored.document.closed:
+        return
+    nodes = [str(node) for node in logic.nodes_of_pod(pod, logic.known_nodes(stored.document))]
+    evicted = logic.with_evicted(observed.status, nodes)
     if evicted is None:
         return
-    patch_status(namespace, rendezvous, {"evictedNodes": evicted}, "evict")
-    status["evictedNodes"] = evicted
+    if not patch_status(namespace, rendezvous, {"evictedNodes": evicted}, "evict"):
+        return
+    observed.status["evictedNodes"] = evicted
     metrics.EVICTIONS.labels(namespace=namespace, name=rendezvous).inc(len(nodes))
     pod_name = pod["metadata"]["name"]
     logger.info("evicted %s of pod %s/%s from rendezvous %s", nodes, namespace, pod_name, rendezvous)
     try:
         rdzv_body = api().request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
-        kopf.event(
-            kopf.Body(rdzv_body),
-            type="Normal",
-            reason="NodeEvicted",
-            message=f"evicted {', '.join(nodes)}: pod {pod_name} is gone",
-        )
     except (ApiError, ApiUnavailableError) as exc:
         logger.warning("could not post the NodeEvicted event: %s", exc)
+        return
+    listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: pod {pod_name} is gone")
+    post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
 
 
 @kopf.on.delete(GROUP, VERSION, RENDEZVOUS_PLURAL)
-def close_before_delete(spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any], **_: Any) -> None:
+def close_before_delete(
+    spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any], namespace: str, name: str, **_: Any
+) -> None:
     """Hold a deleted Rendezvous until its agents have closed it (they fold the deletion into the state)."""
     now = datetime.now(timezone.utc)
-    alive = logic.live_agents(status or {}, now, logic.heartbeat_expiry(spec))
+    document = stored_state((namespace, name), (status or {}).get("state")).document
+    alive = logic.live_agents(document, now, logic.heartbeat_expiry(spec))
     if not alive:
         return
-    deleted = datetime.strptime(meta["deletionTimestamp"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    patience = spec.get("closeTimeoutSeconds") or 30
+    deleted = parse_time(meta["deletionTimestamp"])
+    patience = logic.timings(spec).close
     if (now - deleted).total_seconds() > patience:
-        logger.warning("agents %s did not close within %s s; letting the Rendezvous go", alive, patience)
+        logger.warning("%d agents did not close within %g s; letting the Rendezvous go", len(alive), patience)
         return
     raise kopf.TemporaryError(f"waiting for {len(alive)} live agents to close the rendezvous", delay=1)
 
@@ -261,14 +319,26 @@ async def delete_after_ttl(spec: dict[str, Any], namespace: str, name: str, stop
     """Delete a closed Rendezvous ``spec.ttlSecondsAfterClosed`` seconds after its last change."""
     ttl = int(spec["ttlSecondsAfterClosed"])
     while not stopped:
-        status = SUMMARIES.get((namespace, name)) or {}
-        if status.get("closed") and status.get("lastChangeTime"):
-            changed = datetime.strptime(status["lastChangeTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-            remaining = ttl - (datetime.now(timezone.utc) - changed).total_seconds()
-            if remaining <= 0:
-                await asyncio.to_thread(api().request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
-                logger.info("deleted closed Rendezvous %s/%s after its TTL of %d s", namespace, name, ttl)
-                return
-            await asyncio.sleep(min(remaining, 5))
-        else:
+        observed = OBSERVED.get((namespace, name))
+        status = observed.status if observed is not None else {}
+        try:
+            changed = parse_time(status["lastChangeTime"]) if status.get("closed") else None
+        except (KeyError, TypeError, ValueError):
+            changed = None
+        if changed is None:
             await asyncio.sleep(2)
+            continue
+        remaining = ttl - (datetime.now(timezone.utc) - changed).total_seconds()
+        if remaining > 0:
+            await asyncio.sleep(min(remaining, 5))
+            continue
+        try:
+            await asyncio.to_thread(api().request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
+        except NotFoundError:
+            return
+        except (ApiError, ApiUnavailableError) as exc:
+            logger.warning("could not delete closed Rendezvous %s/%s after its TTL: %s", namespace, name, exc)
+            await asyncio.sleep(5)
+            continue
+        logger.info("deleted closed Rendezvous %s/%s after its TTL of %d s", namespace, name, ttl)
+        return

@@ -1,22 +1,29 @@
-"""What the operator decides, as pure functions: conditions, spec checks, events, pod matching.
+"""What the operator decides, as pure functions: conditions, spec checks, state checks, events, pods.
 
 Nothing here does I/O; ``handlers`` feeds it Kubernetes objects and acts on the answers.
+
+The operator reads ``status.state`` with ``decode_document``, the agents' own bounded validator:
+it never unpickles anything. Full membership (events, eviction, close-before-delete) comes from
+the decoded document, since the readable summary in ``status`` lists only the first nodes.
 """
 
 from __future__ import annotations
 
-import pickle
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
-from kube_rendezvous.encoding import StateEncodingError, decode_state
-from kube_rendezvous.statecheck import ForbiddenGlobalError, check_state_pickle
+from kube_rendezvous.document import NodeId, RendezvousDocument, StateDocumentError, decode_document
+from kube_rendezvous.settings import RendezvousTimings
 from kube_rendezvous.summary import format_time
 
-#: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first).
+#: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
 EVICTED_NODES_KEPT = 256
-DEFAULT_HEARTBEAT_EXPIRY = timedelta(seconds=15)
+#: Nodes named one by one in Events; beyond that, one Event counts them and names the first ones.
+NODES_LISTED = 16
+#: The Ready reason for a ``status.state`` that the agents would refuse.
+STATE_INVALID = "StateInvalid"
 
 
 def set_condition(
@@ -49,6 +56,31 @@ def set_condition(
     return [item for item in conditions if item.get("type") != condition_type] + [wanted]
 
 
+def find_condition(status: dict[str, Any], condition_type: str) -> dict[str, Any] | None:
+    """The condition of ``condition_type`` in ``status``, or None."""
+    return next((item for item in status.get("conditions") or [] if item.get("type") == condition_type), None)
+
+
+# -- spec ------------------------------------------------------------------------------------
+
+
+def _resolve_timings(spec: dict[str, Any]) -> tuple[RendezvousTimings, str | None]:
+    try:
+        return RendezvousTimings.resolve(None, spec), None
+    except ValueError as exc:
+        return RendezvousTimings(), str(exc)
+
+
+def timings(spec: dict[str, Any]) -> RendezvousTimings:
+    """The spec's timings as the agents resolve them without rdzv-conf (defaults if the spec is invalid)."""
+    return _resolve_timings(spec)[0]
+
+
+def heartbeat_expiry(spec: dict[str, Any]) -> timedelta:
+    """How long a node may miss heartbeats before the agents prune it."""
+    return timedelta(seconds=timings(spec).heartbeat_expiry)
+
+
 def spec_problems(spec: dict[str, Any]) -> list[str]:
     """Return what is wrong with a Rendezvous spec, each naming the field and the fix (empty: valid).
 
@@ -58,15 +90,45 @@ def spec_problems(spec: dict[str, Any]) -> list[str]:
     min_nodes, max_nodes = spec.get("minNodes"), spec.get("maxNodes")
     if not isinstance(min_nodes, int) or not isinstance(max_nodes, int) or not 1 <= min_nodes <= max_nodes:
         problems.append(f"spec.minNodes ({min_nodes}) and spec.maxNodes ({max_nodes}) must satisfy 1 <= min <= max")
-    interval = spec.get("keepAliveIntervalSeconds")
-    heartbeat_budget = (interval or 5) * (spec.get("keepAliveMaxAttempts") or 3)
-    join = spec.get("joinTimeoutSeconds")
-    if join is not None and join < heartbeat_budget:
+    resolved, problem = _resolve_timings(spec)
+    if problem is not None:
+        problems.append(problem)
+    elif spec.get("joinTimeoutSeconds") is not None and resolved.join < resolved.heartbeat_expiry:
         problems.append(
-            f"spec.joinTimeoutSeconds ({join}) is shorter than the heartbeat expiry ({heartbeat_budget} s): "
+            f"spec.joinTimeoutSeconds ({resolved.join:g}) is shorter than the heartbeat expiry "
+            f"({resolved.heartbeat_expiry:g} s = keepAliveIntervalSeconds x keepAliveMaxAttempts): "
             "nodes would give up before a dead node is noticed; raise joinTimeoutSeconds"
         )
     return problems
+
+
+# -- state -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """``status.state`` as last read: its text, and its document or the reason it was refused."""
+
+    text: object
+    document: RendezvousDocument | None = None
+    error: StateDocumentError | None = None
+
+
+def read_state(text: object, cached: StoredState | None) -> StoredState:
+    """Return ``cached`` when ``text`` is what it was read from; else decode ``text`` (bounded, no pickle).
+
+    An empty or absent ``text`` means no agent has written a state yet (as for the agents).
+    """
+    if cached is not None and (cached.text is text or cached.text == text):
+        return cached
+    if text is None or text == "":
+        return StoredState(text)
+    try:
+        return StoredState(text, document=decode_document(text))
+    except StateDocumentError as exc:
+        return StoredState(text, error=exc)
+    except Exception as exc:  # noqa: BLE001 - fail closed: a validator bug must not pass a state as valid
+        return StoredState(text, error=StateDocumentError("text", f"could not be checked ({type(exc).__name__})"))
 
 
 @dataclass(frozen=True)
@@ -78,69 +140,98 @@ class StateCheck:
     message: str
 
 
-def check_stored_state(encoded: str | None) -> StateCheck:
-    """Decode and check ``status.state`` without running any of it (restricted unpickler)."""
-    if not encoded:
+def check_state(stored: StoredState) -> StateCheck:
+    """The verdict on a read state: valid, absent, or ``StateInvalid`` with the validator's message."""
+    if stored.error is not None:
+        return StateCheck(False, STATE_INVALID, str(stored.error))
+    if stored.document is None:
         return StateCheck(True, "NoStateYet", "no agent has written the state yet")
-    try:
-        check_state_pickle(decode_state(encoded))
-    except StateEncodingError as exc:
-        return StateCheck(False, "StateCorrupt", str(exc))
-    except ForbiddenGlobalError as exc:
-        return StateCheck(False, "HostileState", str(exc))
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        return StateCheck(False, "StateCorrupt", f"status.state is not a rendezvous state pickle: {exc}")
-    return StateCheck(True, "StateValid", "the state decodes and refers only to rendezvous types")
+    return StateCheck(True, "StateValid", "the state is a valid state document")
+
+
+def ready_condition(problems: list[str], check: StateCheck) -> tuple[str, str, str, str]:
+    """The Ready condition ``(type, status, reason, message)`` for spec problems and a state check.
+
+    An invalid state comes first: it stops the agents now; spec problems are appended to its message.
+    """
+    if not check.ok:
+        message = "; ".join([check.message, *problems])
+        return ("Ready", "False", check.reason, message)
+    if problems:
+        return ("Ready", "False", "InvalidSpec", "; ".join(problems))
+    return ("Ready", "True", "Valid", "the spec is valid; agents rendezvous through this object")
+
+
+# -- events ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class RendezvousEvent:
-    """A Kubernetes Event the operator posts on a Rendezvous."""
+    """A Kubernetes Event the operator posts on a Rendezvous; ``count`` is how many nodes it covers."""
 
     type: str  # Normal or Warning
     reason: str
     message: str
+    count: int = 1
 
 
-def _members(status: dict[str, Any]) -> dict[str, int]:
-    return {item["node"]: item["rank"] for item in status.get("participants") or []}
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:NODES_LISTED])
+    return shown if len(names) <= NODES_LISTED else f"{shown} and {len(names) - NODES_LISTED} more"
 
 
-def summary_events(old: dict[str, Any] | None, new: dict[str, Any]) -> list[RendezvousEvent]:
-    """Events for what changed between two readable summaries (``status``) of one Rendezvous."""
-    old = old or {}
-    events: list[RendezvousEvent] = []
-    same_run = old.get("runId") in (None, new.get("runId"))
-    before = set(_members(old)) | set(old.get("waiting") or []) if same_run else set()
-    after = set(_members(new)) | set(new.get("waiting") or [])
-    evicted = set(new.get("evictedNodes") or [])
-    for node in sorted(after - before):
-        events.append(RendezvousEvent("Normal", "NodeJoined", f"node {node} joined round {new.get('round')}"))
-    for node in sorted(before - after):
-        if node not in evicted:
-            events.append(RendezvousEvent("Normal", "NodeLeft", f"node {node} left"))
-    became_complete = new.get("phase") == "Complete" and (
-        old.get("phase") != "Complete" or old.get("round") != new.get("round")
+def _node_events(reason: str, names: list[str], one: str, many: str) -> list[RendezvousEvent]:
+    """One Event per node, or a single counting Event when there are more than ``NODES_LISTED``."""
+    if len(names) <= NODES_LISTED:
+        return [RendezvousEvent("Normal", reason, one.format(node=name)) for name in names]
+    return [RendezvousEvent("Normal", reason, many.format(count=len(names), nodes=_listed(names)), len(names))]
+
+
+def members(document: RendezvousDocument | None) -> set[NodeId]:
+    """The nodes that joined the rendezvous: participants, waiting and redundant nodes."""
+    if document is None:
+        return set()
+    return set(document.participants) | document.wait_list | document.redundancy_list
+
+
+def state_events(
+    old: RendezvousDocument | None,
+    new: RendezvousDocument,
+    *,
+    same_run: bool = True,
+    evicted: Iterable[str] = (),
+) -> list[RendezvousEvent]:
+    """Events for what changed from the ``old`` document to the ``new`` one (full membership).
+
+    ``same_run`` False (``status.runId`` changed) treats everyone as new. Nodes in ``evicted``
+    that left get no NodeLeft: the operator posted NodeEvicted for them already.
+    """
+    base = old if same_run else None
+    before, after = members(base), members(new)
+    gone_evicted = set(evicted)
+    joined = [str(node) for node in sorted(after - before)]
+    left = [str(node) for node in sorted(before - after) if str(node) not in gone_evicted]
+    events = _node_events(
+        "NodeJoined",
+        joined,
+        f"node {{node}} joined round {new.round}",
+        f"{{count}} nodes joined round {new.round}: {{nodes}}",
     )
-    if became_complete:
-        members = _members(new)
-        listed = ", ".join(f"{node}={rank}" for node, rank in sorted(members.items(), key=lambda item: item[1]))
+    events += _node_events("NodeLeft", left, "node {node} left", "{count} nodes left: {nodes}")
+    if new.complete and (base is None or not base.complete or base.round != new.round):
+        ranked = sorted(new.participants.items(), key=lambda item: (item[1], item[0]))
+        listed = _listed([f"{node}={rank}" for node, rank in ranked])
         events.append(
             RendezvousEvent(
-                "Normal",
-                "RoundCompleted",
-                f"round {new.get('round')} completed with {new.get('participantCount', len(members))} nodes: {listed}",
+                "Normal", "RoundCompleted", f"round {new.round} completed with {len(ranked)} nodes: {listed}"
             )
         )
-    if new.get("closed") and not old.get("closed"):
-        events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.get('round')}"))
+    if new.closed and (base is None or not base.closed):
+        events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}"))
     return events
 
 
-def node_address(node: str) -> str:
-    """The address part of a node name ``<addr>_<pid>_<local id>``."""
-    parts = node.rsplit("_", 2)
-    return parts[0] if len(parts) == 3 else node
+# -- pods and nodes --------------------------------------------------------------------------
 
 
 def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
@@ -154,25 +245,22 @@ def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
     return bool(containers) and all((item.get("state") or {}).get("terminated") for item in containers)
 
 
-def nodes_of_pod(pod: dict[str, Any], nodes: list[str]) -> list[str]:
+def nodes_of_pod(pod: dict[str, Any], nodes: Iterable[NodeId]) -> list[NodeId]:
     """The rendezvous nodes an agent in ``pod`` registered, matched by pod IP, name or hostname."""
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec") or {}, pod.get("status") or {}
-    names = {metadata.get("name"), spec.get("hostname")} - {None}
+    names = {metadata.get("name"), spec.get("hostname")} - {None, ""}
     addresses = {status.get("podIP")} | {item.get("ip") for item in status.get("podIPs") or []}
     addresses -= {None, ""}
-    matched = []
-    for node in nodes:
-        address = node_address(node)
-        if address in addresses or address in names or any(address.startswith(f"{name}.") for name in names):
-            matched.append(node)
-    return matched
+    return [
+        node
+        for node in nodes
+        if node.addr in addresses or node.addr in names or any(node.addr.startswith(f"{name}.") for name in names)
+    ]
 
 
-def known_nodes(status: dict[str, Any]) -> list[str]:
-    """Every node named in a summary: participants, waiting nodes and heartbeats."""
-    found = set(_members(status)) | set(status.get("waiting") or [])
-    found |= {item["node"] for item in status.get("heartbeats") or []}
-    return sorted(found)
+def known_nodes(document: RendezvousDocument | None) -> list[NodeId]:
+    """Every node the document names: participants, waiting, redundant and heartbeat-only nodes."""
+    return [] if document is None else document.nodes()
 
 
 def with_evicted(status: dict[str, Any], nodes: list[str]) -> list[str] | None:
@@ -184,21 +272,8 @@ def with_evicted(status: dict[str, Any], nodes: list[str]) -> list[str] | None:
     return (current + added)[-EVICTED_NODES_KEPT:]
 
 
-def live_agents(status: dict[str, Any], now: datetime, expiry: timedelta = DEFAULT_HEARTBEAT_EXPIRY) -> list[str]:
+def live_agents(document: RendezvousDocument | None, now: datetime, expiry: timedelta) -> list[str]:
     """Nodes whose last heartbeat is within ``expiry`` of ``now`` (agents' clocks; not fenced)."""
-    if status.get("closed"):
+    if document is None or document.closed:
         return []
-    alive = []
-    for item in status.get("heartbeats") or []:
-        try:
-            beat = datetime.strptime(item["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-        except (KeyError, ValueError):
-            continue
-        if now - beat <= expiry:
-            alive.append(item["node"])
-    return alive
-
-
-def heartbeat_expiry(spec: dict[str, Any]) -> timedelta:
-    """How long a node may miss heartbeats before the agents prune it."""
-    return timedelta(seconds=(spec.get("keepAliveIntervalSeconds") or 5) * (spec.get("keepAliveMaxAttempts") or 3))
+    return sorted(str(node) for node, beat in document.last_heartbeats.items() if now - beat <= expiry)

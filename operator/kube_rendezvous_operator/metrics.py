@@ -44,7 +44,7 @@ def serve(port: int) -> None:
 
 
 def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Update the gauges and the state-write counter from a summary."""
+    """Update the gauges and the state-write counter from a readable summary (``status``)."""
     PARTICIPANTS.labels(namespace, name).set(status.get("participantCount") or 0)
     WAITING.labels(namespace, name).set(status.get("waitingCount") or 0)
     ROUND.labels(namespace, name).set(status.get("round") or 0)
@@ -59,11 +59,11 @@ def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
 _PER_RENDEZVOUS = {"RoundCompleted": ROUNDS, "NodeJoined": JOINS, "NodeLeft": LEAVES}
 
 
-def count_event(reason: str, namespace: str, name: str) -> None:
-    """Count an Event and the matching per-rendezvous counter."""
+def count_event(reason: str, namespace: str, name: str, nodes: int = 1) -> None:
+    """Count an Event, and in the matching per-rendezvous counter the ``nodes`` it covers."""
     EVENTS.labels(reason).inc()
     if reason in _PER_RENDEZVOUS:
-        _PER_RENDEZVOUS[reason].labels(namespace, name).inc()
+        _PER_RENDEZVOUS[reason].labels(namespace, name).inc(nodes)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -1,0 +1,374 @@
+"""The operator's pure decisions, without an API server: conditions, spec checks, state checks,
+Events between state documents, pod matching, live agents and evictions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import zlib
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous.document import (
+    NodeId,
+    RendezvousDocument,
+    StateDocumentError,
+    decode_document,
+    document_to_json,
+    encode_document,
+)
+from kube_rendezvous.settings import RendezvousTimings
+from kube_rendezvous_operator import logic
+
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+A, B, C, D = (NodeId(f"10.0.0.{index}", 100 + index, 0) for index in range(1, 5))
+
+
+def document(**fields: Any) -> RendezvousDocument:
+    return RendezvousDocument(**fields)
+
+
+def events_of(found: list[logic.RendezvousEvent]) -> list[tuple[str, str]]:
+    return [(event.reason, event.message) for event in found]
+
+
+class TestSetCondition:
+    def test_adds_a_missing_condition_and_keeps_the_others(self) -> None:
+        others = [{"type": "Closed", "status": "False"}]
+        result = logic.set_condition(others, "Ready", "True", "Valid", "ok", 3, NOW)
+        assert result == [
+            {"type": "Closed", "status": "False"},
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Valid",
+                "message": "ok",
+                "observedGeneration": 3,
+                "lastTransitionTime": "2025-01-02T03:04:05Z",
+            },
+        ]
+
+    def test_returns_none_when_nothing_changes_so_the_operator_does_not_write(self) -> None:
+        current = logic.set_condition([], "Ready", "True", "Valid", "ok", 3, NOW)
+        assert current is not None
+        assert logic.set_condition(current, "Ready", "True", "Valid", "ok", 3, NOW + timedelta(hours=1)) is None
+
+    def test_keeps_the_transition_time_when_only_the_message_changes(self) -> None:
+        current = logic.set_condition([], "Ready", "False", "StateInvalid", "one", 1, NOW)
+        assert current is not None
+        later = logic.set_condition(current, "Ready", "False", "StateInvalid", "two", 1, NOW + timedelta(minutes=5))
+        assert later is not None and len(later) == 1
+        assert later[0]["message"] == "two" and later[0]["lastTransitionTime"] == "2025-01-02T03:04:05Z"
+
+    def test_moves_the_transition_time_when_the_status_changes(self) -> None:
+        current = logic.set_condition([], "Ready", "False", "StateInvalid", "bad", 1, NOW)
+        assert current is not None
+        later = logic.set_condition(current, "Ready", "True", "Valid", "ok", 1, NOW + timedelta(minutes=5))
+        assert later is not None and len(later) == 1
+        assert later[0]["lastTransitionTime"] == "2025-01-02T03:09:05Z"
+
+    def test_find_condition(self) -> None:
+        status = {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Closed", "status": "True"}]}
+        assert logic.find_condition(status, "Closed") == {"type": "Closed", "status": "True"}
+        assert logic.find_condition({}, "Ready") is None
+
+
+class TestSpec:
+    def test_a_valid_spec_has_no_problems(self) -> None:
+        assert logic.spec_problems({"minNodes": 1, "maxNodes": 4, "joinTimeoutSeconds": 600}) == []
+
+    def test_min_above_max_is_named(self) -> None:
+        (problem,) = logic.spec_problems({"minNodes": 5, "maxNodes": 4})
+        assert "spec.minNodes (5)" in problem and "spec.maxNodes (4)" in problem
+
+    def test_a_join_timeout_shorter_than_the_heartbeat_expiry_of_the_spec_is_named(self) -> None:
+        spec = {"minNodes": 1, "maxNodes": 2, "joinTimeoutSeconds": 20, "keepAliveIntervalSeconds": 10}
+        (problem,) = logic.spec_problems(spec)
+        assert "spec.joinTimeoutSeconds (20)" in problem and "(30 s" in problem
+        assert logic.spec_problems({**spec, "joinTimeoutSeconds": 30}) == []
+
+    def test_the_join_timeout_is_checked_only_when_the_spec_sets_it(self) -> None:
+        # 700 s of heartbeat expiry exceeds the default join timeout, but the launcher passes its own.
+        assert logic.spec_problems({"minNodes": 1, "maxNodes": 2, "keepAliveMaxAttempts": 140}) == []
+
+    def test_a_timing_the_agents_would_refuse_is_a_problem_naming_the_field(self) -> None:
+        (problem,) = logic.spec_problems({"minNodes": 1, "maxNodes": 2, "keepAliveIntervalSeconds": 0})
+        assert "spec.keepAliveIntervalSeconds" in problem
+
+    @pytest.mark.parametrize(
+        "spec",
+        [{}, {"keepAliveIntervalSeconds": 2}, {"keepAliveIntervalSeconds": 4, "keepAliveMaxAttempts": 5}],
+    )
+    def test_heartbeat_expiry_is_the_agents_resolution_of_the_spec(self, spec: dict[str, Any]) -> None:
+        expected = RendezvousTimings.resolve(None, spec).heartbeat_expiry
+        assert logic.heartbeat_expiry(spec) == timedelta(seconds=expected)
+
+    def test_heartbeat_expiry_values(self) -> None:
+        assert logic.heartbeat_expiry({}) == timedelta(seconds=15)
+        assert logic.heartbeat_expiry({"keepAliveIntervalSeconds": 4, "keepAliveMaxAttempts": 5}) == timedelta(
+            seconds=20
+        )
+        assert logic.heartbeat_expiry({"keepAliveIntervalSeconds": -1}) == timedelta(seconds=15)  # refused: default
+
+    def test_close_timeout_comes_from_the_spec(self) -> None:
+        assert logic.timings({"closeTimeoutSeconds": 7}).close == 7
+        assert logic.timings({}).close == RendezvousTimings().close
+
+
+VALID = document(round=2, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: NOW})
+
+
+class TestStateCheck:
+    @pytest.mark.parametrize("text", [None, ""])
+    def test_no_state_yet_is_fine(self, text: str | None) -> None:
+        stored = logic.read_state(text, None)
+        assert stored.document is None and stored.error is None
+        check = logic.check_state(stored)
+        assert check.ok and check.reason == "NoStateYet"
+
+    def test_a_valid_state_is_decoded(self) -> None:
+        stored = logic.read_state(encode_document(VALID), None)
+        assert stored.document == VALID and stored.error is None
+        assert logic.check_state(stored) == logic.StateCheck(True, "StateValid", "the state is a valid state document")
+
+    def test_an_invalid_state_gives_state_invalid_with_the_validators_message(self) -> None:
+        fields = {**document_to_json(VALID), "round": "3"}
+        text = "kr1:" + base64.b64encode(zlib.compress(json.dumps(fields).encode())).decode()
+        with pytest.raises(StateDocumentError) as raised:
+            decode_document(text)
+        assert raised.value.field == "round"
+        stored = logic.read_state(text, None)
+        assert stored.document is None and stored.error is not None and stored.error.field == "round"
+        check = logic.check_state(stored)
+        assert not check.ok
+        assert check.reason == "StateInvalid"
+        assert check.message == str(raised.value)
+
+    def test_a_pickle_is_refused_unread(self, tmp_path: Path) -> None:
+        marker = tmp_path / "ran"
+
+        class RunsCommand:
+            def __reduce__(self) -> tuple[Any, ...]:
+                return (os.system, (f"touch {marker}",))
+
+        text = "z1:" + base64.b64encode(zlib.compress(pickle.dumps(RunsCommand()))).decode()
+        check = logic.check_state(logic.read_state(text, None))
+        assert (check.ok, check.reason) == (False, "StateInvalid")
+        assert "pickle" in check.message
+        assert not marker.exists()
+
+    def test_the_same_text_is_not_decoded_again(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        text = encode_document(VALID)
+        first = logic.read_state(text, None)
+
+        def fail(_: object) -> RendezvousDocument:
+            raise AssertionError("decoded again")
+
+        monkeypatch.setattr(logic, "decode_document", fail)
+        again = text[:10] + text[10:]
+        assert again is not text
+        assert logic.read_state(again, first) is first
+
+    def test_a_changed_text_is_decoded(self) -> None:
+        first = logic.read_state(encode_document(VALID), None)
+        changed = document(round=3, wait_list=frozenset({C}), last_heartbeats={C: NOW})
+        second = logic.read_state(encode_document(changed), first)
+        assert second.document == changed
+        invalid = logic.read_state("kr1:!!", second)
+        assert invalid.document is None and invalid.error is not None and invalid.error.field == "text"
+        assert logic.read_state(None, invalid).error is None
+
+    def test_a_validator_failure_fails_closed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def broken(_: object) -> RendezvousDocument:
+            raise RecursionError("bug")
+
+        monkeypatch.setattr(logic, "decode_document", broken)
+        check = logic.check_state(logic.read_state("kr1:eJwDAAAAAAE=", None))
+        assert (check.ok, check.reason) == (False, "StateInvalid")
+        assert "RecursionError" in check.message
+
+    def test_ready_condition(self) -> None:
+        bad = logic.StateCheck(False, "StateInvalid", "status.state round: bad")
+        good = logic.StateCheck(True, "StateValid", "fine")
+        assert logic.ready_condition([], bad) == ("Ready", "False", "StateInvalid", "status.state round: bad")
+        assert logic.ready_condition(["spec wrong"], bad) == (
+            "Ready",
+            "False",
+            "StateInvalid",
+            "status.state round: bad; spec wrong",
+        )
+        assert logic.ready_condition(["a", "b"], good) == ("Ready", "False", "InvalidSpec", "a; b")
+        assert logic.ready_condition([], good)[:3] == ("Ready", "True", "Valid")
+
+
+class TestStateEvents:
+    def test_first_sight_of_a_completed_closed_round(self) -> None:
+        new = document(round=4, complete=True, closed=True, participants={B: 0, A: 1}, wait_list=frozenset({C}))
+        assert events_of(logic.state_events(None, new)) == [
+            ("NodeJoined", "node 10.0.0.1_101_0 joined round 4"),
+            ("NodeJoined", "node 10.0.0.2_102_0 joined round 4"),
+            ("NodeJoined", "node 10.0.0.3_103_0 joined round 4"),
+            ("RoundCompleted", "round 4 completed with 2 nodes: 10.0.0.2_102_0=0, 10.0.0.1_101_0=1"),
+            ("Closed", "rendezvous closed in round 4"),
+        ]
+
+    def test_joins_and_leaves_between_documents(self) -> None:
+        old = document(round=1, participants={A: 0, B: 0}, last_heartbeats={A: NOW, B: NOW})
+        new = document(round=1, participants={A: 0}, redundancy_list=frozenset({C}), last_heartbeats={A: NOW})
+        assert events_of(logic.state_events(old, new)) == [
+            ("NodeJoined", "node 10.0.0.3_103_0 joined round 1"),
+            ("NodeLeft", "node 10.0.0.2_102_0 left"),
+        ]
+
+    def test_a_heartbeat_only_change_posts_nothing(self) -> None:
+        later = document(round=2, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: NOW})
+        assert logic.state_events(VALID, later) == []
+
+    def test_an_evicted_node_that_leaves_gets_no_node_left(self) -> None:
+        new = document(round=3, participants={A: 0}, last_heartbeats={A: NOW})
+        assert events_of(logic.state_events(VALID, new, evicted=[str(B)])) == []
+        assert events_of(logic.state_events(VALID, new)) == [("NodeLeft", "node 10.0.0.2_102_0 left")]
+
+    def test_a_new_run_counts_everyone_as_joined_and_nobody_as_left(self) -> None:
+        new = document(round=0, participants={C: 0}, last_heartbeats={C: NOW})
+        assert events_of(logic.state_events(VALID, new, same_run=False)) == [
+            ("NodeJoined", "node 10.0.0.3_103_0 joined round 0")
+        ]
+
+    def test_round_completed_once_per_round(self) -> None:
+        incomplete = document(round=2, participants={A: 0, B: 0})
+        assert [event.reason for event in logic.state_events(incomplete, VALID)] == ["RoundCompleted"]
+        next_round = document(round=3, complete=True, participants={A: 1, B: 0})
+        assert [event.reason for event in logic.state_events(VALID, next_round)] == ["RoundCompleted"]
+
+    def test_closed_once(self) -> None:
+        closed = document(round=2, complete=True, closed=True, participants={A: 0, B: 1})
+        assert events_of(logic.state_events(VALID, closed)) == [("Closed", "rendezvous closed in round 2")]
+        assert logic.state_events(closed, closed) == []
+
+    def test_membership_beyond_the_summarys_list_is_seen(self) -> None:
+        nodes = [NodeId(f"trainer-{index:02}", 1, 0) for index in range(40)]
+        old = document(round=1, participants=dict.fromkeys(nodes, 0))
+        new = document(round=1, participants=dict.fromkeys(nodes[:30] + nodes[31:], 0))
+        assert events_of(logic.state_events(old, new)) == [("NodeLeft", "node trainer-30_1_0 left")]
+
+    def test_many_nodes_give_one_counting_event_and_a_bounded_message(self) -> None:
+        nodes = [NodeId(f"trainer-{index:05}", 1, 0) for index in range(10000)]
+        new = document(round=7, complete=True, participants={node: rank for rank, node in enumerate(nodes)})
+        found = logic.state_events(None, new)
+        assert [(event.reason, event.count) for event in found] == [("NodeJoined", 10000), ("RoundCompleted", 1)]
+        joined, completed = found[0].message, found[1].message
+        assert joined.startswith("10000 nodes joined round 7: trainer-00000_1_0, trainer-00001_1_0")
+        assert joined.endswith("trainer-00015_1_0 and 9984 more")
+        assert completed.startswith("round 7 completed with 10000 nodes: trainer-00000_1_0=0,")
+        assert completed.endswith("trainer-00015_1_0=15 and 9984 more")
+        assert len(joined) < 1024 and len(completed) < 1024  # Kopf cuts Event messages at 1024
+
+    def test_sixteen_nodes_are_still_named_one_by_one(self) -> None:
+        nodes = [NodeId(f"trainer-{index:02}", 1, 0) for index in range(logic.NODES_LISTED)]
+        found = logic.state_events(None, document(participants=dict.fromkeys(nodes, 0)))
+        assert [event.count for event in found] == [1] * logic.NODES_LISTED
+
+
+def pod(**fields: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "trainer-0"}, "spec": {}, "status": {"phase": "Running"}, **fields}
+
+
+class TestPods:
+    @pytest.mark.parametrize(
+        ("body", "event_type", "gone"),
+        [
+            (pod(), "MODIFIED", False),
+            (pod(), "DELETED", True),
+            (pod(metadata={"name": "p", "deletionTimestamp": "2025-01-01T00:00:00Z"}), "MODIFIED", True),
+            (pod(status={"phase": "Failed"}), None, True),
+            (pod(status={"phase": "Succeeded"}), None, True),
+            (pod(status={"containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]}), None, True),
+            (
+                pod(status={"containerStatuses": [{"state": {"terminated": {}}}, {"state": {"running": {}}}]}),
+                None,
+                False,
+            ),
+            (pod(status={"phase": "Pending", "containerStatuses": []}), None, False),
+        ],
+    )
+    def test_pod_is_gone(self, body: dict[str, Any], event_type: str | None, gone: bool) -> None:
+        assert logic.pod_is_gone(body, event_type) is gone
+
+    def test_nodes_of_pod_match_by_ip_name_or_hostname_domain(self) -> None:
+        nodes = [
+            NodeId("10.1.0.5", 1, 0),
+            NodeId("10.1.0.50", 1, 0),
+            NodeId("fd00::5", 1, 0),
+            NodeId("trainer-0", 2, 0),
+            NodeId("trainer-0.job.ns.svc", 3, 1),
+            NodeId("trainer-00", 4, 0),
+            NodeId("host-a.job", 5, 0),
+        ]
+        body = pod(
+            spec={"hostname": "host-a"},
+            status={"podIP": "10.1.0.5", "podIPs": [{"ip": "10.1.0.5"}, {"ip": "fd00::5"}]},
+        )
+        assert logic.nodes_of_pod(body, nodes) == [
+            NodeId("10.1.0.5", 1, 0),
+            NodeId("fd00::5", 1, 0),
+            NodeId("trainer-0", 2, 0),
+            NodeId("trainer-0.job.ns.svc", 3, 1),
+            NodeId("host-a.job", 5, 0),
+        ]
+
+    def test_a_pod_without_address_or_hostname_matches_only_its_name(self) -> None:
+        body = {"metadata": {"name": "trainer-1"}, "spec": {"hostname": ""}, "status": {"podIP": ""}}
+        assert logic.nodes_of_pod(body, [NodeId("trainer-1", 1, 0), NodeId(".x", 1, 0), NodeId("10.0.0.1", 1, 0)]) == [
+            NodeId("trainer-1", 1, 0)
+        ]
+
+    def test_known_nodes_include_heartbeat_only_nodes(self) -> None:
+        doc = document(participants={B: 0}, wait_list=frozenset({C}), last_heartbeats={A: NOW, B: NOW})
+        assert logic.known_nodes(doc) == [A, B, C]
+        assert logic.known_nodes(None) == []
+
+
+class TestEvictionAndLiveness:
+    def test_with_evicted_adds_only_new_nodes(self) -> None:
+        assert logic.with_evicted({}, ["a", "b"]) == ["a", "b"]
+        assert logic.with_evicted({"evictedNodes": ["a"]}, ["a", "b"]) == ["a", "b"]
+        assert logic.with_evicted({"evictedNodes": ["a", "b"]}, ["b"]) is None
+        assert logic.with_evicted({"evictedNodes": ["a"]}, []) is None
+
+    def test_with_evicted_keeps_the_newest_names(self) -> None:
+        current = [f"n{index}" for index in range(logic.EVICTED_NODES_KEPT)]
+        result = logic.with_evicted({"evictedNodes": current}, ["new"])
+        assert result is not None and len(result) == logic.EVICTED_NODES_KEPT
+        assert result[0] == "n1" and result[-1] == "new"
+
+    def test_live_agents_are_those_with_a_heartbeat_within_the_expiry(self) -> None:
+        doc = document(
+            participants={A: 0, B: 0},
+            wait_list=frozenset({C}),
+            last_heartbeats={
+                A: NOW - timedelta(seconds=15),
+                B: NOW - timedelta(seconds=15, microseconds=1),
+                C: NOW + timedelta(seconds=3),  # a clock ahead of ours
+                D: NOW - timedelta(seconds=1),
+            },
+        )
+        expiry = timedelta(seconds=15)
+        assert logic.live_agents(doc, NOW, expiry) == [str(A), str(C), str(D)]
+        assert logic.live_agents(doc, NOW, timedelta(seconds=60)) == [str(A), str(B), str(C), str(D)]
+
+    def test_a_closed_or_missing_document_has_no_live_agents(self) -> None:
+        closed = document(closed=True, participants={A: 0}, last_heartbeats={A: NOW})
+        assert logic.live_agents(closed, NOW, timedelta(seconds=15)) == []
+        assert logic.live_agents(None, NOW, timedelta(seconds=15)) == []
+
+    def test_an_evicted_nodes_folded_heartbeat_is_not_live(self) -> None:
+        from kube_rendezvous.intents import fold_intents
+
+        folded = fold_intents(VALID, close=False, evicted=[str(B)])
+        assert logic.live_agents(folded, NOW, timedelta(seconds=15)) == [str(A)]
