@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -216,9 +217,65 @@ class TestEviction:
         wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
         print(f"\nwith eviction, survivors trained again {time.monotonic() - killed_at:.1f} s after the kill")
         evicted = read(objects, namespace)["status"]["evictedNodes"]
-        assert len(evicted) == 1 and evicted[0].startswith(f"{addresses[int(victim.name[-1])]}_")
+        assert evicted == [victim.node_name] and evicted[0].startswith(f"{addresses[int(victim.name[-1])]}_")
         assert "NodeEvicted" in reasons(admin_api, namespace)
+
+        # The Job replaces the pod: same name, same IP, PID 1 again. Its new node is another
+        # incarnation, which the old eviction does not touch: it rejoins and trains.
+        create_training_pod(core, namespace, victim.name, "job", addresses[int(victim.name[-1])])
+        replacement = job.start_agent(f"{victim.name}-replacement", local_addr=addresses[int(victim.name[-1])])
+        wait_until(lambda: training_in_world([*survivors, replacement], 6, min_step=0), 120, "the replacement training")
+        assert replacement.node_name != victim.node_name
+        assert read(objects, namespace)["status"]["evictedNodes"] == evicted
         job.stop()
+
+    def test_a_healthy_pod_that_got_a_dead_pods_ip_is_never_evicted(
+        self,
+        operator: OperatorProcess,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        make_job: MakeJob,
+    ) -> None:
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
+        core = client.CoreV1Api(admin_api)
+        addresses = ["127.0.0.21", "127.0.0.22"]
+        for index, address in enumerate(addresses):
+            create_training_pod(core, namespace, f"new-{index}", "job", address)
+        job = make_job(nnodes="2", steps=12, step_seconds=1.0)
+        agents = [job.start_agent(f"new-{index}", local_addr=address) for index, address in enumerate(addresses)]
+        wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
+        # A pod that failed a minute ago and held 127.0.0.22 before: the operator sees it now
+        # (as after its own restart) and must not take the live node on that IP for its own.
+        create_training_pod(core, namespace, "old-1", "job", addresses[1])
+        finished = (datetime.now(timezone.utc) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        core.patch_namespaced_pod_status(
+            "old-1",
+            namespace,
+            {
+                "status": {
+                    "phase": "Failed",
+                    "containerStatuses": [
+                        {
+                            "name": "agent",
+                            "image": "trainer:latest",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": {"exitCode": 137, "finishedAt": finished}},
+                        }
+                    ],
+                }
+            },
+        )
+        wait_until(
+            lambda: "pod " + namespace + "/old-1 is gone, but nodes" in operator.log.read_text(),
+            60,
+            "the operator to look at the failed pod",
+        )
+        assert not read(objects, namespace)["status"].get("evictedNodes")
+        assert job.wait(agents, 120) == [0, 0], job.logs()
+        assert {item["world_size"] for item in job.results()} == {4}
 
 
 class TestOperatorOutage:
@@ -241,3 +298,25 @@ class TestOperatorOutage:
             60,
             "the restarted operator to catch up",
         )
+
+
+class TestEvictionWrites:
+    def test_concurrent_evictions_are_never_lost(
+        self,
+        objects: client.CustomObjectsApi,
+        namespace: str,
+        control_plane: ControlPlane,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from kube_rendezvous_operator import handlers
+
+        create_rendezvous(objects, namespace)
+        monkeypatch.setenv("KUBECONFIG", str(control_plane.admin_kubeconfig))
+        monkeypatch.setattr(handlers, "_API", None)
+        nodes = [f"10.0.0.{index}_1_{index}" for index in range(8)]
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            written = list(pool.map(lambda node: handlers.add_evictions(namespace, "job", [node]), nodes))
+        assert all(item is not None and node in item for node, item in zip(nodes, written, strict=True))
+        assert sorted(read(objects, namespace)["status"]["evictedNodes"]) == sorted(nodes)

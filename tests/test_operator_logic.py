@@ -372,3 +372,41 @@ class TestEvictionAndLiveness:
 
         folded = fold_intents(VALID, close=False, evicted=[str(B)])
         assert logic.live_agents(folded, NOW, timedelta(seconds=15)) == [str(A)]
+
+
+class TestEvictionBelongsToOneIncarnation:
+    """A node is evicted for a pod's end only if it stopped heartbeating when the pod ended."""
+
+    GONE = datetime(2026, 12, 3, 7, 0, 0, tzinfo=timezone.utc)
+
+    def failed_pod(self) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "trainer-1"},
+            "status": {
+                "phase": "Failed",
+                "podIP": "10.0.0.7",
+                "containerStatuses": [{"state": {"terminated": {"finishedAt": "2026-12-03T07:00:00Z"}}}],
+            },
+        }
+
+    def test_the_pod_ended_when_its_containers_finished_or_when_it_was_deleted(self) -> None:
+        pod = self.failed_pod()
+        assert logic.pod_gone_at(pod, self.GONE + timedelta(hours=1)) == self.GONE
+        pod["metadata"]["deletionTimestamp"] = "2026-12-03T07:05:00Z"
+        assert logic.pod_gone_at(pod, self.GONE) == self.GONE + timedelta(minutes=5)
+        assert logic.pod_gone_at({"metadata": {}}, self.GONE) == self.GONE
+
+    def test_a_live_node_that_reused_the_dead_pods_ip_is_never_evicted(self) -> None:
+        dead, reused = NodeId("10.0.0.7", 1, 11), NodeId("10.0.0.7", 1, 22)
+        document = RendezvousDocument(
+            participants={dead: 0, reused: 0},
+            last_heartbeats={dead: self.GONE - timedelta(seconds=3), reused: self.GONE + timedelta(minutes=2)},
+        )
+        pod = self.failed_pod()
+        assert logic.nodes_of_pod(pod, document.nodes()) == [dead, reused]  # the address alone matches both
+        assert logic.nodes_of_pod(pod, document.nodes(), document=document, gone_at=self.GONE) == [dead]
+
+    def test_a_heartbeat_within_the_clock_slack_of_the_end_still_counts_as_the_dead_pods(self) -> None:
+        node = NodeId("10.0.0.7", 1, 11)
+        document = RendezvousDocument(last_heartbeats={node: self.GONE + logic.HEARTBEAT_SLACK})
+        assert logic.nodes_of_pod(self.failed_pod(), [node], document=document, gone_at=self.GONE) == [node]

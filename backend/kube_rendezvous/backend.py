@@ -15,7 +15,7 @@ stores rendezvous states only: bytes that are not a pickled ``_RendezvousState``
 ``RendezvousStateError``, and the state handed back is equal in meaning to the one written,
 not byte-identical (it is re-pickled from the document).
 
-Exactly once: each write carries a write id, kept in ``status.recentWriteIds`` (the last 4).
+Exactly once: each write carries a write id, kept in ``status.recentWriteIds`` (the last 8).
 After a write with no clear answer (no answer, 429, 5xx) the object is read: the write id there
 means it committed (``set_state`` answers ``has_set=True`` with the state and token as they are
 now); a changed token means it never can; an unchanged token means it has not (yet), and the
@@ -82,7 +82,7 @@ logger = logging.getLogger(__name__)
 Token = Any
 MERGE_PATCH = "application/merge-patch+json"
 #: Write ids kept in ``status.recentWriteIds`` to recognise a committed write after an unclear answer.
-RECENT_WRITE_IDS = 4
+RECENT_WRITE_IDS = 8
 
 
 class KubernetesRendezvousBackend(RendezvousBackend):

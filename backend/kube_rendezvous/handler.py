@@ -16,6 +16,9 @@ Three changes to the stock handler, all needed for a job to survive the loss of 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import sys
 from datetime import timedelta
 from typing import Any, cast
@@ -32,6 +35,7 @@ from tensorplay.distributed.elastic.rendezvous.api import (
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
+    _NodeDesc,
     _RendezvousExitOp,
     _RendezvousJoinOp,
 )
@@ -218,6 +222,8 @@ def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHand
         keep_alive_interval=timedelta(seconds=timings.keep_alive_interval),
         keep_alive_max_attempt=timings.keep_alive_max_attempt,
     )
+    node = incarnation_node(params.local_addr)
+    logger.info("this agent is rendezvous node %s", node)
     return KubernetesRendezvousHandler(
         backend=backend,
         settings=settings,
@@ -226,7 +232,18 @@ def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHand
         run_id=backend.run_id,
         store=store,
         backend_name=BACKEND_NAME,
+        node=node,
     )
+
+
+def incarnation_node(local_addr: str | None) -> _NodeDesc:
+    """This agent's node: its address and pid, and a random local id unique to this incarnation.
+
+    In a pod the agent is PID 1 and an Indexed Job's replacement pod keeps the hostname (and may
+    get the IP) of the pod it replaces, so ``addr_pid_0`` would name both. The random local id
+    tells them apart: an eviction of the old node never matches the new one.
+    """
+    return _NodeDesc(local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))
 
 
 def register() -> None:

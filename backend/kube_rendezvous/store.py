@@ -5,9 +5,11 @@ named by a hash of the Rendezvous UID and the key. So independent keys never con
 store traffic never writes the Rendezvous object (its resourceVersion, the state's
 compare-and-swap token, stays untouched). Blocking ``get`` and ``wait`` list once and then
 watch from the list's resourceVersion, so they wake as soon as the key appears and miss
-nothing when a watch drops and resumes. ``add`` and ``compare_and_swap`` are
-read-modify-write under the key object's resourceVersion, retried on conflict; each write
-records its operation id so that a write whose answer was lost is never applied twice.
+nothing when a watch drops and resumes. ``set``, ``add`` and ``compare_and_swap`` are
+read-modify-write under the key object's resourceVersion, retried on conflict, and exactly
+once: each attempt records its id on the key, and after an unclear answer (none, a 5xx, a 409)
+the next read shows whether one of the call's attempts committed before anything is re-sent.
+Empty values are stored as "".
 
 Not guaranteed: values are visible to anyone who may read RendezvousKey objects in the
 namespace (use RBAC), and a value is limited to about 1 MiB.
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -45,9 +49,9 @@ logger = logging.getLogger(__name__)
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
 ROUND_LABEL = "kube-rendezvous.io/round"
-OPS_ANNOTATION = "kube-rendezvous.io/recent-ops"
-#: How many operation ids a key remembers to recognise its own write after a lost answer.
-RECENT_OPS_KEPT = 32
+OPS_ANNOTATION = "kube-rendezvous.io/ops"
+#: How many writers' last write ids a key remembers (JSON ``{writer: attempt}``, the most recent writers).
+WRITERS_KEPT = 2048
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 
 
@@ -103,6 +107,8 @@ class KubernetesStore(Store):
         self._retry_timeout = retry_timeout
         self._collection = resource_path(KEY_PLURAL, namespace)
         self._selector = f"{RENDEZVOUS_UID_LABEL}={rendezvous_uid}"
+        #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
+        self.writer_id = uuid.uuid4().hex[:12]
         #: Counters for tests and benchmarks.
         self.stats = {"requests": 0, "conflicts": 0, "watch_restarts": 0}
 
@@ -163,7 +169,7 @@ class KubernetesStore(Store):
             "metadata": {
                 "name": self._name(key),
                 "labels": labels,
-                "annotations": {OPS_ANNOTATION: op},
+                "annotations": {OPS_ANNOTATION: json.dumps({self._slot(): op}, separators=(",", ":"))},
                 "ownerReferences": [
                     {
                         "apiVersion": API_VERSION,
@@ -176,10 +182,22 @@ class KubernetesStore(Store):
             "spec": {"key": self._key(key), "value": base64.b64encode(value).decode("ascii")},
         }
 
+    def _last_write(self, obj: dict[str, Any]) -> str | None:
+        """The id of the last write attempt of this store (``writer_id``) that committed on ``obj``."""
+        return self._writes(obj).get(self._slot())
+
+    def _slot(self) -> str:
+        """This store's slot for the calling thread: one call per slot is in flight at a time."""
+        return f"{self.writer_id}.{threading.get_ident() % 1000003}"
+
     @staticmethod
-    def _recent_ops(obj: dict[str, Any]) -> list[str]:
-        annotations = obj["metadata"].get("annotations") or {}
-        return [item for item in annotations.get(OPS_ANNOTATION, "").split(",") if item]
+    def _writes(obj: dict[str, Any]) -> dict[str, str]:
+        text = (obj["metadata"].get("annotations") or {}).get(OPS_ANNOTATION, "")
+        try:
+            writes = json.loads(text) if text else {}
+        except ValueError:
+            return {}
+        return writes if isinstance(writes, dict) else {}
 
     def _create(self, key: str | bytes, value: bytes, attempt: str, round_number: int | None) -> dict[str, Any] | None:
         """Create the key object; None when it exists already or the outcome is unknown (read to learn it)."""
@@ -201,8 +219,12 @@ class KubernetesStore(Store):
 
     def _replace(self, obj: dict[str, Any], value: bytes, attempt: str) -> dict[str, Any] | None:
         """Write ``value`` if ``obj`` is still current; None when somebody wrote first or the outcome is unknown."""
-        annotations = obj["metadata"].setdefault("annotations", {})
-        annotations[OPS_ANNOTATION] = ",".join([*self._recent_ops(obj)[-(RECENT_OPS_KEPT - 1) :], attempt])
+        writes = self._writes(obj)
+        slot = self._slot()
+        writes.pop(slot, None)
+        writes[slot] = attempt  # the most recent writer last; the oldest are dropped
+        kept = dict(list(writes.items())[-WRITERS_KEPT:])
+        obj["metadata"].setdefault("annotations", {})[OPS_ANNOTATION] = json.dumps(kept, separators=(",", ":"))
         obj["spec"]["value"] = base64.b64encode(value).decode("ascii")
         try:
             replaced: dict[str, Any] = self._call(
@@ -225,11 +247,13 @@ class KubernetesStore(Store):
     ) -> tuple[bytes | None, bytes | None]:
         """Apply ``update(current_or_None) -> new_or_None`` exactly once; return (previous, written).
 
-        Every write attempt records its own id in the key's recent-ops annotation. An attempt
-        whose outcome is unclear (no answer, a 5xx, a 409 after an earlier unclear attempt) is
-        never repeated blindly: the next read shows whether one of this call's attempts
-        committed, and if so that attempt's result is returned. An attempt can only commit on
-        the resourceVersion it read, so at most one attempt of a call ever commits.
+        Every write attempt records its id in this store's own slot of the key's ops annotation
+        (``{slot: attempt}``, a slot per store and thread; only that thread of this store
+        writes it, one call at a time). An attempt whose outcome is unclear (no answer, a 5xx, a 409 after
+        an earlier unclear attempt) is never repeated blindly: the next read shows whether one
+        of this call's attempts committed, and if so that attempt's result is returned. An
+        attempt can only commit on the resourceVersion it read, so at most one ever commits.
+        Exact unless more than ``WRITERS_KEPT`` other writers wrote the key in between.
         ``create_first`` tries to create the key before reading it (one request for a new key).
         """
         attempts: dict[str, tuple[bytes | None, bytes]] = {}
@@ -238,10 +262,8 @@ class KubernetesStore(Store):
         while True:
             if read:
                 obj = self._read(key)
-                if obj is not None:
-                    mine = [attempts[item] for item in self._recent_ops(obj) if item in attempts]
-                    if mine:
-                        return mine[-1]
+                if obj is not None and (last := self._last_write(obj)) in attempts:
+                    return attempts[last]
             read = True
             previous = None if obj is None else self._value_of(obj)
             desired = update(previous)

@@ -105,6 +105,39 @@ def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -
     return True
 
 
+def add_evictions(namespace: str, name: str, nodes: list[str], attempts: int = 20) -> list[str] | None:
+    """Add ``nodes`` to ``status.evictedNodes`` by compare-and-swap, so concurrent evictions are never lost.
+
+    Returns the list written, or None when there was nothing to add, the Rendezvous is gone, or
+    the write failed (logged; the event handler is not retried, so it must not raise).
+    """
+    path = resource_path(RENDEZVOUS_PLURAL, namespace, name)
+    for _ in range(attempts):
+        try:
+            current = api().request("GET", path)
+            evicted = logic.with_evicted(current.get("status") or {}, nodes)
+            if evicted is None:
+                return None
+            body = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "status": {"evictedNodes": evicted},
+            }
+            api().request("PATCH", f"{path}/status", body=body, content_type=MERGE_PATCH)
+        except ConflictError:
+            metrics.WRITE_CONFLICTS.inc()
+            continue
+        except NotFoundError:
+            return None
+        except (ApiError, ApiUnavailableError) as exc:
+            metrics.RECONCILE_ERRORS.labels(handler="evict").inc()
+            logger.warning("could not evict %s from %s/%s: %s", nodes, namespace, name, exc)
+            return None
+        metrics.OPERATOR_WRITES.labels(kind="evict").inc()
+        return evicted
+    logger.warning("could not evict %s from %s/%s: %d conflicts in a row", nodes, namespace, name, attempts)
+    return None
+
+
 def update_condition(
     namespace: str,
     name: str,
@@ -271,11 +304,23 @@ def evict_nodes_of_gone_pods(type: str | None, body: kopf.Body, namespace: str, 
         return
     if observed.status.get("closed") or stored.document.closed:
         return
-    nodes = [str(node) for node in logic.nodes_of_pod(pod, logic.known_nodes(stored.document))]
-    evicted = logic.with_evicted(observed.status, nodes)
-    if evicted is None:
+    gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
+    known = logic.known_nodes(stored.document)
+    matched = logic.nodes_of_pod(pod, known, document=stored.document, gone_at=gone_at)
+    alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
+    if alive:
+        logger.info(
+            "pod %s/%s is gone, but nodes %s on its address heartbeat after its end: they are another pod's; "
+            "not evicted",
+            namespace,
+            pod["metadata"]["name"],
+            ", ".join(str(node) for node in alive),
+        )
+    nodes = [str(node) for node in matched]
+    if logic.with_evicted(observed.status, nodes) is None:
         return
-    if not patch_status(namespace, rendezvous, {"evictedNodes": evicted}, "evict"):
+    evicted = add_evictions(namespace, rendezvous, nodes)
+    if evicted is None:
         return
     observed.status["evictedNodes"] = evicted
     metrics.EVICTIONS.labels(namespace=namespace, name=rendezvous).inc(len(nodes))

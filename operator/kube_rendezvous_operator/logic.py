@@ -16,7 +16,7 @@ from typing import Any
 
 from kube_rendezvous.document import NodeId, RendezvousDocument, StateDocumentError, decode_document
 from kube_rendezvous.settings import RendezvousTimings
-from kube_rendezvous.summary import format_time
+from kube_rendezvous.summary import format_time, parse_time
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
 EVICTED_NODES_KEPT = 256
@@ -24,6 +24,8 @@ EVICTED_NODES_KEPT = 256
 NODES_LISTED = 16
 #: The Ready reason for a ``status.state`` that the agents would refuse.
 STATE_INVALID = "StateInvalid"
+#: How much later than its pod's end a node's last heartbeat may be and still be that pod's (clock slack).
+HEARTBEAT_SLACK = timedelta(seconds=2)
 
 
 def set_condition(
@@ -245,16 +247,48 @@ def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
     return bool(containers) and all((item.get("state") or {}).get("terminated") for item in containers)
 
 
-def nodes_of_pod(pod: dict[str, Any], nodes: Iterable[NodeId]) -> list[NodeId]:
-    """The rendezvous nodes an agent in ``pod`` registered, matched by pod IP, name or hostname."""
+def pod_gone_at(pod: dict[str, Any], now: datetime) -> datetime:
+    """When ``pod`` stopped running its agent: its deletion time, else its containers' last finish, else ``now``."""
+    metadata, status = pod.get("metadata", {}), pod.get("status") or {}
+    if metadata.get("deletionTimestamp"):
+        return parse_time(metadata["deletionTimestamp"])
+    finished = [
+        parse_time(terminated["finishedAt"])
+        for item in status.get("containerStatuses") or []
+        if (terminated := (item.get("state") or {}).get("terminated")) and terminated.get("finishedAt")
+    ]
+    return max(finished) if finished else now
+
+
+def nodes_of_pod(
+    pod: dict[str, Any],
+    nodes: Iterable[NodeId],
+    *,
+    document: RendezvousDocument | None = None,
+    gone_at: datetime | None = None,
+) -> list[NodeId]:
+    """The rendezvous nodes an agent in ``pod`` registered, matched by pod IP, name or hostname.
+
+    With ``document`` and ``gone_at``, a matched node whose last heartbeat is later than
+    ``gone_at`` (plus ``HEARTBEAT_SLACK`` for clocks) is left out: it is alive, so it belongs to
+    another pod that reused the address or the hostname (a replacement, or a new pod that got a
+    dead pod's IP), and must never be evicted for this pod's end.
+    """
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec") or {}, pod.get("status") or {}
     names = {metadata.get("name"), spec.get("hostname")} - {None, ""}
     addresses = {status.get("podIP")} | {item.get("ip") for item in status.get("podIPs") or []}
     addresses -= {None, ""}
-    return [
+    matched = [
         node
         for node in nodes
         if node.addr in addresses or node.addr in names or any(node.addr.startswith(f"{name}.") for name in names)
+    ]
+    if document is None or gone_at is None:
+        return matched
+    return [
+        node
+        for node in matched
+        if (beat := document.last_heartbeats.get(node)) is None or beat <= gone_at + HEARTBEAT_SLACK
     ]
 
 

@@ -46,8 +46,11 @@ class Agent:
 
     @property
     def node_name(self) -> str:
-        """The rendezvous node name of this agent (``addr_pid_localid``) with the default --local-addr."""
-        return f"127.0.0.1_{self.process.pid}_0"
+        """The rendezvous node name of this agent (``addr_pid_localid``), from its log."""
+        found = NODE_LINE.search(self.output())
+        if found is None:
+            raise AssertionError(f"{self.name} has not logged its rendezvous node yet")
+        return found.group(1)
 
     def kill_pod(self) -> None:
         """SIGKILL the agent and all its descendants at once, as a pod's death does."""
@@ -167,6 +170,7 @@ class ElasticJob:
         return "\n".join(f"--- {agent.name}\n{agent.output()[-6000:]}" for agent in self.agents)
 
 
+NODE_LINE = re.compile(r"this agent is rendezvous node (\S+)")
 STEP_LINE = re.compile(r"rank (\d+)/(\d+) group_rank (\d+) restart (\d+) step (\d+)")
 
 
