@@ -11,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
 _CONTROL_PLANE: ControlPlane | None = None
@@ -138,18 +139,7 @@ def first_release_crd(
     objects = client.CustomObjectsApi(admin_api)
     current = yaml.safe_load((REPO / "crds" / "rendezvous.yaml").read_text())
     current["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"].pop("x-kubernetes-validations")
-    objects.create_namespaced_custom_object(
-        "kube-rendezvous.io",
-        "v1alpha1",
-        namespace,
-        "rendezvouses",
-        {
-            "apiVersion": "kube-rendezvous.io/v1alpha1",
-            "kind": "Rendezvous",
-            "metadata": {"name": "probe"},
-            "spec": {"minNodes": 1, "maxNodes": 1},
-        },
-    )
+    create_rendezvous(objects, namespace, "probe", maxNodes=1)
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(current))
     wait_until(lambda: not _state_rule_enforced(objects, namespace), 60, "the CRD without the state rule to apply")
     try:

@@ -48,3 +48,19 @@ def run_workers(command: str, count: int, *args: str, timeout: float = 300) -> l
             raise AssertionError(f"worker {command} failed ({process.returncode}):\n{err[-3000:]}")
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+def create_rendezvous(objects: Any, namespace: str, name: str = "job", **spec: Any) -> None:
+    """Create Rendezvous ``namespace/name`` as an admin (``objects``: a CustomObjectsApi); spec defaults 1..4 nodes."""
+    objects.create_namespaced_custom_object(
+        "kube-rendezvous.io",
+        "v1alpha1",
+        namespace,
+        "rendezvouses",
+        {
+            "apiVersion": "kube-rendezvous.io/v1alpha1",
+            "kind": "Rendezvous",
+            "metadata": {"name": name},
+            "spec": {"minNodes": 1, "maxNodes": 4, **spec},
+        },
+    )

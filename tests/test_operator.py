@@ -16,7 +16,7 @@ from kubernetes import client
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
-from tests.helpers import REPO
+from tests.helpers import REPO, create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -72,21 +72,6 @@ def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator
     yield make
     for job in jobs:
         job.stop()
-
-
-def create_rendezvous(objects: client.CustomObjectsApi, namespace: str, **spec: Any) -> None:
-    objects.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        PLURAL,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "Rendezvous",
-            "metadata": {"name": "job"},
-            "spec": {"minNodes": 1, "maxNodes": 4, **spec},
-        },
-    )
 
 
 def read(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:

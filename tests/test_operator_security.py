@@ -33,12 +33,12 @@ from kube_rendezvous.document import (
 from kubernetes import client
 
 from tests.e2e.operator_process import OperatorProcess
+from tests.helpers import create_rendezvous
 from tests.test_operator import (
     GROUP,
     PLURAL,
     VERSION,
     condition,
-    create_rendezvous,
     events,
     read,
     running_operator,

@@ -27,7 +27,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
-from tests.helpers import REPO, rendezvous_parameters
+from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
 from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -140,18 +140,7 @@ class TestPerJobRole:
     ) -> None:
         objects = client.CustomObjectsApi(admin_api)
         for name in ("llama-train", "other-job"):
-            objects.create_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "Rendezvous",
-                    "metadata": {"name": name},
-                    "spec": {"minNodes": 1, "maxNodes": 4},
-                },
-            )
+            create_rendezvous(objects, namespace, name)
         control_plane.kubectl("-n", namespace, "apply", "-f", str(REPO / "examples" / "rbac-per-job.yaml"))
         kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "llama-train")
         own = wait_until(
