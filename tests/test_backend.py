@@ -335,6 +335,22 @@ class TestObjectLifecycle:
         assert (meaning(written).round, has_set) == (2, True)
         assert backend.get_state() is None
 
+    def test_a_new_run_starts_without_the_old_runs_evictions(
+        self,
+        endpoint: str,
+        agent_kubeconfig: Path,
+        backend: KubernetesRendezvousBackend,
+        objects: client.CustomObjectsApi,
+        namespace: str,
+    ) -> None:
+        backend.set_state(state(1))
+        write_raw_status(objects, namespace, {"evictedNodes": ["10.0.0.9_1_7"]})
+        other, _ = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig, run_id="job-2"))
+        assert other.get_state() is None
+        other.set_state(state(0))
+        stored = read_object(objects, namespace)["status"]
+        assert stored["runId"] == "job-2" and "evictedNodes" not in stored
+
     def test_deleted_object_raises_closed_error(
         self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
     ) -> None:

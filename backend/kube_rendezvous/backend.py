@@ -143,8 +143,8 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         self._max_participants = max_participants
         self._heartbeat_expiry = timedelta(seconds=heartbeat_expiry)
         self._conflict_streak = 0
-        #: The token of the last object seen, and its recent write ids.
-        self._recent_write_ids: tuple[str, list[str]] = ("", [])
+        #: The token of the last object seen, its recent write ids, and the run id its state belongs to.
+        self._recent_write_ids: tuple[str, list[str], str | None] = ("", [], None)
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
@@ -186,8 +186,9 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             ) from exc
 
     def _remember(self, obj: dict[str, Any]) -> dict[str, Any]:
-        ids = (obj.get("status") or {}).get("recentWriteIds") or []
-        self._recent_write_ids = (obj["metadata"]["resourceVersion"], [str(item) for item in ids])
+        status = obj.get("status") or {}
+        ids = status.get("recentWriteIds") or []
+        self._recent_write_ids = (obj["metadata"]["resourceVersion"], [str(item) for item in ids], status.get("runId"))
         return obj
 
     def read_document(self, obj: dict[str, Any]) -> RendezvousDocument | None:
@@ -296,9 +297,11 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             return self._lost(self._state_of(self._read_object()))
 
         write_id = uuid.uuid4().hex[:8]
-        known_token, known_ids = self._recent_write_ids
+        known_token, known_ids, known_run = self._recent_write_ids
         write_ids = [*(known_ids if known_token == token else [])[-(RECENT_WRITE_IDS - 1) :], write_id]
         body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded, write_ids)}
+        if known_token == token and known_run not in (None, self.run_id):
+            body["status"]["evictedNodes"] = None  # a new run starts without the old run's evictions
         deadline = time.monotonic() + self._retry_timeout
         unclear = False
         delay = 0.1
