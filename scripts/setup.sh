@@ -8,6 +8,6 @@ for tool in go npm python3; do
 done
 echo "== Python packages (into .venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[tensorplay,operator,test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[tensorplay,torch,operator,test]'
 echo "== control-plane binaries (cached in ${KUBE_RENDEZVOUS_CACHE:-~/.cache/kube-rendezvous})"
 .venv/bin/python -m tests.testenv build

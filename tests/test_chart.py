@@ -430,8 +430,8 @@ def example(name: str) -> list[Manifest]:
 
 class TestTheExamples:
     def test_they_name_no_namespace_so_they_apply_into_any(self) -> None:
-        for path in EXAMPLES.glob("*.yaml"):
-            for manifest in example(path.name):
+        for path in EXAMPLES.rglob("*.yaml"):
+            for manifest in example(str(path.relative_to(EXAMPLES))):
                 assert "namespace" not in manifest["metadata"], f"{path.name}: {manifest['metadata']}"
 
     def test_the_example_role_grants_exactly_docs_rbac(self) -> None:
@@ -473,6 +473,31 @@ class TestTheExamples:
             "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         }
         assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
+
+    @pytest.mark.parametrize("name", ["indexed-job", "jobset", "pytorchjob", "trainjob"])
+    def test_each_torch_workload_runs_stock_torchrun_with_the_k8s_backend_and_a_run_id(self, name: str) -> None:
+        manifest = example(f"torch/{name}.yaml")[0]
+        text = yaml.safe_dump(manifest)
+        assert "torchrun" in text
+        env_names = set(re.findall(r"name: (PET_RDZV_\w+)", text))
+        by_flags = "--rdzv-backend=k8s" in text and "--rdzv-endpoint=" in text and "--rdzv-id=" in text
+        by_env = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID"} <= env_names
+        assert by_flags or by_env, f"{name} selects neither by flags nor by PET_RDZV_* variables"
+        assert "rdzvBackend" not in text  # PyTorchJob's enum has no k8s: flags, not elasticPolicy
+
+    def test_the_torchrun_indexed_job_is_a_valid_job_for_the_api_server(
+        self, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        done = control_plane.kubectl(
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-n",
+            namespace,
+            "-f",
+            str(EXAMPLES / "torch" / "indexed-job.yaml"),
+        )
+        assert "job.batch/llama-train created (server dry run)" in done.stdout
 
     def test_kubectl_applies_them_into_a_namespace(
         self, control_plane: ControlPlane, namespace: str, crds: None

@@ -173,9 +173,9 @@ class TestApiServerRestart:
         assert job.wait(agents, 240) == [0, 0, 0], job.logs()
         results = job.results()
         assert_one_correct_world(results, 6)
-        assert len(results) == 6 and {item["restart"] for item in results} == {0}  # nobody was pruned
-        status = rendezvous_status(control_plane, namespace)
-        assert (status["round"], status["participantCount"]) == (0, 3)
+        # Nobody was pruned mid-training: no worker restarted and the rendezvous never re-formed.
+        assert len(results) == 6 and {item["restart"] for item in results} == {0}
+        assert rendezvous_status(control_plane, namespace)["round"] == 0
 
 
 class TestTheSinglePointOfFailure:

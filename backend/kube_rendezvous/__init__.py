@@ -1,7 +1,10 @@
-"""kube-rendezvous: a Kubernetes-native rendezvous for tensorplay's elastic launcher.
+"""kube-rendezvous: a Kubernetes-native rendezvous for elastic training (tensorplay and torchrun).
 
-The pure helpers (``encoding``, ``summary``, ``settings``) import neither tensorplay nor the
-network; the backend, the store and the handler need ``kube-rendezvous[tensorplay]``.
+One framework-neutral core: the state document (``document``), the backend, the store, the
+intents and the handler fixes (``rounds``); thin adapters per framework: ``handler`` for
+tensorplay (``kube-rendezvous[tensorplay]``) and ``torchrun`` for torch (``kube-rendezvous[torch]``).
+The pure modules (``document``, ``summary``, ``settings``, ``intents``) import no framework
+and do no I/O.
 """
 
 from __future__ import annotations

@@ -44,14 +44,6 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tensorplay.distributed.elastic.rendezvous.api import (
-    RendezvousClosedError,
-    RendezvousConnectionError,
-    RendezvousStateError,
-)
-from tensorplay.distributed.elastic.rendezvous.core_rendezvous_backend import RendezvousBackend
-from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
-
 from .document import (
     RendezvousDocument,
     StateDocumentError,
@@ -60,6 +52,8 @@ from .document import (
     encode_document,
     state_from_document,
 )
+from .frameworks import Framework
+from .frameworks import tensorplay as tensorplay_framework
 from .intents import fold_intents
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
@@ -85,7 +79,7 @@ MERGE_PATCH = "application/merge-patch+json"
 RECENT_WRITE_IDS = 8
 
 
-class KubernetesRendezvousBackend(RendezvousBackend):
+class KubernetesRendezvousBackend:
     """Rendezvous state stored as a typed document in ``status.state`` of one Rendezvous object.
 
     Args:
@@ -103,11 +97,9 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             job's max nodes); None checks only the document's own limit.
         heartbeat_expiry: seconds without a heartbeat after which a node counts as dead; also
             how long heartbeats are moved forward after an outage (module docstring).
+        framework: the elastic framework whose state classes and errors to use (tensorplay's
+            by default; ``frameworks.torch()`` for torchrun).
     """
-
-    #: The framework's state classes; an adapter for another framework overrides these two.
-    state_class: type = _RendezvousState
-    node_class: type = _NodeDesc
 
     def __init__(
         self,
@@ -122,6 +114,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         max_conflict_backoff: float = 2.0,
         max_participants: int | None = None,
         heartbeat_expiry: float = 15.0,
+        framework: Framework | None = None,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -132,6 +125,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 f"conflict_backoff ({conflict_backoff!r}) must be >= 0 and <= max_conflict_backoff "
                 f"({max_conflict_backoff!r}), in seconds"
             )
+        self.framework = framework or tensorplay_framework()
         self._api = api
         self.namespace = namespace
         self.rendezvous_name = rendezvous_name
@@ -174,13 +168,15 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             )
             return self._remember(obj)
         except NotFoundError as exc:
-            raise RendezvousClosedError(
+            raise self.framework.closed_error(
                 f"The Rendezvous {self._where} no longer exists (deleted); the rendezvous is over."
             ) from exc
         except ApiError as exc:
-            raise RendezvousConnectionError(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, self.namespace)) from exc
+            raise self.framework.connection_error(
+                describe_api_error(exc, "get", RENDEZVOUS_PLURAL, self.namespace)
+            ) from exc
         except ApiUnavailableError as exc:
-            raise RendezvousConnectionError(
+            raise self.framework.connection_error(
                 f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
                 "See the inner exception for details."
             ) from exc
@@ -212,7 +208,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
             try:
                 document = decode_document(encoded)
             except StateDocumentError as exc:
-                raise RendezvousStateError(
+                raise self.framework.state_error(
                     f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
                 ) from exc
         close = bool((obj.get("spec") or {}).get("closed")) or bool(obj["metadata"].get("deletionTimestamp"))
@@ -237,7 +233,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         document = self.read_document(obj)
         if document is None:
             return None
-        state = state_from_document(document, self.state_class, self.node_class)
+        state = state_from_document(document, self.framework.state_class, self.framework.node_class)
         return pickle.dumps(state), obj["metadata"]["resourceVersion"]
 
     def get_state(self) -> tuple[bytes, Token] | None:
@@ -254,11 +250,11 @@ class KubernetesRendezvousBackend(RendezvousBackend):
 
     def _encode(self, state: bytes) -> tuple[RendezvousDocument, str]:
         try:
-            value = load_own_state(state, self.state_class, self.node_class)
+            value = load_own_state(state, self.framework.state_class, self.framework.node_class)
             document = document_from_state(value, max_participants=self._max_participants)
             return document, encode_document(document)
         except ValueError as exc:  # StateDocumentError is a ValueError
-            raise RendezvousStateError(f"The rendezvous state was not written to {self._where}: {exc}") from exc
+            raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
 
     def _status_for(self, document: RendezvousDocument, encoded: str, write_ids: list[str]) -> dict[str, Any]:
         status: dict[str, Any] = {
@@ -270,9 +266,7 @@ class KubernetesRendezvousBackend(RendezvousBackend):
         status.update(summarize_document(document, now=datetime.now(timezone.utc), writer=self._node_name))
         return status
 
-    def set_state(  # type: ignore[override]
-        self, state: bytes, token: Token | None = None
-    ) -> tuple[bytes, Token, bool] | None:
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
         """Write ``state`` if ``token`` is the object's current resourceVersion.
 
         Returns ``(state, new_token, True)`` when written, else the current
@@ -319,20 +313,20 @@ class KubernetesRendezvousBackend(RendezvousBackend):
                 obj = self._read_object()
                 if obj["metadata"]["resourceVersion"] == token:
                     # The token was current, so the server refused the status itself.
-                    raise RendezvousStateError(
+                    raise self.framework.state_error(
                         f"The API server refused the rendezvous state for {self._where}: {exc.message}"
                     ) from exc
                 return self._lost(self._state_of(obj))  # a token that is not a resourceVersion
             except NotFoundError as exc:
-                raise RendezvousClosedError(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
+                raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
             except (ApiUnavailableError, ApiError) as exc:
                 if isinstance(exc, ApiError) and not exc.transient:
-                    raise RendezvousConnectionError(
+                    raise self.framework.connection_error(
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
                 # No clear answer: read what is stored to learn the outcome.
                 if time.monotonic() + delay > deadline:
-                    raise RendezvousConnectionError(
+                    raise self.framework.connection_error(
                         "The Kubernetes API server gave no clear answer to a state write for "
                         f"{self._retry_timeout:.0f} s. See the inner exception for details."
                     ) from exc

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tensorplay.distributed.elastic.events import NodeState, construct_and_record_rdzv_event
-from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousParameters
-
 from .backend import KubernetesRendezvousBackend
+from .frameworks import Framework
+from .frameworks import tensorplay as tensorplay_framework
 from .kubeapi import (
     API_VERSION,
     RENDEZVOUS_PLURAL,
@@ -58,6 +57,7 @@ def ensure_rendezvous(
     create: bool,
     owner: OwnerReference | None,
     retry_timeout: float,
+    framework: Framework,
 ) -> dict[str, Any]:
     """Return the Rendezvous object, creating it from ``min_nodes``/``max_nodes`` when allowed.
 
@@ -110,23 +110,30 @@ def ensure_rendezvous(
                 "kubectl apply -f crds/ or helm install kube-rendezvous"
             ) from exc
     except ApiError as exc:
-        raise RendezvousConnectionError(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, namespace)) from exc
+        raise framework.connection_error(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, namespace)) from exc
     except ApiUnavailableError as exc:
-        raise RendezvousConnectionError(
+        raise framework.connection_error(
             "The connection to the Kubernetes API server has failed. See the inner exception for details."
         ) from exc
 
 
-def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
+def create_backend(
+    params: Any, framework: Framework | None = None
+) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
     """Create the ``k8s`` rendezvous backend and its store from the launcher's parameters.
 
     An empty or ``none`` run id (the launcher's default) is replaced by the Rendezvous
     object's UID, so a new Rendezvous never inherits an old job's state.
 
+    Args:
+        params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
+        framework: whose state classes and errors to use; tensorplay's by default.
+
     Raises:
         ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
         RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
     """
+    framework = framework or tensorplay_framework()
     try:
         settings = KubernetesRendezvousConfig.from_parameters(params.endpoint, params)
         api_client, context_namespace = load_api_client(settings.kubeconfig, settings.context)
@@ -141,6 +148,7 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             create=settings.create,
             owner=settings.owner,
             retry_timeout=settings.retry_timeout,
+            framework=framework,
         )
         uid = obj["metadata"]["uid"]
         run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
@@ -173,6 +181,7 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             max_conflict_backoff=max(2.0, settings.conflict_backoff),
             max_participants=params.max_nodes,
             heartbeat_expiry=timings.heartbeat_expiry,
+            framework=framework,
         )
         backend.spec = spec
         backend.timings = timings
@@ -180,8 +189,6 @@ def create_backend(params: RendezvousParameters) -> tuple[KubernetesRendezvousBa
             api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
         )
     except Exception as exc:
-        construct_and_record_rdzv_event(
-            message=f"{type(exc).__name__}: {exc}", run_id=params.run_id, node_state=NodeState.FAILED
-        )
+        framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
         raise
     return backend, store

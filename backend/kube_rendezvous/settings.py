@@ -159,8 +159,9 @@ class RendezvousTimings:
 
     Each field is in seconds except ``keep_alive_max_attempt`` (a count):
 
-    - ``join``: how long a node waits for a round to form (rdzv-conf ``join_timeout``, spec
-      ``joinTimeoutSeconds``, default 600; the launcher always passes its ``--rdzv-timeout``).
+    - ``join``: how long a node waits for a round to form (rdzv-conf ``join_timeout``, or
+      ``timeout`` as torchrun passes its ``--rdzv-timeout``; spec ``joinTimeoutSeconds``; default
+      600; the launchers always pass their ``--rdzv-timeout``).
     - ``last_call``: how long a round waits for more nodes once it has ``min_nodes``
       (``last_call_timeout``, ``lastCallTimeoutSeconds``, 30).
     - ``close``: how long a node tries to mark the rendezvous closed (``close_timeout``,
@@ -212,6 +213,8 @@ class RendezvousTimings:
         for name, (conf_key, spec_key) in cls.SOURCES.items():
             raw = conf.get(conf_key) if conf is not None else None
             source = f"rdzv-conf {conf_key}"
+            if raw is None and name == "join" and conf is not None and conf.get("timeout") is not None:
+                raw, source = conf.get("timeout"), "rdzv-conf timeout"  # torchrun's name for --rdzv-timeout
             if raw is None and spec_key is not None:
                 raw, source = spec.get(spec_key), f"spec.{spec_key}"
             if raw is None:

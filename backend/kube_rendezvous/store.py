@@ -28,7 +28,17 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from tensorplay.distributed._store import Store, StoreTimeoutError
+try:  # tensorplay's Store base and timeout error, when tensorplay is installed
+    from tensorplay.distributed._store import Store as Store
+    from tensorplay.distributed._store import StoreTimeoutError as StoreTimeoutError
+except ImportError:  # torch alone: torchrun's adapter wraps this store in a torch.distributed.Store
+
+    class Store:  # type: ignore[no-redef]
+        """Stands in for tensorplay's Python Store base when tensorplay is not installed."""
+
+    class StoreTimeoutError(RuntimeError):  # type: ignore[no-redef]
+        """Raised when a blocking get or wait runs past its deadline (tensorplay's error when installed)."""
+
 
 from .kubeapi import (
     API_VERSION,
@@ -338,6 +348,11 @@ class KubernetesStore(Store):
         """Return whether every key exists."""
         return all(self.has(key) for key in keys)
 
+    def append(self, key: str | bytes, value: str | bytes, *, round_number: int | None = None) -> None:
+        """Append ``value`` to the bytes at ``key`` (a missing key counts as empty), exactly once."""
+        data = _as_bytes(value)
+        self._read_modify_write(key, lambda current: (current or b"") + data, round_number)
+
     def delete_key(self, key: str | bytes) -> None:
         """Delete ``key``; deleting a missing key does nothing."""
         try:
@@ -471,6 +486,9 @@ class KubernetesPrefixStore(Store):
 
     def check(self, keys: Iterable[str | bytes]) -> bool:
         return self.underlying_store.check([self._k(key) for key in keys])
+
+    def append(self, key: str | bytes, value: str | bytes) -> None:
+        self.underlying_store.append(self._k(key), value, round_number=self.round_number)
 
     def delete_key(self, key: str | bytes) -> None:
         self.underlying_store.delete_key(self._k(key))

@@ -1,7 +1,8 @@
-"""Run elastic tensorplay jobs as separate agent processes, as pods would run them.
+"""Run elastic tensorplay or torch jobs as separate agent processes, as pods would run them.
 
 Each agent is ``python -m kube_rendezvous.run`` (tensorplay's launcher with ``k8s``
-registered) in its own process session, with its own log file. ``kill_pod`` plays a pod's
+registered) or stock ``torchrun`` (``launcher="torchrun"``: torch's own launcher, which finds
+``k8s`` through its entry point) in its own process session, with its own log file. ``kill_pod`` plays a pod's
 death: the agent and every worker it started are SIGKILLed together (the workers run in
 their own sessions, so a process-group kill would miss them).
 """
@@ -23,6 +24,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "tests" / "e2e" / "train.py"
+TORCH_TRAIN_SCRIPT = REPO / "tests" / "e2e" / "train_torch.py"
+#: The torchrun console script of this environment (pip installs it beside the interpreter).
+TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 @dataclass
@@ -50,7 +54,7 @@ class Agent:
         found = NODE_LINE.search(self.output())
         if found is None:
             raise AssertionError(f"{self.name} has not logged its rendezvous node yet")
-        return found.group(1)
+        return found.group(1) or found.group(2)
 
     def kill_pod(self) -> None:
         """SIGKILL the agent and all its descendants at once, as a pod's death does."""
@@ -82,6 +86,7 @@ class ElasticJob:
     steps: int = 3
     step_seconds: float = 0.0
     max_restarts: int = 3
+    launcher: str = "tensorplay"
     agents: list[Agent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -90,10 +95,10 @@ class ElasticJob:
 
     def command(self, local_addr: str = "127.0.0.1") -> list[str]:
         conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
+        launcher = [str(TORCHRUN)] if self.launcher == "torchrun" else [sys.executable, "-m", "kube_rendezvous.run"]
+        script = TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT
         return [
-            sys.executable,
-            "-m",
-            "kube_rendezvous.run",
+            *launcher,
             f"--nnodes={self.nnodes}",
             f"--nproc-per-node={self.nproc_per_node}",
             f"--rdzv-backend={self.backend}",
@@ -103,7 +108,7 @@ class ElasticJob:
             f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
             f"--local-addr={local_addr}",
-            str(TRAIN_SCRIPT),
+            str(script),
         ]
 
     def start_agent(self, name: str | None = None, local_addr: str = "127.0.0.1") -> Agent:
@@ -170,7 +175,8 @@ class ElasticJob:
         return "\n".join(f"--- {agent.name}\n{agent.output()[-6000:]}" for agent in self.agents)
 
 
-NODE_LINE = re.compile(r"this agent is rendezvous node (\S+)")
+#: Our handlers log "this agent is rendezvous node N"; torch's logs "The node 'N' attempts to join".
+NODE_LINE = re.compile(r"this agent is rendezvous node (\S+)|The node '([^']+)' attempts to join")
 STEP_LINE = re.compile(r"rank (\d+)/(\d+) group_rank (\d+) restart (\d+) step (\d+)")
 
 

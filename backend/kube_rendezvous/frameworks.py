@@ -1,0 +1,74 @@
+"""What the framework-neutral core needs from an elastic framework: tensorplay's or torch's.
+
+The state document, the backend, the store, the intents and the operator are one core. A
+framework's adapter (``handler`` for tensorplay, ``torchrun`` for torch) hands the core a
+``Framework``: the framework's own state classes (the backend builds them from validated values)
+and its own error classes (its handler catches those, not ours). tensorplay and torch name them
+alike, because tensorplay's elastic package is a clone of torch's.
+
+Nothing here imports a framework until a ``Framework`` is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Framework:
+    """An elastic framework, as the core sees it.
+
+    Attributes:
+        name: ``tensorplay`` or ``torch``.
+        state_class: its ``_RendezvousState``; ``node_class``: its ``_NodeDesc``.
+        state_error, connection_error, closed_error, graceful_exit_error: its
+            ``RendezvousStateError``, ``RendezvousConnectionError``, ``RendezvousClosedError`` and
+            ``RendezvousGracefulExitError``.
+        record_failure: records a failed backend creation in its event log (message, run id).
+    """
+
+    name: str
+    state_class: type
+    node_class: type
+    state_error: type[Exception]
+    connection_error: type[Exception]
+    closed_error: type[Exception]
+    graceful_exit_error: type[Exception]
+    record_failure: Callable[[str, str], None]
+
+
+def _framework(name: str, package: str) -> Framework:
+    import importlib
+
+    api: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.api")
+    dynamic: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.dynamic_rendezvous")
+    events: Any = importlib.import_module(f"{package}.distributed.elastic.events")
+
+    def record_failure(message: str, run_id: str) -> None:
+        events.construct_and_record_rdzv_event(message=message, run_id=run_id, node_state=events.NodeState.FAILED)
+
+    return Framework(
+        name=name,
+        state_class=dynamic._RendezvousState,
+        node_class=dynamic._NodeDesc,
+        state_error=api.RendezvousStateError,
+        connection_error=api.RendezvousConnectionError,
+        closed_error=api.RendezvousClosedError,
+        graceful_exit_error=api.RendezvousGracefulExitError,
+        record_failure=record_failure,
+    )
+
+
+@functools.cache
+def tensorplay() -> Framework:
+    """tensorplay 1.0.0's elastic package (``kube-rendezvous[tensorplay]``)."""
+    return _framework("tensorplay", "tensorplay")
+
+
+@functools.cache
+def torch() -> Framework:
+    """torch's elastic package (``kube-rendezvous[torch]``)."""
+    return _framework("torch", "torch")

@@ -1,0 +1,204 @@
+"""The handler fixes every framework adapter shares: a mixin over a framework's DynamicRendezvousHandler.
+
+tensorplay's elastic package is a clone of torch's, and both handlers share three flaws that stop
+a job from surviving the loss of a pod; ``RendezvousFixes`` mends them on either:
+
+- **Bootstrap store per round.** Both reuse rank 0's bootstrap TCPStore across rounds and
+  publish its address once, so after a membership change the new round's workers read the old
+  round's keys and hang. Here rank 0 starts a fresh bootstrap store every round and publishes its
+  address under this round's prefix of the rendezvous store.
+- **SIGTERM means leave.** Both close the rendezvous in ``shutdown()`` on every exit of the agent,
+  a SIGTERM included, which ends every other agent with exit code 0 mid-training. Here only an
+  agent whose workers succeeded closes it; any other leaves (drained, preempted, failed).
+- **Closed means a clean exit**, and the store of each round is labelled with the round so that
+  rank 0 can delete the keys of finished rounds.
+
+The adapter (``handler`` for tensorplay, ``torchrun`` for torch) puts the mixin first in the
+bases, before the framework's handler, and sets the class attributes below to its framework's
+classes. Nothing here imports a framework.
+
+Not guaranteed: ``agent_training_outcome`` finds the agent by walking the caller's stack for a
+``self`` with a ``_worker_group.state``; an agent that calls ``shutdown()`` from elsewhere gets
+the stock behaviour (close) unless an exception is being handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from .store import KubernetesPrefixStore, KubernetesStore
+
+logger = logging.getLogger(__name__)
+
+#: Rounds whose store keys survive the cleanup that rank 0 runs when a round forms.
+ROUNDS_KEPT_BEHIND = 1
+ROUNDS_KEPT_AHEAD = 2
+
+
+def agent_training_outcome() -> str | None:
+    """The state name of the calling elastic agent's worker group, or None when no agent called.
+
+    tensorplay's and torch's agents call the handler's ``shutdown()`` from ``_shutdown`` with
+    ``self._worker_group.state`` already set (``SUCCEEDED`` only after the workers succeeded).
+    """
+    frame = sys._getframe(1)
+    for _ in range(12):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        agent = frame.f_locals.get("self")
+        group = getattr(agent, "_worker_group", None)
+        state = getattr(group, "state", None)
+        if state is not None:
+            return str(getattr(state, "name", state))
+    return None
+
+
+class RendezvousFixes:
+    """Mixin for a framework's DynamicRendezvousHandler; see the module docstring."""
+
+    #: The framework's classes and helpers, set by the adapter.
+    exit_op_class: Any
+    join_op_class: Any
+    info_class: Any
+    store_info_class: Any
+    rendezvous_error: type[Exception]
+    closed_error: type[Exception]
+    graceful_exit_error: type[Exception]
+    delay: Any
+    #: The key prefix of a round's store (``{run_id}`` and ``{round}`` are filled in).
+    round_prefix: str
+
+    #: What the first ``shutdown()`` returned (None: not shut down yet).
+    _shutdown_result: bool | None = None
+
+    # The framework handler's attributes this mixin uses.
+    _state_holder: Any
+    _settings: Any
+    _store: Any
+    _this_node: Any
+    _op_executor: Any
+    _heartbeat_lock: Any
+    _shared_tcp_store_server: Any
+    _bootstrap_store_info: Any
+    _stop_heartbeats: Any
+    _start_heartbeats: Any
+    _get_deadline: Any
+    _get_world: Any
+    _get_store: Any
+    _create_tcp_store_server: Any
+    use_agent_store: Any
+
+    def _round_store(self, store: KubernetesStore) -> KubernetesPrefixStore:
+        round_number = self._state_holder.state.round
+        if not isinstance(store, KubernetesStore):
+            raise TypeError(f"{type(self).__name__} needs a KubernetesStore, got {type(store).__name__}")
+        prefix = self.round_prefix.format(run_id=self._settings.run_id, round=round_number)
+        return KubernetesPrefixStore(prefix, store, round_number=round_number)
+
+    def _stop_bootstrap_store(self) -> None:
+        server, self._shared_tcp_store_server = self._shared_tcp_store_server, None
+        if server is not None and hasattr(server, "stop"):
+            try:
+                server.stop()
+            except Exception as exc:  # noqa: BLE001 - an old server that will not stop is harmless
+                logger.debug("stopping the previous bootstrap store failed: %s", exc)
+
+    def next_rendezvous(self) -> Any:
+        """Join the next round; rank 0 hosts a fresh bootstrap store and publishes it under the round's prefix.
+
+        Raises:
+            RendezvousGracefulExitError: the rendezvous is closed (``spec.closed``, the object
+                deleted, or the job done), so the agent stops its workers and exits cleanly.
+        """
+        try:
+            return self._next_round()
+        except self.closed_error as exc:
+            self._record_closed()
+            raise self.graceful_exit_error(f"the rendezvous {self._settings.run_id} is closed: {exc}") from exc
+
+    def _record_closed(self) -> None:
+        """Write the closed state a close intent produced, so the summary and kubectl say Closed."""
+        try:
+            with self._heartbeat_lock:
+                if self._state_holder.state.closed:
+                    self._state_holder.mark_dirty()
+                    self._state_holder.sync()
+        except Exception as exc:  # noqa: BLE001 - the object may be gone already; the exit stays clean
+            logger.info("could not record the closed state: %s", exc)
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join; a closed rendezvous counts as one so that running agents stop and exit."""
+        with self._heartbeat_lock:
+            self._state_holder.sync()
+            state = self._state_holder.state
+            return max(len(state.wait_list), 1 if state.closed else 0)
+
+    def _next_round(self) -> Any:
+        self._stop_heartbeats()
+        if self._state_holder.state.round == 0:
+            self.delay((0, 0.3))
+        deadline = self._get_deadline(self._settings.timeout.join)
+        self._op_executor.run(self.exit_op_class(), deadline)
+        self._op_executor.run(self.join_op_class(), deadline, self._get_deadline)
+        self._start_heartbeats()
+        rank, world_size = self._get_world()
+        state = self._state_holder.state
+        round_store = self._get_store()
+        self._stop_bootstrap_store()
+        server_port = None
+        if rank == 0:
+            if self.use_agent_store:
+                self._shared_tcp_store_server = self._create_tcp_store_server(self._this_node.addr, 0)
+                server_port = int(self._shared_tcp_store_server.port)
+            self._store.delete_rounds_except(
+                range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
+            )
+        self._bootstrap_store_info = self.store_info_class.build(
+            rank, round_store, local_addr=self._this_node.addr, server_port=server_port
+        )
+        logger.info(
+            "round %d formed: rank %d of %d, bootstrap store %s:%s",
+            state.round,
+            rank,
+            world_size,
+            self._bootstrap_store_info.master_addr,
+            self._bootstrap_store_info.master_port,
+        )
+        return self.info_class(round_store, rank, world_size, self._bootstrap_store_info)
+
+    def shutdown(self) -> bool:
+        """Close the rendezvous only when this agent's training succeeded; otherwise leave it.
+
+        The elastic agent calls ``shutdown()`` on every exit path: after its workers succeeded,
+        after they failed for good, and on a SIGTERM (a drain, a preemption, a spot reclaim).
+        Only success closes the rendezvous here; otherwise this node leaves (it is removed from
+        the participants) and the survivors re-form. Called by code that is not an elastic
+        agent, it closes as the stock handler does, unless an exception is being handled. Only
+        the first call decides: the launcher calls it again after the agent did.
+        """
+        if self._shutdown_result is not None:
+            return self._shutdown_result
+        outcome = agent_training_outcome()
+        try:
+            if outcome == "SUCCEEDED" or (outcome is None and sys.exc_info()[0] is None):
+                self._shutdown_result = bool(super().shutdown())  # type: ignore[misc]
+            else:
+                self._shutdown_result = self.leave()
+            return self._shutdown_result
+        finally:
+            self._stop_bootstrap_store()
+
+    def leave(self) -> bool:
+        """Leave the rendezvous without closing it; return False when that could not be written."""
+        self._stop_heartbeats()
+        deadline = self._get_deadline(self._settings.timeout.close)
+        try:
+            self._op_executor.run(self.exit_op_class(), deadline)
+        except self.rendezvous_error as exc:
+            logger.warning("could not leave the rendezvous %s: %s", self._settings.run_id, exc)
+            return False
+        logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self._settings.run_id)
+        return True

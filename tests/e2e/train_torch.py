@@ -1,0 +1,49 @@
+"""The torch twin of train.py, for stock torchrun: same steps, same result files.
+
+Each worker all_reduces its global rank STEPS times over gloo (sleeping STEP_SECONDS between
+steps), checks every sum, and writes one JSON line per worker to
+$RESULT_DIR/result-<bootstrap port>-<rank>.json at the end.
+"""
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+steps = int(os.environ.get("STEPS", "3"))
+step_seconds = float(os.environ.get("STEP_SECONDS", "0"))
+result_dir = os.environ.get("RESULT_DIR", ".")
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+dist.init_process_group("gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+expected = world_size * (world_size - 1) / 2
+sums = []
+for step in range(steps):
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)
+    sums.append(value.item())
+    if abs(sums[-1] - expected) > 1e-6:
+        raise SystemExit(f"rank {rank}: all_reduce gave {sums[-1]}, expected {expected}")
+    print(
+        f"rank {rank}/{world_size} group_rank {os.environ['GROUP_RANK']} restart {restart} step {step}: sum {sums[-1]}",
+        flush=True,
+    )
+    time.sleep(step_seconds)
+dist.barrier()
+result = {
+    "rank": rank,
+    "world_size": world_size,
+    "group_rank": int(os.environ["GROUP_RANK"]),
+    "local_rank": int(os.environ["LOCAL_RANK"]),
+    "restart": restart,
+    "sums": sums,
+    "expected": expected,
+    "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+    "finished_at": time.time(),
+}
+with open(os.path.join(result_dir, f"result-{os.environ['MASTER_PORT']}-{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+dist.destroy_process_group()

@@ -1,0 +1,112 @@
+"""Stock ``torchrun --rdzv-backend=k8s`` end to end: PyTorch agents (torch's own launcher, which
+finds ``k8s`` through its ``torchrun.handlers`` entry point) meet through a Rendezvous object on
+the real API server, as pods with a ServiceAccount token would, and train over gloo on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import ElasticJob, training_in_world
+from tests.test_elastic_job import assert_one_correct_world, rendezvous_status
+from tests.testenv import ControlPlane, wait_until
+
+MakeJob = Callable[..., ElasticJob]
+
+
+@pytest.fixture
+def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
+    jobs: list[ElasticJob] = []
+
+    def make(**options: Any) -> ElasticJob:
+        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
+        job = ElasticJob(
+            tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, launcher="torchrun", **options
+        )
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+class TestTorchrun:
+    def test_three_pods_with_two_workers_each_all_reduce_with_unique_global_ranks(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="3")
+        agents = [job.start_agent() for _ in range(3)]
+        assert job.wait(agents, 180) == [0, 0, 0], job.logs()
+        results = job.results()
+        assert len(results) == 6
+        assert_one_correct_world(results, 6)
+        status = rendezvous_status(control_plane, namespace)
+        assert (status["phase"], status["round"], status["participantCount"]) == ("Closed", 0, 3)
+
+    @pytest.mark.parametrize("victim_group_rank", [0, 1], ids=["rank-0-pod", "another-pod"])
+    def test_survivors_of_a_killed_pod_form_a_new_round_and_finish(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_group_rank: int
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
+        agents = [job.start_agent() for _ in range(3)]
+        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        victim = by_group[victim_group_rank]
+        victim.kill_pod()
+        survivors = [agent for agent in agents if agent is not victim]
+        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
+        assert job.wait(survivors, 180) == [0, 0], job.logs()
+        assert_one_correct_world(job.last_results(), 4)
+        assert rendezvous_status(control_plane, namespace)["round"] >= 1
+
+    def test_a_sigterm_pod_leaves_and_the_others_finish_every_step(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
+        agents = [job.start_agent() for _ in range(3)]
+        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        victim = by_group[1]
+        victim.terminate()
+        wait_until(
+            lambda: (
+                victim.node_name
+                not in {item["node"] for item in rendezvous_status(control_plane, namespace).get("participants", [])}
+            ),
+            30,
+            "the drained node to leave the participants",
+        )
+        assert rendezvous_status(control_plane, namespace)["phase"] != "Closed"
+        assert job.wait([victim], 60) != [0], victim.output()[-3000:]
+        survivors = [agent for agent in agents if agent is not victim]
+        assert job.wait(survivors, 240) == [0, 0], job.logs()
+        results = job.last_results()
+        assert_one_correct_world(results, 4)
+        assert all(len(item["sums"]) == 10 for item in results)
+
+    def test_a_late_pod_joins_the_next_round(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="2:3", steps=12, step_seconds=1.0, rdzv_conf={"last_call_timeout": "1"})
+        first = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(first, 4), 120, "2 torchrun agents training together")
+        late = job.start_agent("late")
+        assert job.wait([*first, late], 240) == [0, 0, 0], job.logs()
+        assert_one_correct_world(job.last_results(), 6)
+        status = rendezvous_status(control_plane, namespace)
+        assert status["round"] >= 1 and status["participantCount"] == 3
+
+    def test_training_goes_on_through_an_api_server_restart(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        job = make_job(nnodes="3", steps=30, step_seconds=1.0)
+        agents = [job.start_agent() for _ in range(3)]
+        wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        control_plane.restart_apiserver(downtime=5)
+        assert job.wait(agents, 240) == [0, 0, 0], job.logs()
+        results = job.results()
+        assert_one_correct_world(results, 6)
+        assert {item["restart"] for item in results} == {0}
