@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+BACKEND_ORDER = {"p10d": 0, "k8s": 1, "torch-c10d": 2, "torch-k8s": 3}
 DOCS = REPO / "docs"
 
 
@@ -51,6 +52,28 @@ def write_report(report: dict[str, Any]) -> None:
             f"| {_fmt(k8s.get('floor_seconds'))} | {_fmt(k8s.get('requests_per_agent'), digits=1)} "
             f"| {_fmt(k8s.get('conflicts_per_agent'), digits=1)} | {_fmt(k8s.get('bytes_sent_per_agent'), digits=0)} |"
         )
+    backends = sorted({entry["backend"] for entry in rounds}, key=lambda name: BACKEND_ORDER.get(name, 9))
+    if any(name.startswith("torch-") for name in backends):
+        lines += [
+            "",
+            "## Every repeat, every backend (tensorplay's p10d and k8s; torch's c10d and k8s, stock torchrun handlers)",
+            "",
+            "| N | backend | every repeat (s) | median s | / tensorplay p10d | / torch c10d |",
+            "|---|---|---|---|---|---|",
+        ]
+        for nodes in sizes:
+            for name in backends:
+                entry = by.get((name, nodes))
+                if entry is None:
+                    continue
+                runs = ", ".join(f"{seconds:.2f}" for seconds in entry.get("runs_seconds", []))
+                median = entry.get("median_seconds")
+                ratios = []
+                for baseline in ("p10d", "torch-c10d"):
+                    base = by.get((baseline, nodes), {}).get("median_seconds")
+                    ratios.append(_fmt(median / base, "x") if median and base else "n/a")
+                failed = f" (failed: {entry['failed'][:80]})" if "failed" in entry else ""
+                lines.append(f"| {nodes} | {name} | {runs}{failed} | {_fmt(median)} | {ratios[0]} | {ratios[1]} |")
     failures = [entry for entry in rounds if "failed" in entry]
     for entry in failures:
         lines.append(f"\n{entry['backend']} N={entry['nodes']} failed: `{entry['failed']}`")
@@ -94,7 +117,7 @@ def plot(report: dict[str, Any], sizes: list[int], by: dict[tuple[str, int], dic
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for backend, style in (("p10d", "o-"), ("k8s", "s-")):
+    for backend, style in (("p10d", "o-"), ("k8s", "s-"), ("torch-c10d", "^--"), ("torch-k8s", "v--")):
         points = [
             (n, by[(backend, n)]["median_seconds"]) for n in sizes if "median_seconds" in by.get((backend, n), {})
         ]

@@ -1,5 +1,8 @@
 """One benchmark worker process: T rendezvous handlers in threads join one round together.
 
+Backends: ``k8s`` and ``p10d`` through tensorplay's registry; ``torch-k8s`` and ``torch-c10d``
+through torch's (stock torchrun's handlers).
+
 Prints ``ready`` once its handlers exist, waits for ``go`` on stdin, runs ``next_rendezvous``
 in every thread, writes a JSON report to ``--out`` and optionally keeps heartbeating for
 ``--hold`` seconds (steady-state measurement).
@@ -15,13 +18,24 @@ import threading
 import time
 from typing import Any
 
-from kube_rendezvous import register
-from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters, get_registry
+
+def create_handler(backend: str, params: dict[str, Any]) -> Any:
+    """A handler for ``backend`` from its framework's own registry."""
+    if backend.startswith("torch-"):
+        from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        return get_rendezvous_handler(TorchParameters(backend=backend.removeprefix("torch-"), **params))
+    from kube_rendezvous import register
+    from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters, get_registry
+
+    register()
+    return get_registry().create_handler(RendezvousParameters(backend=backend, **params))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", required=True, choices=["k8s", "p10d"])
+    parser.add_argument("--backend", required=True, choices=["k8s", "p10d", "torch-k8s", "torch-c10d"])
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--nodes", type=int, required=True)
@@ -31,25 +45,28 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--worker", type=int, default=0)
     args = parser.parse_args()
-    register()
     config: dict[str, Any] = {"last_call_timeout": 30, "join_timeout": 900}
     config.update(json.loads(os.environ.get("BENCH_RDZV_CONF", "{}")))
-    if args.backend == "k8s":
+    if args.backend.endswith("k8s"):
         config.update(kubeconfig=args.kubeconfig, create="false")
     else:
         config.update(is_host="false", read_timeout=600)
+    if args.backend.startswith("torch-"):
+        config["timeout"] = config.pop("join_timeout")  # torchrun's name
     handlers = []
     for _ in range(args.threads):
-        params = RendezvousParameters(
-            backend=args.backend,
-            endpoint=args.endpoint,
-            run_id=args.run_id,
-            min_nodes=args.nodes,
-            max_nodes=args.nodes,
-            local_addr="127.0.0.1",
-            config=dict(config),
-        )
-        handlers.append(get_registry().create_handler(params))
+        params = {
+            "endpoint": args.endpoint,
+            "run_id": args.run_id,
+            "min_nodes": args.nodes,
+            "max_nodes": args.nodes,
+            "local_addr": "127.0.0.1",
+            **{key: value for key, value in config.items()},
+        }
+        if not args.backend.startswith("torch-"):
+            params = {key: params[key] for key in ("endpoint", "run_id", "min_nodes", "max_nodes", "local_addr")}
+            params["config"] = dict(config)
+        handlers.append(create_handler(args.backend, params))
     print("ready", flush=True)
     sys.stdin.readline()
     started = time.time()

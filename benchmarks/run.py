@@ -47,6 +47,7 @@ class Bench:
         self.objects = client.CustomObjectsApi(config.new_client_from_config(str(self.plane.admin_kubeconfig)))
         self.workdir = workdir
         self.counter = 0
+        self.hosts: list[subprocess.Popen[str]] = []
 
     def new_rendezvous(self, nodes: int) -> str:
         self.counter += 1
@@ -67,20 +68,37 @@ class Bench:
 
     def round(self, backend: str, nodes: int, hold: float = 0.0, limit: float = 900.0) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats."""
-        from tensorplay.distributed import TCPStore
-
         from tests.testenv import free_port
 
         processes = min(nodes, 8)
         per_process = [nodes // processes + (1 if i < nodes % processes else 0) for i in range(processes)]
         host: Any = None
-        if backend == "p10d":
+        if backend in ("p10d", "torch-c10d"):
+            # The TCPStore host lives in the driver, so that every handler is a client (BRIEF fact 11).
             port = free_port()
-            host = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=600)
+            host = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.store_host",
+                    "--framework",
+                    "tensorplay" if backend == "p10d" else "torch",
+                    "--port",
+                    str(port),
+                ],
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            self.hosts.append(host)  # killed by stop() if the round fails before it ends
+            assert host.stdout is not None and host.stdout.readline().strip() == "ready"
             endpoint, run_id, name = f"127.0.0.1:{port}", f"bench-{self.counter}-{time.time_ns()}", None
         else:
             name = self.new_rendezvous(nodes)
             endpoint, run_id = f"bench/{name}", "none"
+        if backend == "torch-c10d":
+            run_id = f"bench-{self.counter}-{time.time_ns()}"
         outs = [self.workdir / f"{backend}-{nodes}-{time.time_ns()}-{i}.json" for i in range(processes)]
         workers = [
             subprocess.Popen(
@@ -140,7 +158,7 @@ class Bench:
             worker.wait(hold + 120)
         reports = [json.loads(out.read_text()) for out in outs]
         if host is not None:
-            del host
+            host.communicate(timeout=30)  # closes its stdin: the store host exits
         results = [item for report in reports for item in report["results"]]
         errors = [item["error"] for item in results if "error" in item]
         if errors:
@@ -189,6 +207,9 @@ class Bench:
         return statistics.median(timings)
 
     def stop(self) -> None:
+        for host in self.hosts:
+            if host.poll() is None:
+                host.kill()
         self.plane.stop()
 
 
@@ -365,6 +386,12 @@ def create_pods(bench: Bench, name: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128, 512])
+    parser.add_argument(
+        "--backends",
+        nargs="*",
+        default=["p10d", "k8s", "torch-c10d", "torch-k8s"],
+        help="tensorplay's p10d and k8s, torch's c10d and k8s (stock torchrun handlers)",
+    )
     parser.add_argument("--keep-rounds", action="store_true", help="keep the rounds of the last results.json")
     parser.add_argument("--repeats", type=int, default=3, help="repeats for N <= 128 (N = 512 runs once)")
     parser.add_argument("--steady-sizes", type=int, nargs="*", default=[32])
@@ -389,7 +416,7 @@ def main() -> int:
             repeats = args.repeats if nodes <= 128 else 1
             cas = bench.cas_latency(nodes)
             log(f"N={nodes}: median CAS latency {cas * 1000:.1f} ms -> floor {nodes * cas:.2f} s")
-            for backend in ("p10d", "k8s"):
+            for backend in args.backends:
                 runs = []
                 for repeat in range(repeats):
                     try:
@@ -409,6 +436,7 @@ def main() -> int:
                     "cas_seconds": cas,
                     "floor_seconds": nodes * cas,
                 }
+                entry["runs_seconds"] = [run["seconds"] for run in done]
                 if done:
                     entry["median_seconds"] = statistics.median(run["seconds"] for run in done)
                     for key in ("requests_per_agent", "conflicts_per_agent", "bytes_sent_per_agent"):

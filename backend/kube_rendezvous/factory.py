@@ -188,6 +188,7 @@ def create_backend(
         store = KubernetesStore(
             api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
         )
+        store.timeout_error = framework.store_timeout_error
     except Exception as exc:
         framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
         raise

@@ -6,7 +6,8 @@ framework's adapter (``handler`` for tensorplay, ``torchrun`` for torch) hands t
 and its own error classes (its handler catches those, not ours). tensorplay and torch name them
 alike, because tensorplay's elastic package is a clone of torch's.
 
-Nothing here imports a framework until a ``Framework`` is asked for.
+Nothing here imports a framework until a ``Framework`` is asked for, and never both: tensorplay and
+torch cannot share a process (their extensions register the same pybind types; the second aborts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Framework:
         state_error, connection_error, closed_error, graceful_exit_error: its
             ``RendezvousStateError``, ``RendezvousConnectionError``, ``RendezvousClosedError`` and
             ``RendezvousGracefulExitError``.
+        store_timeout_error: what its stores raise when a blocking get times out (its code catches it).
         record_failure: records a failed backend creation in its event log (message, run id).
     """
 
@@ -37,10 +39,11 @@ class Framework:
     connection_error: type[Exception]
     closed_error: type[Exception]
     graceful_exit_error: type[Exception]
+    store_timeout_error: type[Exception]
     record_failure: Callable[[str, str], None]
 
 
-def _framework(name: str, package: str) -> Framework:
+def _framework(name: str, package: str, store_timeout_error: type[Exception]) -> Framework:
     import importlib
 
     api: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.api")
@@ -58,6 +61,7 @@ def _framework(name: str, package: str) -> Framework:
         connection_error=api.RendezvousConnectionError,
         closed_error=api.RendezvousClosedError,
         graceful_exit_error=api.RendezvousGracefulExitError,
+        store_timeout_error=store_timeout_error,
         record_failure=record_failure,
     )
 
@@ -65,10 +69,14 @@ def _framework(name: str, package: str) -> Framework:
 @functools.cache
 def tensorplay() -> Framework:
     """tensorplay 1.0.0's elastic package (``kube-rendezvous[tensorplay]``)."""
-    return _framework("tensorplay", "tensorplay")
+    from tensorplay.distributed._store import StoreTimeoutError
+
+    return _framework("tensorplay", "tensorplay", StoreTimeoutError)
 
 
 @functools.cache
 def torch() -> Framework:
     """torch's elastic package (``kube-rendezvous[torch]``)."""
-    return _framework("torch", "torch")
+    import torch.distributed
+
+    return _framework("torch", "torch", torch.distributed.DistStoreError)

@@ -35,7 +35,6 @@ from tensorplay.distributed.elastic.rendezvous.utils import _delay
 
 from .factory import create_backend
 from .rounds import RendezvousFixes
-from .store import KubernetesPrefixStore
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class KubernetesRendezvousHandler(RendezvousFixes, DynamicRendezvousHandler):
     delay = staticmethod(_delay)
     round_prefix = "tp_elastic/rendezvous/{run_id}/{round}"
 
-    def _wrap_store(self, store: Any) -> KubernetesPrefixStore:
+    def _wrap_store(self, store: Any) -> Any:
         # tensorplay's C++ PrefixStore refuses Python stores: prefix in Python.
         return self._round_store(store)
 
@@ -89,7 +88,7 @@ def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHand
         local_addr=params.local_addr,
         node_rank=params.node_rank,
         run_id=backend.run_id,
-        store=store,
+        store=cast(Any, store),
         backend_name=BACKEND_NAME,
         node=node,
     )

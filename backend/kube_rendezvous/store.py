@@ -28,18 +28,6 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-try:  # tensorplay's Store base and timeout error, when tensorplay is installed
-    from tensorplay.distributed._store import Store as Store
-    from tensorplay.distributed._store import StoreTimeoutError as StoreTimeoutError
-except ImportError:  # torch alone: torchrun's adapter wraps this store in a torch.distributed.Store
-
-    class Store:  # type: ignore[no-redef]
-        """Stands in for tensorplay's Python Store base when tensorplay is not installed."""
-
-    class StoreTimeoutError(RuntimeError):  # type: ignore[no-redef]
-        """Raised when a blocking get or wait runs past its deadline (tensorplay's error when installed)."""
-
-
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -55,6 +43,11 @@ from .kubeapi import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class StoreTimeoutError(TimeoutError):
+    """Raised when a blocking ``get`` runs past its timeout (unless the framework adapter names its own error)."""
+
 
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
@@ -84,7 +77,7 @@ def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
     return f"{prefix}.k-{digest}"
 
 
-class KubernetesStore(Store):
+class KubernetesStore:
     """A key/value store scoped to one Rendezvous object.
 
     Args:
@@ -117,6 +110,9 @@ class KubernetesStore(Store):
         self._retry_timeout = retry_timeout
         self._collection = resource_path(KEY_PLURAL, namespace)
         self._selector = f"{RENDEZVOUS_UID_LABEL}={rendezvous_uid}"
+        #: What a blocking ``get`` raises at its timeout: the framework's own error (``create_backend``
+        #: sets tensorplay's ``StoreTimeoutError`` or torch's ``DistStoreError``, which their code catches).
+        self.timeout_error: type[Exception] = StoreTimeoutError
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
         #: Counters for tests and benchmarks.
@@ -309,7 +305,7 @@ class KubernetesStore(Store):
             if obj is not None:
                 return self._value_of(obj)
             if not self._wait_for([self._name(key)], deadline):
-                raise StoreTimeoutError(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+                raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value."""
@@ -442,7 +438,7 @@ class KubernetesStore(Store):
                 raise self._failure(exc, "watch") from exc
 
 
-class KubernetesPrefixStore(Store):
+class KubernetesPrefixStore:
     """A view of a ``KubernetesStore`` whose keys are ``prefix + "/" + key``.
 
     tensorplay's C++ ``PrefixStore`` refuses Python stores, so the handler uses this one.

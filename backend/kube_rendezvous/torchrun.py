@@ -51,7 +51,7 @@ from torch.distributed.elastic.rendezvous.utils import _delay
 from . import frameworks
 from .factory import create_backend
 from .rounds import RendezvousFixes
-from .store import KubernetesPrefixStore, KubernetesStore, StoreTimeoutError
+from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +82,7 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
         self._kv.set(key, value)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self._kv.get(key, self._timeout())
-        except StoreTimeoutError as exc:
-            raise dist.DistStoreError(str(exc)) from exc
+        return self._kv.get(key, self._timeout())  # raises torch's DistStoreError (create_backend sets it)
 
     def add(self, key: str, value: int) -> int:
         return self._kv.add(key, value)
