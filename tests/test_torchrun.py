@@ -110,3 +110,21 @@ class TestTorchrun:
         results = job.results()
         assert_one_correct_world(results, 6)
         assert {item["restart"] for item in results} == {0}
+
+
+def test_the_torch_adapter_never_loads_tensorplay() -> None:
+    """tensorplay and torch cannot share a process: the second one's pybind types abort it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch.distributed\n"
+        "import kube_rendezvous.torchrun\n"
+        "from kube_rendezvous import frameworks\n"
+        "frameworks.torch()\n"
+        "loaded = sorted(name for name in sys.modules if name.split('.')[0] == 'tensorplay')\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
