@@ -35,11 +35,34 @@ def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator
         job.stop()
 
 
-class TestTorchrun:
-    def test_three_pods_with_two_workers_each_all_reduce_with_unique_global_ranks(
-        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+class TestTorchStore:
+    """``TorchKubernetesStore`` under torch's own C++ ``PrefixStore``, on the real API server."""
+
+    def test_every_call_torchs_agent_and_barriers_make_works_through_a_cpp_prefix_store(
+        self, namespace: str, agent_kubeconfig: Path
     ) -> None:
-        job = make_job(nnodes="3")
+        import subprocess
+        import sys
+
+        from tests.helpers import REPO
+
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.e2e.torch_store_check", f"{namespace}/job", str(agent_kubeconfig)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-3000:]
+
+
+class TestTorchrun:
+    @pytest.mark.parametrize("selected_by", ["flags", "PET_RDZV_environment"])
+    def test_three_pods_with_two_workers_each_all_reduce_with_unique_global_ranks(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, selected_by: str
+    ) -> None:
+        job = make_job(nnodes="3", select_by_environment=selected_by != "flags")
         agents = [job.start_agent() for _ in range(3)]
         assert job.wait(agents, 180) == [0, 0, 0], job.logs()
         results = job.results()

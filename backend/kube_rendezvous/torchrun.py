@@ -15,7 +15,9 @@ handler fixes (``rounds.RendezvousFixes``: a fresh bootstrap store every round, 
 leave, closed means a clean exit). torchrun passes ``--rdzv-timeout`` as ``timeout``.
 
 Not guaranteed: torch's ``Store`` API beyond what its agent, rank assignment and barriers call
-(``queue_*``, ``list_keys`` and ``clone`` are not implemented).
+(``queue_*``, ``list_keys`` and ``clone`` are not implemented), and ``delete_key``/``num_keys``
+through a C++ ``PrefixStore`` (torch's trampoline does not forward them; from Python they work).
+The Python store must stay referenced while C++ uses it (the agent holds ``RendezvousInfo.store``).
 """
 
 from __future__ import annotations

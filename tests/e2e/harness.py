@@ -87,6 +87,8 @@ class ElasticJob:
     step_seconds: float = 0.0
     max_restarts: int = 3
     launcher: str = "tensorplay"
+    #: torchrun only: select the backend with PET_RDZV_BACKEND/ENDPOINT/ID instead of flags.
+    select_by_environment: bool = False
     agents: list[Agent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -97,13 +99,16 @@ class ElasticJob:
         conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
         launcher = [str(TORCHRUN)] if self.launcher == "torchrun" else [sys.executable, "-m", "kube_rendezvous.run"]
         script = TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT
+        rendezvous = [
+            f"--rdzv-backend={self.backend}",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.run_id}",
+        ]
         return [
             *launcher,
             f"--nnodes={self.nnodes}",
             f"--nproc-per-node={self.nproc_per_node}",
-            f"--rdzv-backend={self.backend}",
-            f"--rdzv-endpoint={self.endpoint}",
-            f"--rdzv-id={self.run_id}",
+            *([] if self.select_by_environment else rendezvous),
             *([f"--rdzv-conf={conf}"] if conf else []),
             f"--max-restarts={self.max_restarts}",
             "--monitor-interval=0.5",
@@ -123,6 +128,8 @@ class ElasticJob:
             STEPS=str(self.steps),
             STEP_SECONDS=str(self.step_seconds),
         )
+        if self.select_by_environment:
+            env.update(PET_RDZV_BACKEND=self.backend, PET_RDZV_ENDPOINT=self.endpoint, PET_RDZV_ID=self.run_id)
         with log.open("wb") as handle:
             process = subprocess.Popen(
                 self.command(local_addr),
