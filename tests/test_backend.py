@@ -191,6 +191,57 @@ class TestBackendContract:
         with pytest.raises(RendezvousConnectionError):
             unreachable.set_state(state(1), None)
 
+    def test_the_retry_deadline_is_kept_to_within_one_request_timeout_when_answers_never_come(
+        self, backend: KubernetesRendezvousBackend, agent_kubeconfig: Path, tmp_path: Path
+    ) -> None:
+        import socket
+        import threading
+        import time
+
+        # A server that accepts connections and never answers: every request times out. Hidden
+        # transport retries (urllib3 re-sends GETs three times) would multiply the wait.
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        held: list[socket.socket] = []
+        stop = threading.Event()
+
+        def accept() -> None:
+            listener.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(listener.accept()[0])
+                except OSError:
+                    continue
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        try:
+            document = json.loads(agent_kubeconfig.read_text())
+            document["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{listener.getsockname()[1]}"
+            silent = tmp_path / "silent.kubeconfig"
+            silent.write_text(json.dumps(document))
+            request_timeout, retry_timeout = 1.0, 3.0
+            unanswered = KubernetesRendezvousBackend(
+                KubernetesApi(config.new_client_from_config(str(silent)), request_timeout=request_timeout),
+                backend.namespace,
+                backend.rendezvous_name,
+                backend.run_id,
+                retry_timeout=retry_timeout,
+            )
+            started = time.monotonic()
+            with pytest.raises(RendezvousConnectionError):
+                unanswered.get_state()
+            elapsed = time.monotonic() - started
+        finally:
+            stop.set()
+            thread.join(5)
+            listener.close()
+            for connection in held:
+                connection.close()
+        print(f"\nretry_timeout {retry_timeout} s, request_timeout {request_timeout} s: gave up after {elapsed:.2f} s")
+        assert retry_timeout - request_timeout <= elapsed <= retry_timeout + request_timeout + 0.5
+
 
 class TestCompareAndSwapUnderConcurrency:
     def test_concurrent_read_modify_write_increments_lose_no_update(
