@@ -304,10 +304,12 @@ class KubernetesRendezvousBackend:
                 written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
                 break
             except ConflictError:
+                if not unclear:
+                    # Lost the compare-and-swap: wait first, then read, so the state handed back is fresh.
+                    self._back_off()
                 obj = self._read_object()
                 if unclear and (committed := self._committed(obj, write_id)) is not None:
                     return committed
-                self._back_off()
                 return self._lost(self._state_of(obj))
             except InvalidError as exc:
                 obj = self._read_object()
