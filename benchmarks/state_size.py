@@ -150,10 +150,23 @@ def section(report: dict[str, Any]) -> str:
             f"| {row['write_request_bytes']} | {row['baseline_z1_pickle_bytes']} | {row['ratio_to_baseline']:.2f} "
             f"| {decodes} |"
         )
+    verdicts = []
+    for row in report["rows"]:
+        if row["nodes"] in (1024, 8192):
+            limit = TARGETS[f"whole_status_{row['nodes']}"]
+            size = row["whole_status_bytes"]
+        elif row["nodes"] == 128:
+            limit, size = TARGETS["write_128"], row["write_request_bytes"]
+        else:
+            continue
+        verdict = "met" if size <= limit else f"missed by {size - limit} B ({100 * (size - limit) / limit:.1f} %)"
+        verdicts.append(f"N={row['nodes']} {row['pids']}: {size} B of {limit} B, {verdict}")
+    lines += ["", "Targets: " + "; ".join(verdicts) + "."]
     lines += [
         "",
         "Random PIDs cost about 4 bytes per node that compression cannot remove; in a pod the agent is",
-        "PID 1. The summary beside the document lists counts and the first 16 nodes only.",
+        "PID 1. The summary beside the document lists counts and the first 16 nodes only. Each write also",
+        "carries up to 8 write ids (about 90 B once the list is full; the table's single write carries one).",
         SECTION_END,
     ]
     return "\n".join(lines)
