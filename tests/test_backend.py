@@ -468,6 +468,21 @@ class TestSafetyAndIntents:
         assert current is not None
         assert pickle.loads(current[0]).closed is True
 
+    def test_running_agents_stop_for_a_persons_close_but_not_for_another_agents_success(
+        self, endpoint: str, agent_kubeconfig: Path, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        from kube_rendezvous.handler import create_k8s_handler
+
+        from tests.testenv import wait_until
+
+        handler = create_k8s_handler(rendezvous_parameters(endpoint, agent_kubeconfig))
+        # An agent whose training succeeded closed the rendezvous: the others' workers are finishing.
+        handler._state_holder._backend.set_state(state(0, closed=True))
+        assert handler.num_nodes_waiting() == 0
+        # A person closes it: running agents must stop their workers and exit.
+        objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rdzv", {"spec": {"closed": True}})
+        wait_until(lambda: handler.num_nodes_waiting() == 1, 10, "num_nodes_waiting to report the close")
+
     def test_an_evicted_node_gets_an_expired_heartbeat_so_tensorplay_prunes_it(
         self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
     ) -> None:

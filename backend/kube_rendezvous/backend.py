@@ -143,6 +143,9 @@ class KubernetesRendezvousBackend:
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
         self.spec: dict[str, Any] = {}
+        #: Whether a person asked to close the rendezvous (``spec.closed`` or a deletion), as last read.
+        #: A state closed by an agent whose training succeeded is not such a request.
+        self.close_requested = False
         #: The handler's timings, resolved once from rdzv-conf, the spec and the defaults.
         self.timings = RendezvousTimings()
         #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads.
@@ -212,6 +215,7 @@ class KubernetesRendezvousBackend:
                     f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
                 ) from exc
         close = bool((obj.get("spec") or {}).get("closed")) or bool(obj["metadata"].get("deletionTimestamp"))
+        self.close_requested = close
         folded = fold_intents(document, close=close, evicted=status.get("evictedNodes") or [])
         return None if folded is None else self._resume_after_outage(folded)
 

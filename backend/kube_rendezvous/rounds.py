@@ -130,11 +130,16 @@ class RendezvousFixes:
             logger.info("could not record the closed state: %s", exc)
 
     def num_nodes_waiting(self) -> int:
-        """Nodes waiting to join; a closed rendezvous counts as one so that running agents stop and exit."""
+        """Nodes waiting to join; a close requested by a person counts as one, so running agents stop and exit.
+
+        A rendezvous closed by an agent whose training succeeded does not: the other agents' workers
+        are finishing too, and restarting them now would kill them before they are done.
+        """
         with self._heartbeat_lock:
             self._state_holder.sync()
             state = self._state_holder.state
-            return max(len(state.wait_list), 1 if state.closed else 0)
+            requested = getattr(getattr(self._state_holder, "_backend", None), "close_requested", True)
+            return max(len(state.wait_list), 1 if state.closed and requested else 0)
 
     def _next_round(self) -> Any:
         self._stop_heartbeats()
