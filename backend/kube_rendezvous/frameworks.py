@@ -29,6 +29,10 @@ class Framework:
             ``RendezvousStateError``, ``RendezvousConnectionError``, ``RendezvousClosedError`` and
             ``RendezvousGracefulExitError``.
         store_timeout_error: what its stores raise when a blocking get times out (its code catches it).
+        rendezvous_error: its ``RendezvousError`` base.
+        exit_op_class, join_op_class: its ``_RendezvousExitOp`` and ``_RendezvousJoinOp``.
+        info_class, store_info_class: its ``RendezvousInfo`` and ``RendezvousStoreInfo``.
+        delay: its ``rendezvous.utils._delay``.
         record_failure: records a failed backend creation in its event log (message, run id).
     """
 
@@ -40,6 +44,12 @@ class Framework:
     closed_error: type[Exception]
     graceful_exit_error: type[Exception]
     store_timeout_error: type[Exception]
+    rendezvous_error: type[Exception]
+    exit_op_class: Any
+    join_op_class: Any
+    info_class: Any
+    store_info_class: Any
+    delay: Callable[..., None]
     record_failure: Callable[[str, str], None]
 
 
@@ -49,6 +59,7 @@ def _framework(name: str, package: str, store_timeout_error: type[Exception]) ->
     api: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.api")
     dynamic: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.dynamic_rendezvous")
     events: Any = importlib.import_module(f"{package}.distributed.elastic.events")
+    utils: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.utils")
 
     def record_failure(message: str, run_id: str) -> None:
         events.construct_and_record_rdzv_event(message=message, run_id=run_id, node_state=events.NodeState.FAILED)
@@ -62,6 +73,12 @@ def _framework(name: str, package: str, store_timeout_error: type[Exception]) ->
         closed_error=api.RendezvousClosedError,
         graceful_exit_error=api.RendezvousGracefulExitError,
         store_timeout_error=store_timeout_error,
+        rendezvous_error=api.RendezvousError,
+        exit_op_class=dynamic._RendezvousExitOp,
+        join_op_class=dynamic._RendezvousJoinOp,
+        info_class=api.RendezvousInfo,
+        store_info_class=api.RendezvousStoreInfo,
+        delay=utils._delay,
         record_failure=record_failure,
     )
 

@@ -16,23 +16,16 @@ from datetime import timedelta
 from typing import Any, cast
 
 from tensorplay.distributed.elastic.rendezvous.api import (
-    RendezvousClosedError,
-    RendezvousError,
-    RendezvousGracefulExitError,
-    RendezvousInfo,
     RendezvousParameters,
-    RendezvousStoreInfo,
     RendezvousTimeout,
 )
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     _NodeDesc,
-    _RendezvousExitOp,
-    _RendezvousJoinOp,
 )
-from tensorplay.distributed.elastic.rendezvous.utils import _delay
 
+from . import frameworks
 from .factory import create_backend
 from .rounds import RendezvousFixes
 
@@ -44,14 +37,7 @@ BACKEND_NAME = "k8s"
 class KubernetesRendezvousHandler(RendezvousFixes, DynamicRendezvousHandler):
     """tensorplay's DynamicRendezvousHandler with this project's fixes (``rounds.RendezvousFixes``)."""
 
-    exit_op_class = _RendezvousExitOp
-    join_op_class = _RendezvousJoinOp
-    info_class = RendezvousInfo
-    store_info_class = RendezvousStoreInfo
-    rendezvous_error = RendezvousError
-    closed_error = RendezvousClosedError
-    graceful_exit_error = RendezvousGracefulExitError
-    delay = staticmethod(_delay)
+    framework = frameworks.tensorplay()
     round_prefix = "tp_elastic/rendezvous/{run_id}/{round}"
 
     def _wrap_store(self, store: Any) -> Any:

@@ -14,8 +14,8 @@ a job from surviving the loss of a pod; ``RendezvousFixes`` mends them on either
   rank 0 can delete the keys of finished rounds.
 
 The adapter (``handler`` for tensorplay, ``torchrun`` for torch) puts the mixin first in the
-bases, before the framework's handler, and sets the class attributes below to its framework's
-classes. Nothing here imports a framework.
+bases, before the framework's handler, and sets ``framework`` (``frameworks.tensorplay()`` or
+``frameworks.torch()``) and ``round_prefix``. Nothing here imports a framework.
 
 Not guaranteed: ``agent_training_outcome`` finds the agent by walking the caller's stack for a
 ``self`` with a ``_worker_group.state``; an agent that calls ``shutdown()`` from elsewhere gets
@@ -28,6 +28,7 @@ import logging
 import sys
 from typing import Any
 
+from .frameworks import Framework
 from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,8 @@ def agent_training_outcome() -> str | None:
 class RendezvousFixes:
     """Mixin for a framework's DynamicRendezvousHandler; see the module docstring."""
 
-    #: The framework's classes and helpers, set by the adapter.
-    exit_op_class: Any
-    join_op_class: Any
-    info_class: Any
-    store_info_class: Any
-    rendezvous_error: type[Exception]
-    closed_error: type[Exception]
-    graceful_exit_error: type[Exception]
-    delay: Any
+    #: The framework whose classes and errors to use, set by the adapter.
+    framework: Framework
     #: The key prefix of a round's store (``{run_id}`` and ``{round}`` are filled in).
     round_prefix: str
 
@@ -115,9 +109,11 @@ class RendezvousFixes:
         """
         try:
             return self._next_round()
-        except self.closed_error as exc:
+        except self.framework.closed_error as exc:
             self._record_closed()
-            raise self.graceful_exit_error(f"the rendezvous {self._settings.run_id} is closed: {exc}") from exc
+            raise self.framework.graceful_exit_error(
+                f"the rendezvous {self._settings.run_id} is closed: {exc}"
+            ) from exc
 
     def _record_closed(self) -> None:
         """Write the closed state a close intent produced, so the summary and kubectl say Closed."""
@@ -144,10 +140,10 @@ class RendezvousFixes:
     def _next_round(self) -> Any:
         self._stop_heartbeats()
         if self._state_holder.state.round == 0:
-            self.delay((0, 0.3))
+            self.framework.delay((0, 0.3))
         deadline = self._get_deadline(self._settings.timeout.join)
-        self._op_executor.run(self.exit_op_class(), deadline)
-        self._op_executor.run(self.join_op_class(), deadline, self._get_deadline)
+        self._op_executor.run(self.framework.exit_op_class(), deadline)
+        self._op_executor.run(self.framework.join_op_class(), deadline, self._get_deadline)
         self._start_heartbeats()
         rank, world_size = self._get_world()
         state = self._state_holder.state
@@ -161,7 +157,7 @@ class RendezvousFixes:
             self._store.delete_rounds_except(
                 range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
             )
-        self._bootstrap_store_info = self.store_info_class.build(
+        self._bootstrap_store_info = self.framework.store_info_class.build(
             rank, round_store, local_addr=self._this_node.addr, server_port=server_port
         )
         logger.info(
@@ -172,7 +168,7 @@ class RendezvousFixes:
             self._bootstrap_store_info.master_addr,
             self._bootstrap_store_info.master_port,
         )
-        return self.info_class(round_store, rank, world_size, self._bootstrap_store_info)
+        return self.framework.info_class(round_store, rank, world_size, self._bootstrap_store_info)
 
     def shutdown(self) -> bool:
         """Close the rendezvous only when this agent's training succeeded; otherwise leave it.
@@ -201,8 +197,8 @@ class RendezvousFixes:
         self._stop_heartbeats()
         deadline = self._get_deadline(self._settings.timeout.close)
         try:
-            self._op_executor.run(self.exit_op_class(), deadline)
-        except self.rendezvous_error as exc:
+            self._op_executor.run(self.framework.exit_op_class(), deadline)
+        except self.framework.rendezvous_error as exc:
             logger.warning("could not leave the rendezvous %s: %s", self._settings.run_id, exc)
             return False
         logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self._settings.run_id)

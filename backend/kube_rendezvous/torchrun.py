@@ -32,12 +32,7 @@ from typing import Any, cast
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.api import (
-    RendezvousClosedError,
-    RendezvousError,
-    RendezvousGracefulExitError,
-    RendezvousInfo,
     RendezvousParameters,
-    RendezvousStoreInfo,
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
@@ -45,10 +40,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
     _BackendRendezvousStateHolder,
     _NodeDesc,
-    _RendezvousExitOp,
-    _RendezvousJoinOp,
 )
-from torch.distributed.elastic.rendezvous.utils import _delay
 
 from . import frameworks
 from .factory import create_backend
@@ -121,14 +113,7 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
 class TorchKubernetesRendezvousHandler(RendezvousFixes, DynamicRendezvousHandler):
     """torch's DynamicRendezvousHandler with this project's fixes (``rounds.RendezvousFixes``)."""
 
-    exit_op_class = _RendezvousExitOp
-    join_op_class = _RendezvousJoinOp
-    info_class = RendezvousInfo
-    store_info_class = RendezvousStoreInfo
-    rendezvous_error = RendezvousError
-    closed_error = RendezvousClosedError
-    graceful_exit_error = RendezvousGracefulExitError
-    delay = staticmethod(_delay)
+    framework = frameworks.torch()
     round_prefix = "torch.rendezvous/{run_id}/{round}"
 
     def _wrap_store(self, store: Any) -> TorchKubernetesStore:
