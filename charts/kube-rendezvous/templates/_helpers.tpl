@@ -121,6 +121,11 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
 - apiGroups: [kube-rendezvous.io]
   resources: [rendezvouses/status]
   verbs: [get, patch]
+# Node and writer Leases: the operator is the preferred writer (it holds the writer Lease,
+# folds the nodes' requests and judges heartbeat expiry by watching the node Leases).
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, watch, create, update, patch, delete]
 # Training pods, to evict the nodes of pods that are gone.
 - apiGroups: [""]
   resources: [pods]
