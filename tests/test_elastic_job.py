@@ -175,7 +175,7 @@ class TestApiServerRestart:
         assert_one_correct_world(results, 6)
         # Nobody was pruned mid-training: no worker restarted and the rendezvous never re-formed.
         assert len(results) == 6 and {item["restart"] for item in results} == {0}
-        assert rendezvous_status(control_plane, namespace)["round"] == 0
+        assert rendezvous_status(control_plane, namespace)["round"] == 0, rendezvous_status(control_plane, namespace)
 
 
 class TestTheSinglePointOfFailure:

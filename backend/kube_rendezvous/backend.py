@@ -28,6 +28,15 @@ are handed to the framework moved forward by the outage's length (never past its
 first read after the API server returns does not prune live nodes; a node that really died
 still expires one heartbeat expiry after the outage.
 
+Scale mode (``serve_node``, which both adapters call with their handler's own node): the shared
+object is written only when membership changes. A heartbeat-only ``set_state`` renews this node's
+Lease and writes nothing else; a join or a leave of this node becomes the node's request on its
+Lease, which the folder (the operator, else an elected agent, else this agent after a grace
+period) folds into the state with the framework's own rules; ``set_state`` then answers with the
+folded state. Reads come from a watch of the Rendezvous shared by the process. The framework is
+shown every other node's heartbeat as fresh (expiry is the folder's to judge, by its own clock)
+and this node's as its last renewal, so the framework renews on time and never prunes anyone.
+
 Not guaranteed: fencing (an agent paused past its heartbeat expiry can still write with a
 token it read before the pause, as with every backend of this handler), and agreement of
 clocks (heartbeat expiry compares other nodes' timestamps with the local clock).
@@ -45,6 +54,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .document import (
+    NodeId,
     RendezvousDocument,
     StateDocumentError,
     decode_document,
@@ -52,9 +62,11 @@ from .document import (
     encode_document,
     state_from_document,
 )
+from .folder import DECODED, Folder, agent_folder, owner_reference, rendezvous_watch
+from .folding import Change, Desire, JoinSettings, classify, satisfied
 from .frameworks import Framework
 from .frameworks import tensorplay as tensorplay_framework
-from .intents import fold_intents
+from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -67,9 +79,11 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
+from .leases import LeaseNodeLock
 from .settings import RendezvousTimings
 from .statecheck import load_own_state
 from .summary import summarize_document
+from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +162,19 @@ class KubernetesRendezvousBackend:
         self.close_requested = False
         #: The handler's timings, resolved once from rdzv-conf, the spec and the defaults.
         self.timings = RendezvousTimings()
-        #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads.
-        self.stats = {"writes": 0, "conflicts": 0, "reads": 0}
+        #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads,
+        #: Lease renewals, requests and the folds this agent did itself.
+        self.stats = {"writes": 0, "conflicts": 0, "reads": 0, "renewals": 0, "requests": 0, "self_folds": 0}
+        # Scale mode (serve_node): this handler's node, its Lease, the process's watch and folder.
+        self.node: NodeId | None = None
+        self._lease: LeaseNodeLock | None = None
+        self._watch: WatchCache | None = None
+        self._folder: Folder | None = None
+        self._keep_alive = 5.0
+        #: What the framework was last given: (token, document shown, the object's resourceVersion).
+        self._given: tuple[Token | None, RendezvousDocument | None, str] | None = None
+        #: The document as stored (before heartbeats were synthesized), by token.
+        self._stored: tuple[Token | None, RendezvousDocument | None] = (None, None)
 
     @property
     def name(self) -> str:
@@ -158,6 +183,38 @@ class KubernetesRendezvousBackend:
     @property
     def _where(self) -> str:
         return f"{self.namespace}/{self.rendezvous_name}"
+
+    def serve_node(self, node: NodeId, settings: JoinSettings, *, keep_alive: float, expiry: float) -> bool:
+        """Switch to scale mode for the handler of ``node`` (see the module docstring).
+
+        Returns False (and stays in compare-and-swap mode) when the Rendezvous cannot be watched,
+        e.g. a Role without list/watch on rendezvouses.
+        """
+        watch = rendezvous_watch(self._api, self.namespace, self.rendezvous_name)
+        if not watch.wait_ready(min(30.0, max(1.0, self._retry_timeout))):
+            logger.warning("Rendezvous %s cannot be watched; every change is a compare-and-swap", self._where)
+            return False
+        obj = watch.get(self.rendezvous_name)
+        self._lease = LeaseNodeLock(
+            self._api,
+            self.namespace,
+            self.rendezvous_name,
+            node,
+            run_id=self.run_id,
+            settings=settings,
+            expiry_seconds=expiry,
+            owner=owner_reference(obj) if obj else None,
+        )
+        self._folder = agent_folder(self._api, self.namespace, self.rendezvous_name, f"agent/{node}", expiry)
+        self._watch = watch
+        self._keep_alive = keep_alive
+        self.node = node
+        return True
+
+    @property
+    def lease(self) -> LeaseNodeLock | None:
+        """This node's Lease in scale mode."""
+        return self._lease
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -209,7 +266,7 @@ class KubernetesRendezvousBackend:
         document = None
         if encoded and not foreign:
             try:
-                document = decode_document(encoded)
+                document = DECODED.decode(encoded) if self.node is not None else decode_document(encoded)
             except StateDocumentError as exc:
                 raise self.framework.state_error(
                     f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
@@ -234,7 +291,7 @@ class KubernetesRendezvousBackend:
         return dataclasses.replace(document, last_heartbeats=moved)
 
     def _state_of(self, obj: dict[str, Any]) -> tuple[bytes, Token] | None:
-        document = self.read_document(obj)
+        document = self._shown(obj, self.read_document(obj))
         if document is None:
             return None
         state = state_from_document(document, self.framework.state_class, self.framework.node_class)
@@ -248,7 +305,38 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
-        return self._state_of(self._read_object())
+        return self._state_of(self._current_object())
+
+    def _current_object(self) -> dict[str, Any]:
+        """The Rendezvous, from the process's watch in scale mode (no request), else from a GET."""
+        if self._watch is not None and self._watch.healthy:
+            obj = self._watch.get(self.rendezvous_name)
+            if obj is None:
+                raise self.framework.closed_error(
+                    f"The Rendezvous {self._where} no longer exists (deleted); the rendezvous is over."
+                )
+            return self._remember(obj)
+        return self._read_object()
+
+    def _shown(self, obj: dict[str, Any], document: RendezvousDocument | None) -> RendezvousDocument | None:
+        """In scale mode: the document with other nodes fresh (unless evicted) and this node's last renewal."""
+        token = obj["metadata"]["resourceVersion"]
+        self._stored = (token, document)
+        if self.node is None or document is None:
+            if self.node is not None:
+                self._given = (None, None, token)
+            return document
+        step = max(1.0, self._keep_alive)
+        fresh = datetime.fromtimestamp(time.time() // step * step, timezone.utc)
+        beats = {node: beat if beat == EVICTED_HEARTBEAT else fresh for node, beat in document.last_heartbeats.items()}
+        if self.node in beats and self._lease is not None and self._lease.renewed_at is not None:
+            # Its last renewal, so that the framework renews on time; but never older than one
+            # keep-alive, so that it never prunes itself: only the folder expires a node.
+            due = datetime.now(timezone.utc) - timedelta(seconds=self._keep_alive)
+            beats[self.node] = max(self._lease.renewed_at, due)
+        shown = dataclasses.replace(document, last_heartbeats=beats)
+        self._given = (token, shown, token)
+        return shown
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -285,6 +373,25 @@ class KubernetesRendezvousBackend:
             RendezvousClosedError: the Rendezvous object was deleted.
         """
         document, encoded = self._encode(state)
+        if self.node is not None and self._given is not None and token == self._given[0]:
+            given_token, shown, object_version = self._given
+            change = classify(shown if shown is not None else RendezvousDocument(), document, self.node)
+            if change in (Change.HEARTBEAT, Change.NOTHING):
+                if change is Change.HEARTBEAT:
+                    self._renew(None)
+                # Answer with the state as shown now: the renewal may have waited out an outage,
+                # and the framework must not judge others by heartbeats shown before it.
+                current = self._state_of(self._current_object())
+                if current is None:
+                    return state, token, True
+                return current[0], current[1], True
+            if change is not Change.OTHER:
+                logger.info("node %s asks to %s (round %d)", self.node, change.value, document.round)
+                return self._request(change, object_version)
+            if given_token is None:
+                token = object_version  # no state of this run yet: create it by compare-and-swap
+            document = self._with_stored_heartbeats(document)
+            encoded = encode_document(document)
         if token is None:
             obj = self._read_object()
             current = self._state_of(obj)
@@ -311,7 +418,7 @@ class KubernetesRendezvousBackend:
                 if not unclear:
                     # Lost the compare-and-swap: wait first, then read, so the state handed back is fresh.
                     self._back_off()
-                obj = self._read_object()
+                obj = self._read_after_conflict(token)
                 if unclear and (committed := self._committed(obj, write_id)) is not None:
                     return committed
                 return self._lost(self._state_of(obj))
@@ -349,6 +456,102 @@ class KubernetesRendezvousBackend:
         self.stats["writes"] += 1
         self._conflict_streak = 0
         return state, written["metadata"]["resourceVersion"], True
+
+    def _read_after_conflict(self, token: str) -> dict[str, Any]:
+        """After a 409: the newer object from the watch (no GET) in scale mode, else a GET."""
+        watch = self._watch
+        if watch is not None and watch.healthy:
+            name = self.rendezvous_name
+
+            def newer() -> bool:
+                obj = watch.get(name)
+                return obj is None or obj["metadata"]["resourceVersion"] != token
+
+            if watch.wait_for(newer, 2.0):
+                return self._current_object()
+        return self._read_object()
+
+    def _with_stored_heartbeats(self, document: RendezvousDocument) -> RendezvousDocument:
+        """A plain write in scale mode keeps the stored heartbeats (never the synthesized ones)."""
+        stored = self._stored[1]
+        beats = dict(stored.last_heartbeats) if stored is not None else {}
+        named = set(document.nodes())
+        beats = {node: beat for node, beat in beats.items() if node in named}
+        for node in named - set(beats):
+            beats[node] = datetime.now(timezone.utc)
+        if self.node in named and self._lease is not None and self._lease.renewed_at is not None:
+            beats[self.node] = self._lease.renewed_at
+        return dataclasses.replace(document, last_heartbeats=beats)
+
+    def _renew(self, desire: Desire | None) -> None:
+        lease = self._lease
+        assert lease is not None
+        try:
+            # A renewal or request is safe to repeat (a merge patch of this node's own Lease).
+            call_with_retries(
+                lambda: lease.update(desire),
+                deadline=time.monotonic() + self._retry_timeout,
+                what=f"renew {lease.describe()}",
+            )
+        except ApiError as exc:
+            raise self.framework.connection_error(describe_api_error(exc, "patch", "leases", self.namespace)) from exc
+        except ApiUnavailableError as exc:
+            raise self.framework.connection_error(
+                "The Kubernetes API server did not answer a heartbeat. See the inner exception for details."
+            ) from exc
+        self.stats["renewals"] += 1
+
+    def _request(self, change: Change, object_version: str) -> tuple[bytes, Token, bool] | None:
+        """Record this node's join or leave on its Lease and answer with the state that folded it in.
+
+        Waits on the watch for a state newer than ``object_version`` that reflects the request;
+        when none comes within a grace period (no writer folded it), folds everything pending
+        itself, and waits again. After ``retry_timeout`` without success the current state is
+        answered with ``has_set=False``, as after a lost compare-and-swap.
+        """
+        assert self._watch is not None and self._folder is not None and self.node is not None
+        desire = {Change.JOIN: Desire.JOIN, Change.LEAVE: Desire.LEAVE}.get(change)
+        self._renew(desire)
+        self.stats["requests"] += 1
+        self._folder.wake()
+        node, watch, name = self.node, self._watch, self.rendezvous_name
+
+        def folded() -> bool:
+            obj = watch.get(name)
+            if obj is None:
+                return True
+            if obj["metadata"]["resourceVersion"] == object_version:
+                return False
+            if desire is None:
+                return True
+            try:
+                return satisfied(self.read_document(obj), node, desire)
+            except Exception:  # noqa: BLE001 - an invalid state is reported by the read that follows
+                return True
+
+        deadline = time.monotonic() + self._retry_timeout
+        while True:
+            if self._folder.leader:
+                grace = 1.0
+            elif self._folder.elector.holder_alive:
+                grace = 2.0
+            else:
+                grace = random.uniform(0.3, 0.8)
+            done = watch.wait_for(folded, grace)
+            obj = self._current_object()
+            if done:
+                current = self._state_of(obj)
+                if current is None:
+                    return None
+                self.stats["writes"] += 1
+                return current[0], current[1], True
+            if time.monotonic() > deadline:
+                return self._lost(self._state_of(obj))
+            try:
+                self.stats["self_folds"] += 1
+                self._folder.fold_once()
+            except (ApiError, ApiUnavailableError) as exc:
+                logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
 
     def _committed(self, obj: dict[str, Any], write_id: str) -> tuple[bytes, Token, bool] | None:
         """``(state, token, True)`` as stored now if write ``write_id`` committed, else None."""

@@ -27,7 +27,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from . import frameworks
 from .factory import create_backend
-from .rounds import RendezvousFixes
+from .rounds import RendezvousFixes, serve_node
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHand
     )
     node = incarnation_node(params.local_addr)
     logger.info("this agent is rendezvous node %s", node)
+    serve_node(backend, node, params.min_nodes, params.max_nodes)
     return KubernetesRendezvousHandler(
         backend=cast(Any, backend),
         settings=settings,

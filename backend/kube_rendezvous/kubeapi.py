@@ -13,7 +13,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -28,6 +28,8 @@ GROUP = "kube-rendezvous.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 RENDEZVOUS_PLURAL = "rendezvouses"
+#: Seconds after an outage during which a 401/403 counts as the restarted server's unsynced RBAC.
+RBAC_SYNC_SECONDS = 60
 KEY_PLURAL = "rendezvouskeys"
 
 
@@ -121,8 +123,9 @@ def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) 
 
 
 def resource_path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-    """Return the URL path of a kube-rendezvous.io resource (collection when ``name`` is None)."""
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/{plural}"
+    """Return the URL path of a kube-rendezvous.io resource, or of Leases (collection when ``name`` is None)."""
+    group_version = "coordination.k8s.io/v1" if plural == "leases" else f"{GROUP}/{VERSION}"
+    path = f"/apis/{group_version}/namespaces/{quote(namespace, safe='')}/{plural}"
     if name is not None:
         path += "/" + quote(name, safe="")
     if subresource is not None:
@@ -248,7 +251,14 @@ class KubernetesApi:
         return json.loads(data) if data else None
 
     def _maybe_flapping(self, method: str, path: str, status: int) -> bool:
-        return status in (401, 403) and _permission(method, path) in self._allowed_before
+        """A 401/403 may pass: the permission worked before, or the server has just come back
+        (a restarted API server refuses until its RBAC caches have synced)."""
+        if status not in (401, 403):
+            return False
+        if _permission(method, path) in self._allowed_before:
+            return True
+        outage = self.last_outage
+        return outage is not None and datetime.now(timezone.utc) - outage[1] < timedelta(seconds=RBAC_SYNC_SECONDS)
 
     def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """Yield watch events (``{"type": ..., "object": ...}``) until the server ends the watch.

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import timedelta
 from typing import Any
 
+from .backend import KubernetesRendezvousBackend
+from .document import NodeId
+from .folding import JoinSettings
 from .frameworks import Framework
 from .store import KubernetesPrefixStore, KubernetesStore
 
@@ -203,3 +207,14 @@ class RendezvousFixes:
             return False
         logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self._settings.run_id)
         return True
+
+
+def serve_node(backend: KubernetesRendezvousBackend, node: Any, min_nodes: int, max_nodes: int) -> None:
+    """Put ``backend`` in scale mode for the handler of ``node`` (a framework ``_NodeDesc``)."""
+    timings = backend.timings
+    backend.serve_node(
+        NodeId(node.addr, node.pid, node.local_id),
+        JoinSettings(min_nodes, max_nodes, timedelta(seconds=timings.last_call)),
+        keep_alive=timings.keep_alive_interval,
+        expiry=timings.keep_alive_interval * timings.keep_alive_max_attempt,
+    )

@@ -44,7 +44,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from . import frameworks
 from .factory import create_backend
-from .rounds import RendezvousFixes
+from .rounds import RendezvousFixes, serve_node
 from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ def create_torch_handler(params: RendezvousParameters) -> TorchKubernetesRendezv
     # A random local id makes the node unique per incarnation (in a pod the agent is PID 1).
     node = _NodeDesc(params.local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))
     logger.info("this agent is rendezvous node %s", node)
+    serve_node(backend, node, params.min_nodes, params.max_nodes)
     state_holder = _BackendRendezvousStateHolder(backend, settings)  # type: ignore[arg-type]
     # torch keeps the store it is given; the handler's _wrap_store hands torch a torch Store per round.
     return TorchKubernetesRendezvousHandler(node, settings, BACKEND_NAME, cast(Any, store), state_holder)

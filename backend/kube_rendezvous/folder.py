@@ -1,0 +1,364 @@
+"""The folder: the one writer that folds the nodes' requests into the Rendezvous, and decides expiry.
+
+Whoever holds the writer Lease (``leases.WriterLease``) runs ``Folder.run``'s leader loop: it
+watches the node Leases and the Rendezvous, and whenever a request changed, a node's Lease
+expired (unchanged for its expiry on this folder's clock), or a last call ended, it folds every
+pending request into the state document (``folding.fold``) and writes it with one
+compare-and-swap on the Rendezvous's resourceVersion. The operator runs a folder with
+``preferred=True`` for every Rendezvous; every agent process runs one with ``preferred=False``,
+which takes over within the writer Lease's duration when no operator holds it.
+
+Two folders at once cannot lose anything: the requests are durable on the Leases, each fold
+starts from the state it read, and the compare-and-swap admits one of them; the loser folds
+again from the winner's state. An agent that waited too long for its request to be folded
+calls ``fold_once`` itself (whoever wins the compare-and-swap folds everything pending).
+
+This module imports no framework and no kopf: the operator and both adapters use it.
+
+Not guaranteed: expiry needs observation. A folder that has just taken over calls no node
+dead until one expiry after it first saw that node's Lease.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
+from .folding import JoinSettings, fold
+from .intents import EVICTED_HEARTBEAT, fold_intents
+from .kubeapi import (
+    RENDEZVOUS_PLURAL,
+    ApiError,
+    ApiUnavailableError,
+    ConflictError,
+    KubernetesApi,
+    NotFoundError,
+    resource_path,
+)
+from .leases import (
+    LABEL_LEASE,
+    LABEL_RENDEZVOUS,
+    LEASE_PLURAL,
+    LeaseObservations,
+    NodeRecord,
+    WriterLease,
+    list_node_records,
+    record_of,
+)
+from .summary import summarize_document
+from .watchcache import WatchCache, shared_watch
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+#: Seconds the writer Lease lasts without renewal; failover takes at most this plus one retry.
+WRITER_LEASE_SECONDS = 10.0
+#: Seconds between the holder's renewals of the writer Lease.
+WRITER_RENEW_SECONDS = 2.0
+#: Seconds between an agent's checks whether the writer Lease is free (with jitter).
+CANDIDATE_RETRY_SECONDS = 5.0
+#: Seconds to gather requests that arrive together into one fold.
+BATCH_SECONDS = 0.03
+
+
+class Stopped(Protocol):
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def rendezvous_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:
+    """The process's shared watch of one Rendezvous."""
+    return shared_watch(
+        api,
+        resource_path(RENDEZVOUS_PLURAL, namespace),
+        {"fieldSelector": f"metadata.name={rendezvous_name}"},
+        f"Rendezvous {namespace}/{rendezvous_name}",
+    )
+
+
+class DecodedStates:
+    """The last decoded ``status.state`` per text, so N readers in one process decode it once."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._cache: collections.OrderedDict[str, RendezvousDocument] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def decode(self, text: str) -> RendezvousDocument:
+        with self._lock:
+            found = self._cache.get(text)
+            if found is not None:
+                self._cache.move_to_end(text)
+                return found
+        document = decode_document(text)
+        with self._lock:
+            self._cache[text] = document
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return document
+
+
+DECODED = DecodedStates()
+
+
+def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
+    """An ownerReference to the Rendezvous ``obj`` (its Leases go when it goes)."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+    }
+
+
+class Folder:
+    """Folds requests for one Rendezvous; ``run`` elects and loops, ``fold_once`` folds now."""
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        *,
+        identity: str,
+        preferred: bool,
+        default_expiry: float = 15.0,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.rendezvous_name = rendezvous_name
+        self.identity = identity
+        self.preferred = preferred
+        self.default_expiry = default_expiry
+        self.rendezvous = rendezvous_watch(api, namespace, rendezvous_name)
+        self.elector = WriterLease(
+            api, namespace, rendezvous_name, identity, preferred=preferred, duration=WRITER_LEASE_SECONDS
+        )
+        self.observations = LeaseObservations()
+        self.leases: WatchCache | None = None
+        self.leader = False
+        self._lease_epoch = 0
+        self._wake = threading.Event()
+        self._fold_lock = threading.Lock()
+        self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
+        #: Counters for tests and benchmarks.
+        self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0}
+        self.rendezvous.add_listener(self._wake.set)
+
+    @property
+    def where(self) -> str:
+        return f"{self.namespace}/{self.rendezvous_name}"
+
+    def wake(self) -> None:
+        """Ask the leader loop to fold soon (a request changed)."""
+        self._wake.set()
+
+    # -- one fold --------------------------------------------------------------------------
+
+    def _records(self) -> list[NodeRecord]:
+        if self.leases is not None and self.leases.healthy:
+            return [record for item in self.leases.objects().values() if (record := record_of(item)) is not None]
+        records, _ = list_node_records(self._api, self.namespace, self.rendezvous_name)
+        return records
+
+    def _object(self) -> dict[str, Any] | None:
+        if self.rendezvous.healthy:
+            return self.rendezvous.get(self.rendezvous_name)
+        try:
+            obj: dict[str, Any] = self._api.request(
+                "GET", resource_path(RENDEZVOUS_PLURAL, self.namespace, self.rendezvous_name)
+            )
+            return obj
+        except NotFoundError:
+            return None
+
+    def fold_once(self, *, judge_expiry: bool = False) -> bool:
+        """Fold every pending request into the current state; True when a new state was written.
+
+        Raises:
+            ApiError, ApiUnavailableError: the API server refused or did not answer (nothing lost:
+                the requests stay on their Leases for the next fold).
+        """
+        with self._fold_lock:
+            obj = self._object()
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                return False
+            records = self._records()
+            return self._fold(obj, records, judge_expiry=judge_expiry)
+
+    def _fold(self, obj: dict[str, Any], records: list[NodeRecord], *, judge_expiry: bool) -> bool:
+        self.stats["folds"] += 1
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        now = datetime.now(timezone.utc)
+        stored_run = status.get("runId")
+        alive_runs = {record.run_id for record in records}
+        if stored_run in alive_runs or not records:
+            run_id = stored_run
+        else:
+            run_id = max(records, key=lambda record: record.desired_at).run_id
+        if run_id is None:
+            return False
+        document: RendezvousDocument | None = None
+        if status.get("state") and stored_run == run_id:
+            try:
+                document = DECODED.decode(status["state"])
+            except StateDocumentError as exc:
+                logger.warning("not folding into %s: its state is invalid (%s)", self.where, exc)
+                return False
+        close = bool(spec.get("closed"))
+        document = fold_intents(document, close=close, evicted=status.get("evictedNodes") or [])
+        current = [record for record in records if record.run_id == run_id]
+        dead: set[NodeId] = set()
+        if document is not None:
+            dead |= {node for node, beat in document.last_heartbeats.items() if beat == EVICTED_HEARTBEAT}
+        leases = self.leases
+        if judge_expiry and (leases is None or not leases.healthy):
+            judge_expiry = False  # no expiry from a view that may be missing renewals
+        if judge_expiry and leases is not None and leases.epoch != self._lease_epoch:
+            # The watch listed again: renewals in the gap went unseen, so every clock starts again.
+            self._lease_epoch = leases.epoch
+            self.observations.restart()
+        if judge_expiry:
+            self.observations.observe(current)
+            named = document.nodes() if document is not None else []
+            expired = self.observations.expired(current, named, self.default_expiry)
+            if expired & set(named):
+                self.stats["expired"] += len(expired & set(named))
+                logger.warning(
+                    "%s: removing nodes whose Lease was not renewed within its expiry: %s",
+                    self.where,
+                    ", ".join(sorted(str(node) for node in expired & set(named))),
+                )
+            dead |= expired
+        requests = [record.request() for record in current if record.node not in dead]
+        settings = self._settings(spec, current)
+        folded = fold(document, requests, dead=dead, now=now, settings=settings)
+        if document is not None and folded == document and stored_run == run_id:
+            return False
+        if document is None and folded == RendezvousDocument():
+            return False
+        return self._write(obj, folded, run_id, now)
+
+    @staticmethod
+    def _settings(spec: dict[str, Any], records: list[NodeRecord]) -> JoinSettings:
+        if records:
+            return collections.Counter(record.settings for record in records).most_common(1)[0][0]
+        low = int(spec.get("minNodes") or 1)
+        return JoinSettings(low, max(low, int(spec.get("maxNodes") or low)), timedelta(seconds=30))
+
+    def _write(self, obj: dict[str, Any], document: RendezvousDocument, run_id: str, now: datetime) -> bool:
+        encoded = encode_document(document)
+        status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id}
+        status.update(summarize_document(document, now=now, writer=self.identity))
+        if (obj.get("status") or {}).get("runId") not in (None, run_id):
+            status["evictedNodes"] = None  # a new run starts without the old run's evictions
+            status["recentWriteIds"] = []
+        body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status}
+        try:
+            written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
+        except ConflictError:
+            self.stats["conflicts"] += 1
+            return False
+        except NotFoundError:
+            return False
+        self.stats["writes"] += 1
+        self.rendezvous.install(written)
+        return True
+
+    # -- the elected loop ------------------------------------------------------------------
+
+    def run(self, stopped: Stopped, on_error: Callable[[Exception], None] | None = None) -> None:
+        """Elect, and fold while holding the writer Lease, until ``stopped``."""
+        if not self.preferred:
+            stopped.wait(random.uniform(0, 2.0))  # spread the first checks of many agents
+        while not stopped.is_set():
+            try:
+                self.leader = self.elector.try_acquire_or_renew()
+            except (ApiError, ApiUnavailableError) as exc:
+                self.leader = False
+                logger.info("writer election for %s failed this time: %s", self.where, exc)
+            if not self.leader:
+                self._stop_lease_watch()
+                retry = WRITER_RENEW_SECONDS if self.preferred else CANDIDATE_RETRY_SECONDS
+                stopped.wait(retry * random.uniform(0.8, 1.2))
+                continue
+            self._start_lease_watch()
+            renew_at = time.monotonic() + WRITER_RENEW_SECONDS
+            while not stopped.is_set() and time.monotonic() < renew_at:
+                self._wake.wait(self._tick())
+                if stopped.is_set():
+                    break
+                self._wake.clear()
+                stopped.wait(BATCH_SECONDS)
+                try:
+                    self.fold_once(judge_expiry=True)
+                except (ApiError, ApiUnavailableError) as exc:
+                    if on_error is not None:
+                        on_error(exc)
+                    logger.info("fold for %s failed this time: %s", self.where, exc)
+                    stopped.wait(0.5)
+        if self.leader:
+            self.elector.release()
+        self._stop_lease_watch()
+
+    def _tick(self) -> float:
+        """Seconds until the loop must look again: a last call ending, or the expiry check."""
+        obj = self.rendezvous.get(self.rendezvous_name)
+        timeout = 0.5
+        text = ((obj or {}).get("status") or {}).get("state")
+        if text:
+            try:
+                deadline = DECODED.decode(text).deadline
+            except StateDocumentError:
+                return timeout
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds() + 0.01))
+        return timeout
+
+    def _start_lease_watch(self) -> None:
+        if self.leases is None:
+            self._lease_epoch = -1  # a new watch: observe every Lease afresh
+            selector = f"{LABEL_RENDEZVOUS}={self.rendezvous_name},{LABEL_LEASE}=node"
+            self.leases = WatchCache(
+                self._api,
+                resource_path(LEASE_PLURAL, self.namespace),
+                {"labelSelector": selector},
+                f"node Leases of {self.where}",
+            )
+            self.leases.add_listener(self._wake.set)
+            self.leases.start()
+
+    def _stop_lease_watch(self) -> None:
+        if self.leases is not None:
+            self.leases.stop()
+            self.leases = None
+
+
+_FOLDERS: dict[tuple[str, str, str], Folder] = {}
+_FOLDERS_LOCK = threading.Lock()
+
+
+def agent_folder(
+    api: KubernetesApi, namespace: str, rendezvous_name: str, identity: str, default_expiry: float
+) -> Folder:
+    """This process's folder for a Rendezvous, started on first use (one per process, like a pod)."""
+    key = (str(api.api_client.configuration.host), namespace, rendezvous_name)
+    with _FOLDERS_LOCK:
+        folder = _FOLDERS.get(key)
+        if folder is None:
+            folder = _FOLDERS[key] = Folder(
+                api, namespace, rendezvous_name, identity=identity, preferred=False, default_expiry=default_expiry
+            )
+            threading.Thread(
+                target=folder.run, args=(threading.Event(),), name=f"folder {namespace}/{rendezvous_name}", daemon=True
+            ).start()
+        return folder

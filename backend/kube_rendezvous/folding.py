@@ -1,0 +1,296 @@
+"""Fold the nodes' join and leave requests into the rendezvous state document (pure, no I/O).
+
+In the scale design the shared Rendezvous object is written only when membership changes, by
+one *folder* (the operator when it runs, else an agent). Each node states what it wants on its
+own Lease: ``join`` (be in the rendezvous) or ``leave`` (be out of it). The folder applies every
+pending request to the document in one compare-and-swap, using the framework's own transition
+rules (tensorplay's and torch's ``_RendezvousJoinOp`` / ``_RendezvousExitOp`` and the
+executor's actions, which are the same in both), so the result is a serial order that the
+framework could itself have produced: participants up to max, the wait list, the redundancy
+list, the last-call deadline, completion with ranks by sorted node.
+
+``classify`` works out what a framework's ``set_state`` meant, by comparing the state it wants to
+write with the one it was given: only this node's heartbeat (renew its Lease), this node's join
+or leave (a request), a completion that is due (fold now), or something else (a plain
+compare-and-swap).
+
+Not guaranteed: a request is a standing wish, not a one-off message. A node whose Lease says
+``join`` and that is removed from the state while its Lease keeps renewing (a false eviction)
+is put back by the next fold, as a participant of the next round if one is forming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from .document import NodeId, RendezvousDocument
+
+
+class Desire(str, Enum):
+    """What a node asks for on its Lease."""
+
+    JOIN = "join"
+    LEAVE = "leave"
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    """The settings of the node that asked, as its framework's handler has them."""
+
+    #: Nodes needed for a round (the launcher's min nodes).
+    min_nodes: int
+    #: Most nodes a round takes (the launcher's max nodes).
+    max_nodes: int
+    #: How long a round with at least min_nodes waits for more before it completes.
+    last_call: timedelta
+
+    def encode(self) -> str:
+        """``min:max:last_call_seconds`` for a Lease annotation."""
+        return f"{self.min_nodes}:{self.max_nodes}:{self.last_call.total_seconds():g}"
+
+    @classmethod
+    def parse(cls, text: str) -> JoinSettings:
+        """The inverse of ``encode``.
+
+        Raises:
+            ValueError: ``text`` is not ``min:max:seconds`` with 1 <= min <= max and seconds >= 0.
+        """
+        parts = text.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"join settings {text!r:.60} are not min:max:last_call_seconds")
+        low, high, seconds = int(parts[0]), int(parts[1]), float(parts[2])
+        if not 1 <= low <= high or not 0 <= seconds <= 86400:
+            raise ValueError(f"join settings {text!r:.60} need 1 <= min <= max and 0 <= last_call <= 86400")
+        return cls(low, high, timedelta(seconds=seconds))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One node's standing request, read from its Lease."""
+
+    node: NodeId
+    desire: Desire
+    settings: JoinSettings
+    #: When the node asked (its own clock); orders the requests of one fold, nothing else.
+    requested_at: datetime
+
+
+class Change(Enum):
+    """What a framework's ``set_state`` meant (``classify``)."""
+
+    NOTHING = "nothing"
+    HEARTBEAT = "heartbeat"
+    JOIN = "join"
+    LEAVE = "leave"
+    FOLD = "fold"
+    OTHER = "other"
+
+
+class _Working:
+    """A mutable copy of a document for one fold."""
+
+    def __init__(self, document: RendezvousDocument) -> None:
+        self.round = document.round
+        self.complete = document.complete
+        self.closed = document.closed
+        self.deadline = document.deadline
+        self.participants = dict(document.participants)
+        self.wait_list = set(document.wait_list)
+        self.redundancy_list = set(document.redundancy_list)
+        self.heartbeats = dict(document.last_heartbeats)
+
+    def document(self) -> RendezvousDocument:
+        return RendezvousDocument(
+            round=self.round,
+            complete=self.complete,
+            closed=self.closed,
+            deadline=self.deadline,
+            participants=self.participants,
+            wait_list=frozenset(self.wait_list),
+            redundancy_list=frozenset(self.redundancy_list),
+            last_heartbeats=self.heartbeats,
+        )
+
+    def epilogue(self, settings: JoinSettings) -> None:
+        """``_remove_participant_epilogue``: a complete round emptied moves to the next round."""
+        if self.complete:
+            if not self.participants:
+                self.complete = False
+                self.round += 1
+        elif len(self.participants) < settings.min_nodes:
+            self.deadline = None
+
+    def mark_complete(self) -> None:
+        self.complete = True
+        self.deadline = None
+        for rank, node in enumerate(sorted(self.participants)):
+            self.participants[node] = rank
+
+    def remove(self, node: NodeId, settings: JoinSettings) -> None:
+        """Drop ``node`` from every role; the epilogue runs if it was a participant."""
+        self.heartbeats.pop(node, None)
+        self.wait_list.discard(node)
+        self.redundancy_list.discard(node)
+        if node in self.participants:
+            del self.participants[node]
+            self.epilogue(settings)
+
+    def join(self, node: NodeId, settings: JoinSettings, now: datetime) -> None:
+        """Apply the join operation's actions for ``node`` until it would only wait (SYNC)."""
+        for _ in range(8):  # at most: leave redundancy, join, complete; the bound is a guard
+            if self.closed:
+                return
+            if node in self.redundancy_list:
+                if len(self.participants) == settings.max_nodes:
+                    return
+                self.redundancy_list.discard(node)  # REMOVE_FROM_REDUNDANCY_LIST
+                self.heartbeats.pop(node, None)
+                continue
+            is_participant = node in self.participants
+            if self.complete:
+                if is_participant:
+                    return
+                if len(self.participants) < settings.max_nodes:
+                    if node not in self.wait_list:  # ADD_TO_WAIT_LIST
+                        self.redundancy_list.discard(node)
+                        self.wait_list.add(node)
+                        self.heartbeats[node] = now
+                elif node not in self.redundancy_list and node not in self.wait_list:
+                    self.redundancy_list.add(node)  # ADD_TO_REDUNDANCY_LIST
+                    self.heartbeats[node] = now
+                return
+            if is_participant:
+                return
+            self.wait_list.discard(node)  # ADD_TO_PARTICIPANTS
+            self.participants[node] = 0
+            self.heartbeats[node] = now
+            if len(self.participants) == settings.min_nodes:
+                self.deadline = now + settings.last_call
+            if len(self.participants) == settings.max_nodes:
+                self.mark_complete()
+                return
+
+    def complete_if_due(self, settings: JoinSettings, now: datetime) -> None:
+        """MARK_RENDEZVOUS_COMPLETE: last call is over with enough participants."""
+        if (
+            not self.complete
+            and not self.closed
+            and self.deadline is not None
+            and self.deadline < now
+            and settings.min_nodes <= len(self.participants) <= settings.max_nodes
+        ):
+            self.mark_complete()
+
+
+def fold(
+    document: RendezvousDocument | None,
+    requests: Iterable[Request],
+    *,
+    dead: Iterable[NodeId],
+    now: datetime,
+    settings: JoinSettings,
+) -> RendezvousDocument:
+    """Return ``document`` with ``dead`` nodes removed and every request applied, in one serial order.
+
+    Order: dead nodes first (as the framework's dead-node pruning does: one epilogue for all
+    removed participants), then the requests by ``requested_at`` and node, then the last call's
+    completion if it is due. ``settings`` apply to the pruning and the completion; each join
+    uses the settings of the node that asked.
+    """
+    state = _Working(document or RendezvousDocument())
+    removed = False
+    for node in dead:
+        state.heartbeats.pop(node, None)
+        state.wait_list.discard(node)
+        state.redundancy_list.discard(node)
+        if node in state.participants:
+            del state.participants[node]
+            removed = True
+    if removed:
+        state.epilogue(settings)
+    for request in sorted(requests, key=lambda item: (item.requested_at, item.node)):
+        if request.desire is Desire.LEAVE:
+            state.remove(request.node, request.settings)
+        else:
+            state.join(request.node, request.settings, now)
+    state.complete_if_due(settings, now)
+    return state.document()
+
+
+def satisfied(document: RendezvousDocument | None, node: NodeId, desire: Desire) -> bool:
+    """Whether ``document`` already reflects ``node``'s ``desire`` (a fold has taken it in)."""
+    if document is None:
+        return False
+    present = node in document.participants or node in document.wait_list or node in document.redundancy_list
+    if desire is Desire.JOIN:
+        return present or document.closed
+    return node not in document.participants and node not in document.wait_list
+
+
+def _membership(document: RendezvousDocument) -> tuple[object, ...]:
+    return (document.round, document.complete, document.closed, document.deadline)
+
+
+def _role(document: RendezvousDocument, node: NodeId) -> str | None:
+    if node in document.participants:
+        return "participant"
+    if node in document.wait_list:
+        return "waiting"
+    if node in document.redundancy_list:
+        return "redundant"
+    return None
+
+
+def _changed_nodes(base: RendezvousDocument, candidate: RendezvousDocument) -> set[NodeId]:
+    nodes = set(base.participants) | set(candidate.participants)
+    nodes |= base.wait_list ^ candidate.wait_list
+    nodes |= base.redundancy_list ^ candidate.redundancy_list
+    return {node for node in nodes if _role(base, node) != _role(candidate, node)}
+
+
+def classify(base: RendezvousDocument | None, candidate: RendezvousDocument, node: NodeId) -> Change:
+    """What writing ``candidate`` over ``base`` means for ``node``'s handler.
+
+    ``HEARTBEAT``: only this node's heartbeat moved. ``JOIN`` / ``LEAVE``: only this node's role
+    changed (the round, completion and deadline changes that follow from it are the folder's to
+    make). ``FOLD``: the last call is over and the handler completes the round. ``NOTHING``: equal.
+    ``OTHER``: anything else (closing, another node's removal): a plain compare-and-swap.
+    """
+    if base is None:
+        return Change.OTHER
+    changed = _changed_nodes(base, candidate)
+    if not changed:
+        if candidate.closed != base.closed:
+            return Change.OTHER
+        if candidate.complete and not base.complete and candidate.round == base.round:
+            return Change.FOLD
+        if _membership(base) != _membership(candidate):
+            return Change.OTHER
+        if dict(base.participants) != dict(candidate.participants):
+            return Change.OTHER
+        moved = _moved_heartbeats(base.last_heartbeats, candidate.last_heartbeats)
+        if not moved:
+            return Change.NOTHING
+        return Change.HEARTBEAT if moved == {node} else Change.OTHER
+    if changed != {node} or candidate.closed != base.closed:
+        return Change.OTHER
+    if _role(candidate, node) is not None or _role(base, node) == "redundant":
+        return Change.JOIN
+    return Change.LEAVE
+
+
+def _moved_heartbeats(base: Mapping[NodeId, datetime], candidate: Mapping[NodeId, datetime]) -> set[NodeId]:
+    nodes = set(base) | set(candidate)
+    return {node for node in nodes if base.get(node) != candidate.get(node)}
+
+
+def with_heartbeats(document: RendezvousDocument, heartbeats: Mapping[NodeId, datetime]) -> RendezvousDocument:
+    """``document`` with its heartbeats replaced (only for nodes it names)."""
+    named = set(document.nodes())
+    return dataclasses.replace(
+        document, last_heartbeats={node: beat for node, beat in heartbeats.items() if node in named}
+    )

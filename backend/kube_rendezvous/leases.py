@@ -1,0 +1,412 @@
+"""Per-node Leases (heartbeats and join/leave requests) and the writer Lease, on coordination.k8s.io/v1.
+
+Modelled on client-go's ``tools/leaderelection/resourcelock``: a small interface
+(``NodeRecordLock``: get, create, update, describe) with one implementation per storage kind, so
+moving where heartbeats live is a change to this module only.
+
+Node Lease contract (also read by the operator and ``kubectl rdzv``):
+- name ``<rendezvous>-node-<12 hex of sha256(node)>`` (a hash when the Rendezvous name is long);
+- labels ``kube-rendezvous.io/rendezvous=<rendezvous name>``, ``kube-rendezvous.io/lease=node``;
+- annotations ``kube-rendezvous.io/node`` (``addr_pid_localid``), ``kube-rendezvous.io/desire``
+  (``join`` or ``leave``), ``kube-rendezvous.io/desired-at`` (when the node asked, its clock),
+  ``kube-rendezvous.io/join-settings`` (``min:max:last_call_seconds``),
+  ``kube-rendezvous.io/run-id``;
+- ``spec.holderIdentity`` the node, ``spec.renewTime`` its last heartbeat,
+  ``spec.leaseDurationSeconds`` its heartbeat expiry;
+- owned by the Rendezvous, so deleting the Rendezvous deletes its Leases.
+
+The writer Lease ``<rendezvous>-writer`` (label ``kube-rendezvous.io/lease=writer``) elects the one
+folder; ``spec.holderIdentity`` is ``operator/<pod>`` or ``agent/<node>``.
+
+Not guaranteed: expiry is judged by an observer's own clock, from when it saw a Lease change
+(``LeaseObservations``), never by comparing ``renewTime`` with the local clock, so a Lease
+written by a node with a skewed clock expires correctly, but an observer that just started
+needs one full expiry before it can call any node dead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from .document import NodeId
+from .folding import Desire, JoinSettings, Request
+from .kubeapi import ConflictError, KubernetesApi, NotFoundError, resource_path
+
+logger = logging.getLogger(__name__)
+
+LEASE_PLURAL = "leases"
+MERGE_PATCH = "application/merge-patch+json"
+LABEL_RENDEZVOUS = "kube-rendezvous.io/rendezvous"
+LABEL_LEASE = "kube-rendezvous.io/lease"
+ANNOTATION_NODE = "kube-rendezvous.io/node"
+ANNOTATION_DESIRE = "kube-rendezvous.io/desire"
+ANNOTATION_DESIRED_AT = "kube-rendezvous.io/desired-at"
+ANNOTATION_SETTINGS = "kube-rendezvous.io/join-settings"
+ANNOTATION_RUN_ID = "kube-rendezvous.io/run-id"
+ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
+#: Longest object name Kubernetes accepts.
+MAX_NAME = 253
+
+
+def micro_time(moment: datetime) -> str:
+    """A ``metav1.MicroTime`` string."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_micro_time(text: str) -> datetime:
+    """The inverse of ``micro_time`` (also accepts whole seconds)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _prefixed(rendezvous_name: str, suffix: str) -> str:
+    if len(rendezvous_name) + len(suffix) + 1 <= MAX_NAME:
+        return f"{rendezvous_name}-{suffix}"
+    digest = hashlib.sha256(rendezvous_name.encode()).hexdigest()[:12]
+    return f"{rendezvous_name[: MAX_NAME - len(suffix) - 14]}-{digest}-{suffix}"
+
+
+def node_lease_name(rendezvous_name: str, node: NodeId) -> str:
+    """The name of ``node``'s Lease for the Rendezvous ``rendezvous_name``."""
+    return _prefixed(rendezvous_name, "node-" + hashlib.sha256(str(node).encode()).hexdigest()[:12])
+
+
+def writer_lease_name(rendezvous_name: str) -> str:
+    """The name of the writer Lease of the Rendezvous ``rendezvous_name``."""
+    return _prefixed(rendezvous_name, "writer")
+
+
+def parse_node(text: str) -> NodeId:
+    """``addr_pid_localid`` back to a NodeId (the address may itself hold underscores).
+
+    Raises:
+        ValueError: not ``addr_pid_localid`` with integer pid and local id.
+    """
+    addr, pid, local_id = text.rsplit("_", 2)
+    if not addr:
+        raise ValueError(f"node {text!r:.80} has no address")
+    return NodeId(addr, int(pid), int(local_id))
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What one node's Lease says."""
+
+    node: NodeId
+    desire: Desire
+    settings: JoinSettings
+    desired_at: datetime
+    run_id: str
+    #: The Lease's resourceVersion; a change means the node is alive (to an observer).
+    version: str
+    #: Heartbeat expiry of this node, seconds.
+    expiry_seconds: float
+
+    def request(self) -> Request:
+        return Request(self.node, self.desire, self.settings, self.desired_at)
+
+
+def record_of(lease: dict[str, Any]) -> NodeRecord | None:
+    """The record of a node Lease, or None when it is not one or is malformed (logged, skipped)."""
+    metadata = lease.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    try:
+        return NodeRecord(
+            node=parse_node(annotations[ANNOTATION_NODE]),
+            desire=Desire(annotations[ANNOTATION_DESIRE]),
+            settings=JoinSettings.parse(annotations[ANNOTATION_SETTINGS]),
+            desired_at=parse_micro_time(annotations[ANNOTATION_DESIRED_AT]),
+            run_id=str(annotations.get(ANNOTATION_RUN_ID, "")),
+            version=str(metadata.get("resourceVersion", "")),
+            expiry_seconds=float((lease.get("spec") or {}).get("leaseDurationSeconds") or 15),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        logger.warning("skipping malformed node Lease %s: %s", metadata.get("name"), exc)
+        return None
+
+
+class NodeRecordLock(Protocol):
+    """Where one node keeps its heartbeat and request (client-go's resourcelock.Interface)."""
+
+    def get(self) -> dict[str, Any] | None: ...
+
+    def create(self, desire: Desire) -> None: ...
+
+    def update(self, desire: Desire | None = None) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class LeaseNodeLock:
+    """A node's record as a coordination.k8s.io/v1 Lease (the contract in the module docstring).
+
+    Every call is one request. ``update`` is a JSON merge patch without a resourceVersion: only
+    this node writes its Lease, so it never conflicts, and a renewal is a small write to a small
+    object that no agent watches.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        node: NodeId,
+        *,
+        run_id: str,
+        settings: JoinSettings,
+        expiry_seconds: float,
+        owner: dict[str, Any] | None = None,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.rendezvous_name = rendezvous_name
+        self.node = node
+        self.run_id = run_id
+        self.settings = settings
+        self.expiry_seconds = expiry_seconds
+        self.owner = owner
+        self.name = node_lease_name(rendezvous_name, node)
+        self._path = resource_path(LEASE_PLURAL, namespace, self.name)
+        self._collection = resource_path(LEASE_PLURAL, namespace)
+        self.desire: Desire | None = None
+        #: When this node's heartbeat last reached the API server (its own clock), or None.
+        self.renewed_at: datetime | None = None
+
+    def describe(self) -> str:
+        return f"Lease {self.namespace}/{self.name} of node {self.node}"
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = self._api.request("GET", self._path)
+            return lease
+        except NotFoundError:
+            return None
+
+    def _annotations(self, desire: Desire, now: datetime) -> dict[str, str]:
+        return {
+            ANNOTATION_NODE: str(self.node),
+            ANNOTATION_DESIRE: desire.value,
+            ANNOTATION_DESIRED_AT: micro_time(now),
+            ANNOTATION_SETTINGS: self.settings.encode(),
+            ANNOTATION_RUN_ID: self.run_id,
+        }
+
+    def create(self, desire: Desire) -> None:
+        now = datetime.now(timezone.utc)
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "labels": {LABEL_RENDEZVOUS: self.rendezvous_name, LABEL_LEASE: "node"},
+            "annotations": self._annotations(desire, now),
+        }
+        if self.owner:
+            metadata["ownerReferences"] = [self.owner]
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": str(self.node),
+                "leaseDurationSeconds": max(1, round(self.expiry_seconds)),
+                "acquireTime": micro_time(now),
+                "renewTime": micro_time(now),
+            },
+        }
+        try:
+            self._api.request("POST", self._collection, body=body)
+        except ConflictError:  # ours already (an earlier attempt whose answer was lost)
+            self.update(desire)
+            return
+        self.desire = desire
+        self.renewed_at = now
+
+    def update(self, desire: Desire | None = None) -> None:
+        """Renew the heartbeat, and record ``desire`` when given; creates the Lease if it is gone."""
+        if self.desire is None:
+            self.create(desire or Desire.JOIN)
+            return
+        now = datetime.now(timezone.utc)
+        body: dict[str, Any] = {"spec": {"renewTime": micro_time(now)}}
+        if desire is not None and desire is not self.desire:
+            body["metadata"] = {"annotations": self._annotations(desire, now)}
+        try:
+            self._api.request("PATCH", self._path, body=body, content_type=MERGE_PATCH)
+        except NotFoundError:  # deleted behind our back (the Rendezvous was recreated): start again
+            self.desire = None
+            self.create(desire or Desire.JOIN)
+            return
+        if desire is not None:
+            self.desire = desire
+        self.renewed_at = now
+
+    def release(self) -> None:
+        """Delete the Lease (the node is gone for good); a missing Lease is fine."""
+        try:
+            self._api.request("DELETE", self._path)
+        except NotFoundError:
+            pass
+        self.desire = None
+
+
+def list_node_records(api: KubernetesApi, namespace: str, rendezvous_name: str) -> tuple[list[NodeRecord], str]:
+    """Every node record of the Rendezvous, from the API server's watch cache, and the list's resourceVersion."""
+    listed = api.request(
+        "GET",
+        resource_path(LEASE_PLURAL, namespace),
+        query={"labelSelector": f"{LABEL_RENDEZVOUS}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
+    )
+    records = [record for item in listed.get("items", []) if (record := record_of(item)) is not None]
+    return records, str(listed["metadata"]["resourceVersion"])
+
+
+class LeaseObservations:
+    """When each Lease last changed, by this observer's own monotonic clock (skew-free expiry)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[NodeId, tuple[str, float]] = {}
+        self._absent_since: dict[NodeId, float] = {}
+
+    def observe(self, records: list[NodeRecord], now: float | None = None) -> None:
+        clock = time.monotonic() if now is None else now
+        for record in records:
+            previous = self._seen.get(record.node)
+            if previous is None or previous[0] != record.version:
+                self._seen[record.node] = (record.version, clock)
+            self._absent_since.pop(record.node, None)
+
+    def restart(self, now: float | None = None) -> None:
+        """Start every observation afresh (after a gap in which changes may have gone unseen)."""
+        clock = time.monotonic() if now is None else now
+        self._seen = {node: (version, clock) for node, (version, _) in self._seen.items()}
+        self._absent_since = dict.fromkeys(self._absent_since, clock)
+
+    def forget(self, node: NodeId) -> None:
+        self._seen.pop(node, None)
+
+    def expired(
+        self, records: list[NodeRecord], named: list[NodeId], default_expiry: float, now: float | None = None
+    ) -> set[NodeId]:
+        """Nodes whose Lease has not changed for its expiry, and nodes ``named`` in the state with no
+        Lease for ``default_expiry`` (both measured from when this observer first saw them)."""
+        clock = time.monotonic() if now is None else now
+        by_node = {record.node: record for record in records}
+        dead = set()
+        for node, (_, changed) in self._seen.items():
+            record = by_node.get(node)
+            expiry = record.expiry_seconds if record else default_expiry
+            if clock - changed > expiry:
+                dead.add(node)
+        for node in named:
+            if node in by_node or node in self._seen:
+                continue
+            since = self._absent_since.setdefault(node, clock)
+            if clock - since > default_expiry:
+                dead.add(node)
+        return dead
+
+
+class WriterLease:
+    """The writer Lease: client-go's leader election, with the operator preferred over agents.
+
+    ``try_acquire_or_renew`` is one step of an elector: the holder renews; a candidate takes the
+    Lease when it is absent or has not changed for ``duration`` seconds on this observer's clock;
+    the operator (``preferred``) also takes it from an agent at once. Every take is a
+    compare-and-swap on the Lease's resourceVersion, so at most one holder wins a step.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        identity: str,
+        *,
+        preferred: bool,
+        duration: float = 10.0,
+        owner: dict[str, Any] | None = None,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.rendezvous_name = rendezvous_name
+        self.identity = identity
+        self.preferred = preferred
+        self.duration = duration
+        self.owner = owner
+        self.name = writer_lease_name(rendezvous_name)
+        self._path = resource_path(LEASE_PLURAL, namespace, self.name)
+        self._observed: tuple[str, float] | None = None
+        #: The identity holding the Lease as last seen, and whether that holder looked alive.
+        self.holder: str | None = None
+        self.holder_alive = False
+
+    def describe(self) -> str:
+        return f"writer Lease {self.namespace}/{self.name}"
+
+    def _body(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+        spec = dict((lease or {}).get("spec") or {})
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if spec.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = micro_time(now)
+            transitions += 1 if lease else 0
+        spec.update(
+            holderIdentity=self.identity,
+            leaseDurationSeconds=max(1, round(self.duration)),
+            renewTime=micro_time(now),
+            leaseTransitions=transitions,
+        )
+        metadata: dict[str, Any] = dict((lease or {}).get("metadata") or {"name": self.name})
+        metadata.setdefault("labels", {}).update({LABEL_RENDEZVOUS: self.rendezvous_name, LABEL_LEASE: "writer"})
+        metadata.setdefault("annotations", {})[ANNOTATION_WRITER_PRIORITY] = "operator" if self.preferred else "agent"
+        if self.owner and not lease:
+            metadata["ownerReferences"] = [self.owner]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election step; True when this identity holds the Lease afterwards."""
+        now = datetime.now(timezone.utc)
+        try:
+            lease: dict[str, Any] | None = self._api.request("GET", self._path)
+        except NotFoundError:
+            lease = None
+        if lease is None:
+            try:
+                self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
+            except ConflictError:
+                return False
+            self.holder, self.holder_alive = self.identity, True
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        version = lease["metadata"]["resourceVersion"]
+        clock = time.monotonic()
+        if self._observed is None or self._observed[0] != version:
+            self._observed = (version, clock)
+        stale = clock - self._observed[1] > float(spec.get("leaseDurationSeconds") or self.duration)
+        priority = (lease["metadata"].get("annotations") or {}).get(ANNOTATION_WRITER_PRIORITY)
+        mine = holder == self.identity
+        take = mine or not holder or stale or (self.preferred and priority != "operator")
+        self.holder, self.holder_alive = holder, not stale
+        if not take:
+            return False
+        try:
+            updated = self._api.request("PUT", self._path, body=self._body(lease, now))
+        except (ConflictError, NotFoundError):
+            return False
+        self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
+        if not mine:
+            logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
+        self.holder, self.holder_alive = self.identity, True
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up (empty holder) if this identity holds it, so another writer takes over at once."""
+        try:
+            lease = self._api.request("GET", self._path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"]["holderIdentity"] = ""
+                self._api.request("PUT", self._path, body=lease)
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            logger.info("could not release %s: %s", self.describe(), exc)

@@ -1,0 +1,205 @@
+"""A list-then-watch cache of some objects, kept by one thread (a minimal informer).
+
+Agents read the Rendezvous from one of these instead of GETting it: waiting agents poll about
+once a second, and a quorum GET per poll per agent is what reaches etcd at scale; a watch is
+served from the API server's watch cache. ``shared_watch`` gives every backend of one process
+for the same object the same cache.
+
+The cache also takes the answers of this process's own writes (``install``), so a reader never
+sees an older version than the one its write returned: the installed object is shown until
+the watch delivers that version.
+
+Not guaranteed: freshness. A reader may see a version that another process has already
+replaced (by the watch's delay, normally milliseconds); the compare-and-swap on the
+resourceVersion is what keeps writes correct. When the watch cannot be kept (no list/watch
+permission, repeated errors) ``healthy`` is False and callers read from the API server.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .kubeapi import ApiError, ApiUnavailableError, ForbiddenError, GoneError, KubernetesApi, NotFoundError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a watch request lasts before the server ends it and it is renewed.
+WATCH_SECONDS = 240
+
+
+class WatchCache:
+    """Objects of one collection matching ``query``, by name, kept current by a watch thread."""
+
+    def __init__(self, api: KubernetesApi, collection: str, query: dict[str, str], what: str) -> None:
+        self._api = api
+        self._collection = collection
+        self._query = query
+        self.what = what
+        self._objects: dict[str, dict[str, Any]] = {}
+        self._installed: dict[str, dict[str, Any]] = {}
+        #: resourceVersions the watch has delivered lately, per name (an install of one is stale).
+        self._delivered: dict[str, list[str]] = {}
+        self._condition = threading.Condition()
+        self._listeners: list[Callable[[], None]] = []
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: True once listed and while the watch runs.
+        self.healthy = False
+        #: False when the server refused list/watch: callers must read directly.
+        self.supported = True
+        #: Increments on every change seen (tests and benchmarks count wake-ups with it).
+        self.changes = 0
+        #: Increments on every successful list: events between two lists may have been missed.
+        self.epoch = 0
+        self.stats = {"lists": 0, "watches": 0, "events": 0}
+
+    def start(self) -> WatchCache:
+        with self._condition:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"watch {self.what}", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (from the watch thread, quickly) after every change."""
+        with self._condition:
+            self._listeners.append(listener)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the first list arrived; False when it did not in time or is not supported."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            while not self.healthy and self.supported and not self._stopped.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._condition.wait(remaining)
+            return self.healthy
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        with self._condition:
+            merged = dict(self._objects)
+            merged.update(self._installed)
+            return merged
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        with self._condition:
+            return self._installed.get(name) or self._objects.get(name)
+
+    def install(self, obj: dict[str, Any]) -> None:
+        """Show ``obj`` (the answer to this process's own write) until the watch delivers it."""
+        name = obj["metadata"]["name"]
+        with self._condition:
+            if obj["metadata"].get("resourceVersion") in self._delivered.get(name, ()):
+                return  # the watch was faster: what it shows is this version or newer
+            self._installed[name] = obj
+            self._changed()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` (called under the cache's lock after each change) holds."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopped.is_set():
+                    return False
+                self._condition.wait(min(remaining, 1.0))
+            return True
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self._condition.notify_all()
+        for listener in self._listeners:
+            listener()
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name")
+        if not name:
+            return
+        with self._condition:
+            installed = self._installed.get(name)
+            if installed is not None and installed["metadata"].get("resourceVersion") == obj["metadata"].get(
+                "resourceVersion"
+            ):
+                del self._installed[name]
+            delivered = self._delivered.setdefault(name, [])
+            delivered.append(str(obj["metadata"].get("resourceVersion")))
+            del delivered[:-64]
+            if kind == "DELETED":
+                self._objects.pop(name, None)
+                self._installed.pop(name, None)
+            else:
+                self._objects[name] = obj
+            self._changed()
+
+    def _run(self) -> None:
+        failures = 0
+        resource_version: str | None = None
+        while not self._stopped.is_set():
+            try:
+                if resource_version is None:
+                    self.stats["lists"] += 1
+                    listed = self._api.request("GET", self._collection, query=dict(self._query))
+                    with self._condition:
+                        self._objects = {item["metadata"]["name"]: item for item in listed.get("items", [])}
+                        self._installed.clear()
+                        self.healthy = True
+                        self.epoch += 1
+                        self._changed()
+                    resource_version = listed["metadata"]["resourceVersion"]
+                self.stats["watches"] += 1
+                for event in self._api.watch(
+                    self._collection,
+                    query=dict(self._query, resourceVersion=resource_version),
+                    timeout_seconds=WATCH_SECONDS,
+                ):
+                    obj = event.get("object") or {}
+                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self.stats["events"] += 1
+                        self._apply(str(event["type"]), obj)
+                    if self._stopped.is_set():
+                        return
+                failures = 0
+            except GoneError:
+                resource_version = None
+            except (ForbiddenError, NotFoundError) as exc:
+                if isinstance(exc, ForbiddenError) and exc.transient:
+                    failures += 1
+                else:
+                    logger.warning("cannot watch %s (%s); reading it directly instead", self.what, exc.message)
+                    with self._condition:
+                        self.supported = False
+                        self.healthy = False
+                        self._condition.notify_all()
+                    return
+            except (ApiUnavailableError, ApiError) as exc:
+                failures += 1
+                logger.info("watch of %s interrupted (%s); listing again", self.what, exc)
+                resource_version = None
+            if failures:
+                with self._condition:
+                    self.healthy = False  # events may be missing until the next list
+                self._stopped.wait(min(5.0, 0.2 * 2 ** min(failures, 5)) * random.uniform(0.5, 1.0))
+
+
+_SHARED: dict[tuple[str, str, str], WatchCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_watch(api: KubernetesApi, collection: str, query: dict[str, str], what: str) -> WatchCache:
+    """The process's one started ``WatchCache`` for ``collection`` and ``query`` on this API server."""
+    key = (str(api.api_client.configuration.host), collection, repr(sorted(query.items())))
+    with _SHARED_LOCK:
+        cache = _SHARED.get(key)
+        if cache is None or not cache.supported:
+            cache = _SHARED[key] = WatchCache(api, collection, query, what).start()
+        return cache

@@ -1,0 +1,215 @@
+"""The fold replays tensorplay's own transitions: compared with tensorplay's join/exit ops, step by step."""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
+from kube_rendezvous.folding import (
+    Change,
+    Desire,
+    JoinSettings,
+    Request,
+    classify,
+    fold,
+    satisfied,
+)
+from tensorplay.distributed.elastic.rendezvous.api import RendezvousTimeout
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    RendezvousSettings,
+    _Action,
+    _DistributedRendezvousOpExecutor,
+    _NodeDesc,
+    _RendezvousContext,
+    _RendezvousExitOp,
+    _RendezvousJoinOp,
+    _RendezvousState,
+    _RendezvousStateHolder,
+)
+
+NOW = datetime.now(timezone.utc)  # tensorplay stamps deadlines with the real clock
+
+
+class _Holder(_RendezvousStateHolder):
+    def __init__(self, state: _RendezvousState) -> None:
+        self._state = state
+
+    @property
+    def state(self) -> _RendezvousState:
+        return self._state
+
+    def sync(self) -> bool | None:
+        return None
+
+    def mark_dirty(self) -> None:
+        pass
+
+
+_APPLY = {
+    _Action.ADD_TO_PARTICIPANTS: "_add_to_participants",
+    _Action.ADD_TO_WAIT_LIST: "_add_to_wait_list",
+    _Action.ADD_TO_REDUNDANCY_LIST: "_add_to_redundancy_list",
+    _Action.REMOVE_FROM_PARTICIPANTS: "_remove_from_participants",
+    _Action.REMOVE_FROM_WAIT_LIST: "_remove_from_wait_list",
+    _Action.REMOVE_FROM_REDUNDANCY_LIST: "_remove_from_redundancy_list",
+    _Action.MARK_RENDEZVOUS_COMPLETE: "_mark_rendezvous_complete",
+}
+
+
+def run_op(op: Any, state: _RendezvousState, node: _NodeDesc, settings: RendezvousSettings) -> None:
+    """Run tensorplay's op for ``node`` until it would only wait, sleep or finish (one uninterrupted turn)."""
+    executor = _DistributedRendezvousOpExecutor(node, _Holder(state), settings)
+    for _ in range(10):
+        action = op(_RendezvousContext(node, state, settings), time.monotonic() + 600)
+        if action in (_Action.SYNC, _Action.KEEP_ALIVE, _Action.FINISH):
+            return
+        getattr(executor, _APPLY[action])()
+    raise AssertionError("tensorplay's op did not settle")
+
+
+def meaning(document: RendezvousDocument) -> tuple[Any, ...]:
+    """A document without heartbeat times and exact deadlines (those depend on the clock)."""
+    return (
+        document.round,
+        document.complete,
+        document.closed,
+        document.deadline is not None,
+        dict(document.participants),
+        document.wait_list,
+        document.redundancy_list,
+        frozenset(document.last_heartbeats),
+    )
+
+
+def settings_of(low: int, high: int) -> tuple[RendezvousSettings, JoinSettings]:
+    framework = RendezvousSettings(
+        run_id="r",
+        min_nodes=low,
+        max_nodes=high,
+        timeout=RendezvousTimeout(last_call=timedelta(seconds=30)),
+        keep_alive_interval=timedelta(seconds=5),
+        keep_alive_max_attempt=3,
+    )
+    return framework, JoinSettings(low, high, timedelta(seconds=30))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_one_request_folds_exactly_as_tensorplay_applies_it(seed: int) -> None:
+    rng = random.Random(seed)
+    low = rng.randint(1, 4)
+    framework, ours = settings_of(low, low + rng.randint(0, 3))
+    nodes = [_NodeDesc(f"host-{i}", 1, i) for i in range(8)]
+    state = _RendezvousState()
+    for _ in range(rng.randint(0, 14)):  # a random reachable state, built by tensorplay itself
+        node = rng.choice(nodes)
+        run_op(_RendezvousExitOp() if rng.random() < 0.3 else _RendezvousJoinOp(), state, node, framework)
+    before = document_from_state(state)
+    node = rng.choice(nodes)
+    leave = rng.random() < 0.3
+    run_op(_RendezvousExitOp() if leave else _RendezvousJoinOp(), state, node, framework)
+    expected = document_from_state(state)
+    request = Request(NodeId(node.addr, node.pid, node.local_id), Desire.LEAVE if leave else Desire.JOIN, ours, NOW)
+    if leave:  # tensorplay's exit op leaves a waiting node in the wait list; a leaving node is gone for good
+        expected_meaning = meaning(expected)
+        got = fold(before, [request], dead=[], now=NOW, settings=ours)
+        assert meaning(got)[:5] == expected_meaning[:5]
+        assert request.node not in got.wait_list
+    else:
+        assert meaning(fold(before, [request], dead=[], now=NOW, settings=ours)) == meaning(expected)
+
+
+def test_a_batch_of_joins_is_the_serial_order_of_their_request_times() -> None:
+    framework, ours = settings_of(2, 3)
+    nodes = [_NodeDesc(f"host-{i}", 1, i) for i in range(5)]
+    state = _RendezvousState()
+    for node in nodes:
+        run_op(_RendezvousJoinOp(), state, node, framework)
+    requests = [
+        Request(NodeId(node.addr, node.pid, node.local_id), Desire.JOIN, ours, NOW + timedelta(seconds=i))
+        for i, node in enumerate(nodes)
+    ]
+    folded = fold(None, list(reversed(requests)), dead=[], now=NOW, settings=ours)
+    assert meaning(folded) == meaning(document_from_state(state))
+    assert sorted(folded.participants.values()) == [0, 1, 2]
+    assert len(folded.redundancy_list) == 2
+
+
+def test_the_last_call_completes_a_round_once_its_deadline_is_past() -> None:
+    _, ours = settings_of(2, 4)
+    a, b = NodeId("a", 1, 0), NodeId("b", 1, 0)
+    forming = fold(
+        None, [Request(a, Desire.JOIN, ours, NOW), Request(b, Desire.JOIN, ours, NOW)], dead=[], now=NOW, settings=ours
+    )
+    assert not forming.complete and forming.deadline == NOW + timedelta(seconds=30)
+    assert fold(forming, [], dead=[], now=NOW + timedelta(seconds=29), settings=ours) == forming
+    done = fold(forming, [], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+    assert done.complete and dict(done.participants) == {a: 0, b: 1}
+
+
+def test_dead_participants_of_a_complete_round_start_the_next_round_for_the_survivors() -> None:
+    _, ours = settings_of(1, 2)
+    a, b = NodeId("a", 1, 0), NodeId("b", 1, 0)
+    done = fold(
+        None, [Request(a, Desire.JOIN, ours, NOW), Request(b, Desire.JOIN, ours, NOW)], dead=[], now=NOW, settings=ours
+    )
+    assert done.complete and done.round == 0
+    # b dies; a's agent re-rendezvouses: leave, then join again
+    after = fold(done, [Request(a, Desire.LEAVE, ours, NOW)], dead=[b], now=NOW, settings=ours)
+    assert after.round == 1 and not after.complete and not after.participants
+    again = fold(after, [Request(a, Desire.JOIN, ours, NOW)], dead=[], now=NOW, settings=ours)
+    assert not again.complete and dict(again.participants) == {a: 0} and again.round == 1  # min reached: last call
+    finished = fold(again, [], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+    assert finished.complete and dict(finished.participants) == {a: 0}
+
+
+def test_requests_are_idempotent() -> None:
+    _, ours = settings_of(2, 2)
+    requests = [Request(NodeId(f"n{i}", 1, 0), Desire.JOIN, ours, NOW) for i in range(3)]
+    once = fold(None, requests, dead=[], now=NOW, settings=ours)
+    assert fold(once, requests, dead=[], now=NOW + timedelta(seconds=1), settings=ours) == once
+
+
+def test_a_closed_rendezvous_takes_no_one() -> None:
+    _, ours = settings_of(1, 2)
+    closed = RendezvousDocument(closed=True)
+    folded = fold(closed, [Request(NodeId("a", 1, 0), Desire.JOIN, ours, NOW)], dead=[], now=NOW, settings=ours)
+    assert folded == closed
+    assert satisfied(folded, NodeId("a", 1, 0), Desire.JOIN)
+
+
+class TestClassify:
+    a, b = NodeId("a", 1, 0), NodeId("b", 1, 0)
+
+    def test_own_heartbeat_only(self) -> None:
+        base = RendezvousDocument(participants={self.a: 0}, last_heartbeats={self.a: NOW, self.b: NOW})
+        moved = RendezvousDocument(
+            participants={self.a: 0}, last_heartbeats={self.a: NOW + timedelta(seconds=5), self.b: NOW}
+        )
+        assert classify(base, moved, self.a) is Change.HEARTBEAT
+        assert classify(base, moved, self.b) is Change.OTHER
+        assert classify(base, base, self.a) is Change.NOTHING
+
+    def test_join_and_leave_of_this_node(self) -> None:
+        base = RendezvousDocument(participants={self.b: 0})
+        joined = RendezvousDocument(participants={self.a: 1, self.b: 0}, complete=True)
+        assert classify(base, joined, self.a) is Change.JOIN
+        assert classify(joined, RendezvousDocument(participants={self.b: 0}, complete=True), self.a) is Change.LEAVE
+        redundant = RendezvousDocument(participants={self.b: 0}, redundancy_list=frozenset({self.a}), complete=True)
+        assert classify(redundant, RendezvousDocument(participants={self.b: 0}, complete=True), self.a) is Change.JOIN
+
+    def test_another_nodes_change_or_a_close_is_a_plain_write(self) -> None:
+        base = RendezvousDocument(participants={self.a: 0, self.b: 0})
+        assert classify(base, RendezvousDocument(participants={self.a: 0}), self.a) is Change.OTHER
+        assert (
+            classify(base, RendezvousDocument(participants={self.a: 0, self.b: 0}, closed=True), self.a) is Change.OTHER
+        )
+        assert classify(None, base, self.a) is Change.OTHER
+
+    def test_completion_after_last_call_asks_for_a_fold(self) -> None:
+        base = RendezvousDocument(participants={self.a: 0, self.b: 0}, deadline=NOW)
+        done = RendezvousDocument(participants={self.a: 0, self.b: 1}, complete=True)
+        assert classify(base, done, self.a) is Change.FOLD
