@@ -177,3 +177,47 @@ class TestKubectlWide:
         assert plain[0].split() == ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "AGE"]
         assert wide[0].split() == ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "READY", "RUN", "AGE"]
         assert "run-7" in wide[1].split() and "run-7" not in plain[1]
+
+
+class TestConflictBackoff:
+    @staticmethod
+    def losing_calls(namespace: str, kubeconfig: Path, backoff: str, losses: int) -> list[float]:
+        """Seconds taken by each of ``losses`` compare-and-swaps in a row that lose (their token is stale)."""
+        import pickle
+
+        from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+        def state(round_number: int) -> bytes:
+            made = _RendezvousState()
+            made.round = round_number
+            return pickle.dumps(made)
+
+        loser, _ = create_backend(rendezvous_parameters(f"{namespace}/cas", kubeconfig, conflict_backoff=backoff))
+        other, _ = create_backend(rendezvous_parameters(f"{namespace}/cas", kubeconfig))
+        first = loser.set_state(state(1))
+        assert first is not None
+        stale = first[1]
+        current = other.get_state()
+        assert current is not None
+        assert other.set_state(state(2), current[1]) is not None  # the loser's token is stale from now on
+        taken = []
+        for _ in range(losses):
+            started = time.monotonic()
+            answer = loser.set_state(state(3), stale)
+            taken.append(time.monotonic() - started)
+            assert answer is not None and answer[2] is False
+        return taken
+
+    def test_lost_compare_and_swaps_in_a_row_wait_a_random_time_doubling_up_to_2_s(
+        self, namespace: str, agent_kubeconfig: Path
+    ) -> None:
+        taken = self.losing_calls(namespace, agent_kubeconfig, "0.1", 6)
+        limits = [min(2.0, 0.1 * 2**k) for k in range(6)]  # 0.1, 0.2, 0.4, 0.8, 1.6, 2.0
+        # Each call: its random wait (at most the limit) plus two requests (the 409, the read).
+        assert all(spent <= limit + 1.0 for spent, limit in zip(taken, limits, strict=True)), taken
+        # The waits are uniform: their sum averages 2.55 s; under 0.4 s has a chance below 1e-4.
+        assert sum(taken) >= 0.4, taken
+
+    def test_zero_turns_the_backoff_off(self, namespace: str, agent_kubeconfig: Path) -> None:
+        taken = self.losing_calls(namespace, agent_kubeconfig, "0", 6)
+        assert sum(taken) < 0.4 + 6 * 0.2, taken  # requests only; the waits above would average 2.55 s
