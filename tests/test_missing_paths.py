@@ -20,12 +20,12 @@ from kube_rendezvous.document import document_from_state
 from kube_rendezvous.factory import create_backend
 from kube_rendezvous.store import KubernetesStore
 from kubernetes import client
-from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 from tests.e2e.harness import Agent, ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess
-from tests.helpers import create_rendezvous, rendezvous_parameters
-from tests.test_operator import events, read, running_operator
+from tests.helpers import create_rendezvous, holds_for, rendezvous_parameters
+from tests.test_operator import condition, events, read, running_operator
 from tests.testenv import ControlPlane, wait_until
 
 MakeJob = Callable[..., ElasticJob]
@@ -264,3 +264,44 @@ class TestOriginalClientsAcrossARestart:
         assert document_from_state(pickle.loads(stored)).round == 2
         current = backend.get_state()
         assert current is not None and current[1] == new_token
+
+
+class TestResyncIsQuiet:
+    def test_a_resync_with_nothing_to_evict_writes_nothing_to_the_rendezvous(
+        self,
+        control_plane: ControlPlane,
+        objects: client.CustomObjectsApi,
+        admin_api: client.ApiClient,
+        namespace: str,
+        crds: None,
+        agent_kubeconfig: Path,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        monkeypatch.setenv("KUBE_RENDEZVOUS_RESYNC_SECONDS", "1")
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=2)
+        backend, _ = create_backend(rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, max_nodes=2))
+        state = _RendezvousState()
+        for address in ("127.0.0.51", "127.0.0.52"):
+            node = _NodeDesc(address, 1, 0)
+            state.participants[node] = 0
+            state.last_heartbeats[node] = datetime.now(timezone.utc)
+        assert backend.set_state(pickle.dumps(state)) is not None
+        core = client.CoreV1Api(admin_api)
+        for index, address in enumerate(("127.0.0.51", "127.0.0.52")):
+            create_job_pod(core, namespace, f"trainer-{index}", address)
+        log = tmp_path / "operator.log"
+        with running_operator(control_plane, namespace, log):
+            wait_until(
+                lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready"
+            )
+            wait_until(lambda: log.read_text().count("Timer 'resync_pods' succeeded") >= 1, 30, "a first resync")
+            version = read(objects, namespace)["metadata"]["resourceVersion"]
+            resyncs = log.read_text().count("Timer 'resync_pods' succeeded")
+            holds_for(
+                lambda: read(objects, namespace)["metadata"]["resourceVersion"] == version,
+                6,
+                "the Rendezvous unchanged while the operator resyncs",
+            )
+            assert log.read_text().count("Timer 'resync_pods' succeeded") >= resyncs + 3
+        assert "evictedNodes" not in read(objects, namespace)["status"]
