@@ -251,6 +251,13 @@ class TestTheChartCrds:
         assert labels[INSTANCE] == "rdzv" and labels[COMPONENT] == "crds"
         assert rendered == source
 
+    @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
+    def test_each_crd_file_has_a_bare_metadata_the_template_can_add_to(self, name: str) -> None:
+        """templates/crds.yaml inserts labels and annotations after ``metadata:``: the file must hold none."""
+        text = (REPO / "crds" / name).read_text()
+        assert text.count("\nmetadata:\n") == 1
+        assert yaml.safe_load(text)["metadata"].keys() == {"name"}
+
     def test_crds_keep_false_drops_the_keep_policy(self, helm: Helm) -> None:
         for crd in objects_of(helm.template("crds.keep=false"), "CustomResourceDefinition"):
             assert "annotations" not in crd["metadata"]
