@@ -150,6 +150,7 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     second = backend.set_state(rendezvous_state(1, True, ["127.0.0.41", "127.0.0.42"], []), first[1])
     assert second is not None and second[2]
     wait_until(lambda: "NodeLeft" in reasons(admin_api, namespace), 60, "NodeLeft")
+    written = read(objects, namespace)["status"]["state"]
 
     # 3. The pod of node 127.0.0.42 is deleted. The operator's read before its eviction
     #    compare-and-swap is held by the proxy while someone else writes the object, so its
@@ -170,6 +171,7 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
 
     wait_until(patched_after_the_read, 30, "the operator's eviction write", interval=0.3)
     wait_until(lambda: read(objects, namespace)["status"].get("evictedNodes") == ["127.0.0.42_1_0"], 30, "evicted")
+    assert read(objects, namespace)["status"]["state"] == written  # the operator records intents, never the state
 
     def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
         found = scrape(operator)
