@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kube_rendezvous.factory import create_backend
@@ -85,7 +86,7 @@ class TestOwnerOfACreatedRendezvous:
         assert owner.metadata is not None
         uid = str(owner.metadata.uid)
         create_backend(rendezvous_parameters(f"{namespace}/owned", agent_kubeconfig, owner=f"v1/ConfigMap/j/{uid}"))
-        created = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owned")
+        created: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owned")
         assert [(ref["kind"], ref["name"], ref["uid"]) for ref in created["metadata"]["ownerReferences"]] == [
             ("ConfigMap", "j", uid)
         ]
