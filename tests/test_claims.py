@@ -86,7 +86,7 @@ class TestOwnerOfACreatedRendezvous:
         assert owner.metadata is not None
         uid = str(owner.metadata.uid)
         create_backend(rendezvous_parameters(f"{namespace}/owned", agent_kubeconfig, owner=f"v1/ConfigMap/j/{uid}"))
-        created: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owned")
+        created: Any = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owned")
         assert [(ref["kind"], ref["name"], ref["uid"]) for ref in created["metadata"]["ownerReferences"]] == [
             ("ConfigMap", "j", uid)
         ]
