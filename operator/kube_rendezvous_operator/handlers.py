@@ -4,7 +4,9 @@ The operator is never in the data path. It watches Rendezvous objects and the tr
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
 them to ``status.evictedNodes``, which the agents fold into the state), holds a deleted
 Rendezvous until its agents have closed, and deletes closed ones after their TTL. It writes to
-a Rendezvous only when a condition changes or a node is evicted: never per heartbeat.
+a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
+resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
+ended while the operator was down or its watch was broken are noticed too.
 
 It reads ``status.state`` only through ``logic.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a
