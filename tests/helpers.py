@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,19 @@ def create_rendezvous(objects: Any, namespace: str, name: str = "job", **spec: A
             "spec": {"minNodes": 1, "maxNodes": 4, **spec},
         },
     )
+
+
+def holds_for(predicate: Callable[[], object], seconds: float, what: str, interval: float = 0.5) -> None:
+    """Check ``predicate`` every ``interval`` for ``seconds``; fail the moment it is false.
+
+    The opposite of ``wait_until``: for claims that something does NOT happen (a hang). An
+    exception in ``predicate`` propagates as itself, so a broken check can never pass for the
+    expected outcome.
+    """
+    started = time.monotonic()
+    while True:
+        if not predicate():
+            raise AssertionError(f"{what} stopped holding after {time.monotonic() - started:.1f} s")
+        if time.monotonic() - started >= seconds:
+            return
+        time.sleep(interval)

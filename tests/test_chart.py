@@ -33,6 +33,7 @@ from tests.testenv import ControlPlane, ensure_binaries, wait_until
 CHART = REPO / "charts" / "kube-rendezvous"
 EXAMPLES = REPO / "examples"
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
+CHART_CRDS = CHART / "files" / "crds"
 CRD_NAMES = ("rendezvouses.kube-rendezvous.io", "rendezvouskeys.kube-rendezvous.io")
 INSTANCE = "app.kubernetes.io/instance"
 COMPONENT = "app.kubernetes.io/component"
@@ -146,14 +147,19 @@ class TestTheChartRenders:
         kinds = sorted(manifest["kind"] for manifest in helm.template())
         assert kinds == sorted(
             [
+                "CustomResourceDefinition",  # rendezvouses
+                "CustomResourceDefinition",  # rendezvouskeys
                 "ServiceAccount",  # the operator's
                 "ServiceAccount",  # the trainer
-                "ClusterRole",
+                "ClusterRole",  # the operator's
+                "ClusterRole",  # aggregated into view
+                "ClusterRole",  # aggregated into edit and admin
                 "ClusterRoleBinding",
                 "Role",  # the trainer's
                 "RoleBinding",
                 "Service",
                 "Deployment",
+                "Pod",  # the helm test hook
             ]
         )
 
@@ -161,7 +167,7 @@ class TestTheChartRenders:
         manifests = helm.template("rbac.scope=namespace")
         assert [m["metadata"]["namespace"] for m in operator_objects(manifests, "Role")] == [RELEASE_NAMESPACE]
         assert [m["metadata"]["namespace"] for m in operator_objects(manifests, "RoleBinding")] == [RELEASE_NAMESPACE]
-        assert len(objects_of(manifests, "ClusterRole")) == 1  # only reads CRDs; see TestTheOperatorRBAC
+        assert len(operator_objects(manifests, "ClusterRole")) == 1  # only reads CRDs; see TestTheOperatorRBAC
 
     def test_every_object_carries_the_standard_labels(self, helm: Helm) -> None:
         for manifest in helm.template("rbac.scope=namespace") + helm.template():
@@ -173,7 +179,7 @@ class TestTheChartRenders:
             assert labels["helm.sh/chart"] == "kube-rendezvous-0.1.0"
 
     def test_every_namespaced_object_names_its_namespace(self, helm: Helm) -> None:
-        cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
         for manifest in helm.template("rbac.scope=namespace") + helm.template():
             assert ("namespace" in manifest["metadata"]) == (manifest["kind"] not in cluster_scoped), manifest
 
@@ -214,14 +220,50 @@ class TestTheSchemaRejectsBadValues:
 
 
 class TestTheChartCrds:
+    """The CRDs are templates (so ``helm upgrade`` updates them) made from files/crds/, copies of crds/."""
+
     def test_the_chart_holds_exactly_the_repository_crds(self) -> None:
-        assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
+        assert sorted(p.name for p in CHART_CRDS.iterdir()) == sorted(p.name for p in (REPO / "crds").iterdir())
 
     @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
     def test_each_chart_crd_is_a_byte_identical_copy_of_crds(self, name: str) -> None:
-        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
-            f"charts/kube-rendezvous/crds/{name} drifted from crds/{name}: cp crds/{name} charts/kube-rendezvous/crds/"
+        assert (CHART_CRDS / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"charts/kube-rendezvous/files/crds/{name} drifted from crds/{name}: "
+            f"cp crds/{name} charts/kube-rendezvous/files/crds/"
         )
+
+    def test_the_chart_has_no_crds_folder_which_helm_would_install_once_and_never_upgrade(self) -> None:
+        assert not (CHART / "crds").exists()
+
+    @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
+    def test_each_rendered_crd_is_the_repository_crd_plus_labels_and_the_keep_policy(
+        self, helm: Helm, name: str
+    ) -> None:
+        source = yaml.safe_load((REPO / "crds" / name).read_text())
+        rendered = next(
+            m
+            for m in objects_of(helm.template(), "CustomResourceDefinition")
+            if m["metadata"]["name"] == source["metadata"]["name"]
+        )
+        metadata = rendered["metadata"]
+        assert metadata.pop("annotations") == {"helm.sh/resource-policy": "keep"}
+        labels = metadata.pop("labels")
+        assert labels[INSTANCE] == "rdzv" and labels[COMPONENT] == "crds"
+        assert rendered == source
+
+    @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "crds").glob("*.yaml")))
+    def test_each_crd_file_has_a_bare_metadata_the_template_can_add_to(self, name: str) -> None:
+        """templates/crds.yaml inserts labels and annotations after ``metadata:``: the file must hold none."""
+        text = (REPO / "crds" / name).read_text()
+        assert text.count("\nmetadata:\n") == 1
+        assert yaml.safe_load(text)["metadata"].keys() == {"name"}
+
+    def test_crds_keep_false_drops_the_keep_policy(self, helm: Helm) -> None:
+        for crd in objects_of(helm.template("crds.keep=false"), "CustomResourceDefinition"):
+            assert "annotations" not in crd["metadata"]
+
+    def test_crds_install_false_renders_no_crd(self, helm: Helm) -> None:
+        assert objects_of(helm.template("crds.install=false"), "CustomResourceDefinition") == []
 
 
 class TestTheOperatorDeployment:
@@ -307,7 +349,10 @@ class TestTheOperatorDeployment:
 class TestTheOperatorRBAC:
     def test_cluster_scope_grants_the_rules_of_docs_operator_rbac_to_the_operator_account(self, helm: Helm) -> None:
         manifests = helm.template()
-        role, binding = the(manifests, "ClusterRole"), the(manifests, "ClusterRoleBinding")
+        role, binding = (
+            the(operator_objects(manifests, "ClusterRole"), "ClusterRole"),
+            the(manifests, "ClusterRoleBinding"),
+        )
         assert role["rules"] == documented("operator-rbac.yaml", "ClusterRole")["rules"]
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
         assert binding["subjects"] == [
@@ -329,7 +374,7 @@ class TestTheOperatorRBAC:
         role = the(operator_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
         assert role["rules"] == without(cluster_wide, "customresourcedefinitions", "namespaces")
         # Kopf still reads CRDs cluster-wide; nothing else is cluster-wide, not even namespaces.
-        assert the(manifests, "ClusterRole")["rules"] == [
+        assert the(operator_objects(manifests, "ClusterRole"), "ClusterRole")["rules"] == [
             rule for rule in cluster_wide if rule["resources"] == ["customresourcedefinitions"]
         ]
 
@@ -354,7 +399,12 @@ class TestTheOperatorRBAC:
     ) -> None:
         def cluster_names(release: str, namespace: str) -> set[str]:
             manifests = helm.template(f"rbac.scope={scope}", release=release, namespace=namespace)
-            return {m["metadata"]["name"] for m in manifests if "namespace" not in m["metadata"]}
+            # The CRDs are the one exception: one release installs them (crds.install=false in the others).
+            return {
+                m["metadata"]["name"]
+                for m in manifests
+                if "namespace" not in m["metadata"] and m["kind"] != "CustomResourceDefinition"
+            }
 
         first = cluster_names("rdzv", "team-a")
         assert first
@@ -562,12 +612,105 @@ class Release:
         return account
 
 
-def install(helm: Helm, control_plane: ControlPlane, name: str, namespace: str, *values: str) -> Release:
+def install(
+    helm: Helm, control_plane: ControlPlane, name: str, namespace: str, *values: str, chart: Path = CHART
+) -> Release:
+    """``helm install``; ``values`` are ``--set`` values.
+
+    The CRDs are cluster-wide and belong to one release, so a release installed here leaves them
+    out (crds.install=false; the session's ``crds`` fixture or the test provides them) unless
+    ``values`` hold crds.install=true, which overrides.
+    """
+    return _helm_apply(helm, control_plane, "install", name, namespace, chart, ("crds.install=false", *values))
+
+
+def upgrade(
+    helm: Helm,
+    control_plane: ControlPlane,
+    name: str,
+    namespace: str,
+    *values: str,
+    chart: Path = CHART,
+    flags: tuple[str, ...] = (),
+) -> Release:
+    """``helm upgrade`` of release ``name`` to ``chart`` with ``--set`` ``values`` (no other value kept)."""
+    return _helm_apply(helm, control_plane, "upgrade", name, namespace, chart, values, flags)
+
+
+def _helm_apply(
+    helm: Helm,
+    control_plane: ControlPlane,
+    verb: str,
+    name: str,
+    namespace: str,
+    chart: Path,
+    values: tuple[str, ...],
+    flags: tuple[str, ...] = (),
+) -> Release:
     sets = [arg for value in values for arg in ("--set", value)]
     kubeconfig = ("--kubeconfig", str(control_plane.admin_kubeconfig))
-    installed = helm.run("install", name, CHART, "--namespace", namespace, *kubeconfig, *sets)
+    done = helm.run(verb, name, chart, "--namespace", namespace, *kubeconfig, *flags, *sets)
     manifest = helm.run("get", "manifest", name, "--namespace", namespace, *kubeconfig).stdout
-    return Release(name, namespace, installed.stdout, installed.stderr, [d for d in yaml.safe_load_all(manifest) if d])
+    return Release(name, namespace, done.stdout, done.stderr, [d for d in yaml.safe_load_all(manifest) if d])
+
+
+def crd_names_in_use(control_plane: ControlPlane) -> list[str]:
+    found = control_plane.kubectl("get", "crd", "-o", "name", check=False).stdout.split()
+    return [name for name in CRD_NAMES if f"customresourcedefinition.apiextensions.k8s.io/{name}" in found]
+
+
+def delete_crds(control_plane: ControlPlane) -> None:
+    """Delete the Rendezvous CRDs (and so every object of them) and wait until they are gone.
+
+    Objects that an operator of an earlier test left with its finalizer (no operator runs now)
+    would hold the CRDs forever: their finalizers are removed first.
+    """
+    for crd in crd_names_in_use(control_plane):
+        plural = crd.split(".", 1)[0]
+        for line in control_plane.kubectl(
+            "get",
+            plural,
+            "-A",
+            "-o",
+            'jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{"\\n"}{end}',
+            check=False,
+        ).stdout.split():
+            object_namespace, object_name = line.split("/", 1)
+            control_plane.kubectl(
+                "patch",
+                plural,
+                object_name,
+                "-n",
+                object_namespace,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+                check=False,
+            )
+        control_plane.kubectl("delete", f"crd/{crd}", "--wait=false")
+    wait_until(lambda: crd_names_in_use(control_plane) == [], 60, "the Rendezvous CRDs to be deleted")
+
+
+def restore_crds(control_plane: ControlPlane) -> None:
+    """Put crds/ back exactly as the session's ``crds`` fixture applied it: no Helm labels, no owner."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        verb = (
+            "replace"
+            if yaml.safe_load(path.read_text())["metadata"]["name"] in crd_names_in_use(control_plane)
+            else "create"
+        )
+        control_plane.kubectl(verb, "--save-config", "-f", str(path))
+    control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", *(f"crd/{crd}" for crd in CRD_NAMES))
+
+
+@pytest.fixture
+def no_crds(control_plane: ControlPlane, crds: None) -> Iterator[None]:
+    """No Rendezvous CRD on the server, so that a test sees the ones its release creates; restored afterwards."""
+    delete_crds(control_plane)
+    try:
+        yield
+    finally:
+        restore_crds(control_plane)
 
 
 def uninstall(helm: Helm, control_plane: ControlPlane, release: Release) -> None:
@@ -583,8 +726,8 @@ def uninstall(helm: Helm, control_plane: ControlPlane, release: Release) -> None
 
 
 @pytest.fixture
-def release(helm: Helm, control_plane: ControlPlane, namespace: str) -> Iterator[Release]:
-    """The chart installed into the test's namespace, namespace-scoped; uninstalled afterwards."""
+def release(helm: Helm, control_plane: ControlPlane, namespace: str, crds: None) -> Iterator[Release]:
+    """The chart installed into the test's namespace, namespace-scoped, CRDs from ``crds``; uninstalled afterwards."""
     installed = install(helm, control_plane, f"rdzv-{uuid.uuid4().hex[:8]}", namespace, "rbac.scope=namespace")
     yield installed
     uninstall(helm, control_plane, installed)
@@ -616,10 +759,25 @@ def release_objects(control_plane: ControlPlane, release: str) -> list[str]:
 
 class TestInstallingTheChart:
     def test_it_creates_the_crds_the_operator_deployment_accounts_rbac_and_service(
-        self, control_plane: ControlPlane, release: Release
+        self, helm: Helm, control_plane: ControlPlane, namespace: str, no_crds: None
     ) -> None:
-        for crd in CRD_NAMES:  # created by this install, or already present: both are fine
+        release = install(
+            helm, control_plane, f"rdzv-{uuid.uuid4().hex[:8]}", namespace, "rbac.scope=namespace", "crds.install=true"
+        )
+        try:
+            self._check_the_objects_of(control_plane, release)
+        finally:
+            uninstall(helm, control_plane, release)
+
+    @staticmethod
+    def _check_the_objects_of(control_plane: ControlPlane, release: Release) -> None:
+        for crd in CRD_NAMES:  # no CRD existed before the install (no_crds): this release created them
             control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{crd}")
+            metadata = kubectl_json(control_plane, "get", f"crd/{crd}")["metadata"]
+            assert metadata["annotations"]["meta.helm.sh/release-name"] == release.name
+            assert metadata["annotations"]["meta.helm.sh/release-namespace"] == release.namespace
+            assert metadata["annotations"]["helm.sh/resource-policy"] == "keep"
+            assert metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm"
         selector = f"{INSTANCE}={release.name}"
         found = kubectl_json(
             control_plane,
@@ -645,7 +803,8 @@ class TestInstallingTheChart:
         deployment = next(item for item in found["items"] if item["kind"] == "Deployment")
         assert deployment["spec"]["replicas"] == 1
         cluster = control_plane.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name")
-        assert len(cluster.stdout.split()) == 2  # the CRD reader and its binding
+        # The CRD reader and its binding, the roles aggregated into view and into edit/admin.
+        assert len(cluster.stdout.split()) == 4
 
     def test_its_notes_tell_how_to_start_a_rendezvous_and_follow_it(self, release: Release) -> None:
         assert f"kubectl -n {release.namespace} get rdzv" in release.install_output
@@ -745,7 +904,8 @@ class TestInstallingTheChart:
                 cluster_wide = control_plane.kubectl(
                     "get", "clusterroles,clusterrolebindings", "-l", f"{INSTANCE}={name}", "-o", "name"
                 ).stdout.split()
-                assert len(cluster_wide) == 4  # a ClusterRole and its binding per release
+                # Per release: the operator's ClusterRole and binding, the two aggregated ClusterRoles.
+                assert len(cluster_wide) == 8
             finally:
                 uninstall(helm, control_plane, second)
         finally:
@@ -757,8 +917,8 @@ class TestInstallingTheChart:
         assert release_objects(control_plane, release.name)
         uninstall(helm, control_plane, release)
         wait_until(lambda: release_objects(control_plane, release.name) == [], 30, "the release's objects to go")
-        # Helm never deletes CRDs (crds/ is installed once and left alone): deleting them would
-        # delete every Rendezvous in the cluster. They stay, by design.
+        # This release left the CRDs to the session (crds.install=false); they stay.
+        # tests/test_chart_operations.py checks that a release's own CRDs stay too (keep policy).
         for crd in CRD_NAMES:
             control_plane.kubectl("get", f"crd/{crd}")
 

@@ -21,7 +21,22 @@ def test_the_demo_recovers_from_a_killed_pod_and_shows_kubectl_get_rdzv_and_even
     assert "round formed and training" in out
     assert "survivors training again in a new round" in out
     assert "agents exited with [0, 0]" in out
-    final_table = out.split("== kubectl get rdzv")[1]
-    assert "llama-train   Closed   1" in final_table
+    rdzv = rows(section(out, "== kubectl get rdzv"))
+    assert [row["NAME"] for row in rdzv] == ["llama-train"]
+    assert (rdzv[0]["PHASE"], rdzv[0]["ROUND"]) == ("Closed", "1")
+    reasons = [row["REASON"] for row in rows(section(out, "== kubectl get events"))]
     for reason in ("RoundCompleted", "NodeEvicted", "Closed"):
-        assert reason in out.split("== kubectl get events")[1]
+        assert reason in reasons
+
+
+def section(out: str, title: str) -> str:
+    """The lines the demo printed under ``title``, up to its next title."""
+    return out.split(title, 1)[1].split("\x1b[1m==", 1)[0]
+
+
+def rows(table: str) -> list[dict[str, str]]:
+    """A kubectl table as one dict per row, keyed by column header (whitespace-separated, as kubectl aligns)."""
+    lines = [line for line in table.splitlines() if line.strip() and not line.startswith("\x1b")]
+    header = next(index for index, line in enumerate(lines) if line.split()[0] in ("NAME", "TYPE"))
+    names = lines[header].split()
+    return [dict(zip(names, line.split(None, len(names) - 1), strict=False)) for line in lines[header + 1 :]]

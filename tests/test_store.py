@@ -194,20 +194,38 @@ class TestBlockingCalls:
         )
         assert waiter.stdout is not None
         assert json.loads(waiter.stdout.readline()) == {"ready": True}
-        time.sleep(0.5)  # let it reach its watch; the assertion does not depend on this
         store.set("late", "arrived")
         out, _ = waiter.communicate(timeout=60)
         assert waiter.returncode == 0
         assert json.loads(out.splitlines()[-1])["value"] == "arrived"
 
-    def test_wait_for_several_keys_returns_once_all_exist(self, store: KubernetesStore) -> None:
-        outcome: list[bool] = []
-        thread = threading.Thread(target=lambda: outcome.append(store.wait(["x", "y"], 30)))
+    def test_a_blocking_get_is_woken_by_its_watch_when_another_client_sets_the_key(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        _, waiter = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+        outcome: list[bytes] = []
+        thread = threading.Thread(target=lambda: outcome.append(waiter.get("late", timeout=60)))
         thread.start()
+        # read (missing), list (missing), then the watch: the set below cannot land before the list.
+        wait_until(lambda: waiter.stats["requests"] >= 3, 10, "the get to start watching")
+        store.set("late", "arrived")
+        thread.join(60)
+        assert outcome == [b"arrived"]
+        assert waiter.stats["watch_wakeups"] == 1  # the watch event woke it, not a read
+
+    def test_wait_for_several_keys_returns_once_all_exist(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        _, waiter = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+        outcome: list[bool] = []
+        thread = threading.Thread(target=lambda: outcome.append(waiter.wait(["x", "y"], 30)))
+        thread.start()
+        wait_until(lambda: waiter.stats["requests"] >= 2, 10, "the wait to list and start watching")
         store.set("x", "1")
         store.set("y", "2")
         thread.join(40)
         assert outcome == [True]
+        assert waiter.stats["watch_wakeups"] == 1  # both keys arrived through the watch
 
     def test_a_wait_that_spans_an_api_server_restart_still_returns_the_value(
         self, store: KubernetesStore, control_plane: ControlPlane, endpoint: str, agent_kubeconfig: Path
@@ -222,12 +240,13 @@ class TestBlockingCalls:
 
         thread = threading.Thread(target=blocking_get)
         thread.start()
-        wait_until(lambda: store.stats["requests"] >= 2, 10, "the get to start watching")
+        wait_until(lambda: store.stats["requests"] >= 3, 10, "the get to start watching")
         control_plane.restart_apiserver(downtime=2)
         _, writer = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
         writer.set("after-restart", "survived")
         thread.join(120)
         assert outcome == [b"survived"]
+        assert store.stats["watch_restarts"] >= 1  # its watch broke with the server and resumed
 
 
 class TestOwnershipAndIsolation:

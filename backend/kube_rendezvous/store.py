@@ -116,7 +116,7 @@ class KubernetesStore:
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
         #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "conflicts": 0, "watch_restarts": 0}
+        self.stats = {"requests": 0, "conflicts": 0, "watch_restarts": 0, "watch_wakeups": 0, "watch_gone": 0}
 
     @property
     def timeout(self) -> timedelta:
@@ -420,6 +420,7 @@ class KubernetesStore:
                     elif kind == "DELETED" and name in names:
                         pending.add(name)
                     if not pending:
+                        self.stats["watch_wakeups"] += 1
                         return True
                     if time.monotonic() >= deadline:
                         return False
@@ -428,6 +429,7 @@ class KubernetesStore:
                 logger.info("store watch interrupted (%s); resuming", exc)
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             except GoneError:
+                self.stats["watch_gone"] += 1
                 resource_version = None  # too old to resume: list again
                 continue
             except ApiError as exc:

@@ -4,7 +4,9 @@ The operator is never in the data path. It watches Rendezvous objects and the tr
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
 them to ``status.evictedNodes``, which the agents fold into the state), holds a deleted
 Rendezvous until its agents have closed, and deletes closed ones after their TTL. It writes to
-a Rendezvous only when a condition changes or a node is evicted: never per heartbeat.
+a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
+resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
+ended while the operator was down or its watch was broken are noticed too.
 
 It reads ``status.state`` only through ``logic.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a
@@ -316,23 +318,61 @@ def evict_nodes_of_gone_pods(type: str | None, body: kopf.Body, namespace: str, 
             pod["metadata"]["name"],
             ", ".join(str(node) for node in alive),
         )
-    nodes = [str(node) for node in matched]
-    if logic.with_evicted(observed.status, nodes) is None:
-        return
+    evict_and_report(namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone")
+
+
+def evict_and_report(namespace: str, rendezvous: str, nodes: list[str], because: str) -> bool:
+    """Evict ``nodes`` from ``rendezvous`` (unless all are evicted already), count them and post NodeEvicted.
+
+    Returns whether anything was written.
+    """
+    observed = OBSERVED.get((namespace, rendezvous))
+    if not nodes or (observed is not None and logic.with_evicted(observed.status, nodes) is None):
+        return False
     evicted = add_evictions(namespace, rendezvous, nodes)
     if evicted is None:
-        return
-    observed.status["evictedNodes"] = evicted
+        return False
+    if observed is not None:
+        observed.status["evictedNodes"] = evicted
     metrics.EVICTIONS.labels(namespace=namespace, name=rendezvous).inc(len(nodes))
-    pod_name = pod["metadata"]["name"]
-    logger.info("evicted %s of pod %s/%s from rendezvous %s", nodes, namespace, pod_name, rendezvous)
+    logger.info("evicted %s from rendezvous %s/%s: %s", nodes, namespace, rendezvous, because)
     try:
         rdzv_body = api().request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
     except (ApiError, ApiUnavailableError) as exc:
         logger.warning("could not post the NodeEvicted event: %s", exc)
-        return
-    listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: pod {pod_name} is gone")
+        return True
+    listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
     post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
+    return True
+
+
+#: Seconds between two resyncs of one Rendezvous with its pods (``KUBE_RENDEZVOUS_RESYNC_SECONDS``).
+RESYNC_SECONDS = float(os.environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", "10"))
+
+
+@kopf.timer(GROUP, VERSION, RENDEZVOUS_PLURAL, interval=RESYNC_SECONDS, initial_delay=1)
+def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+    """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
+
+    Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
+    evicted) and evicts the nodes ``logic.nodes_to_evict_on_resync`` finds: those of gone pods,
+    and those without any pod while the others are recognised by their pods.
+    """
+    status = dict(status or {})
+    document = stored_state((namespace, name), status.get("state")).document
+    if document is None or document.closed or status.get("closed"):
+        return
+    try:
+        listed = api().request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"{POD_LABEL}={name}"}
+        )
+    except (ApiError, ApiUnavailableError) as exc:
+        metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
+        logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
+        return
+    nodes = logic.nodes_to_evict_on_resync(document, listed.get("items") or [], datetime.now(timezone.utc))
+    already = set(status.get("evictedNodes") or [])
+    evict_and_report(namespace, name, [str(node) for node in nodes if str(node) not in already], "pod gone (resync)")
 
 
 @kopf.on.delete(GROUP, VERSION, RENDEZVOUS_PLURAL)

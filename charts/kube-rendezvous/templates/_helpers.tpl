@@ -143,3 +143,16 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
 {{- end }}
+
+{{/* The metadata: line of a CRD with the chart's labels and, with crds.keep, the keep policy. */}}
+{{- define "kube-rendezvous.crdMetadata" -}}
+metadata:
+  labels:
+    {{- include "kube-rendezvous.labels" . | nindent 4 }}
+    app.kubernetes.io/component: crds
+  {{- if .Values.crds.keep }}
+  annotations:
+    # Never deleted by helm uninstall or upgrade: deleting a CRD deletes every object of it.
+    helm.sh/resource-policy: keep
+  {{- end }}
+{{ end }}

@@ -1,0 +1,199 @@
+"""Every metric the operator advertises (README, ``metrics.py``) is scraped from its ``/metrics``
+after a scenario that must move it. The operator runs as its own process under its own
+ServiceAccount, its requests through the fault proxy so that an error and a lost compare-and-swap
+happen on purpose; the agents' states are written by a real backend.
+"""
+
+from __future__ import annotations
+
+import pickle
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from kube_rendezvous.factory import create_backend
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.faultproxy import FaultProxy, proxy_kubeconfig
+from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
+from tests.test_operator import GROUP, PLURAL, VERSION, condition, read, reasons
+from tests.testenv import ControlPlane, wait_until
+
+#: Every metric of metrics.py; the README lists all but the Event counter.
+ADVERTISED = {
+    "kube_rendezvous_rounds_completed_total",
+    "kube_rendezvous_node_joins_total",
+    "kube_rendezvous_node_leaves_total",
+    "kube_rendezvous_node_evictions_total",
+    "kube_rendezvous_state_writes_total",
+    "kube_rendezvous_operator_writes_total",
+    "kube_rendezvous_operator_write_conflicts_total",
+    "kube_rendezvous_reconcile_errors_total",
+    "kube_rendezvous_participants",
+    "kube_rendezvous_waiting_nodes",
+    "kube_rendezvous_round",
+    "kube_rendezvous_events_total",
+}
+
+
+def scrape(operator: OperatorProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample on the operator's /metrics: (name, labels) -> value (``_created`` samples left out)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    }
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], metric: str, /, **labels: str) -> float:
+    """The sum of the samples of ``metric`` whose labels include ``labels`` (0 when there is none)."""
+    wanted = set(labels.items())
+    return sum(found for (sample, tags), found in samples.items() if sample == metric and wanted <= tags)
+
+
+@pytest.fixture
+def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
+    running = FaultProxy(
+        control_plane.server, control_plane.pki.ca_cert, control_plane.pki.ca_key, tmp_path / "faultproxy", seed=5
+    )
+    running.start()
+    yield running
+    running.stop()
+    assert running.errors == [], f"the fault proxy itself failed: {running.errors}"
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane,
+    namespace: str,
+    crds: None,
+    tmp_path: Path,
+    proxy: FaultProxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[OperatorProcess]:
+    """The operator as in test_operator.py, but every request of its own goes through ``proxy``.
+
+    Its resync is pushed out of the test's time (one hour), so the eviction below comes from the
+    pod watch alone and its compare-and-swap races with nothing but the test's own write.
+    """
+    monkeypatch.setenv("KUBE_RENDEZVOUS_RESYNC_SECONDS", "3600")
+    documents = (REPO / "docs" / "operator-rbac.yaml").read_text().split("\n---\n")
+    control_plane.kubectl("apply", "-f", "-", input=documents[0])
+    direct = control_plane.serviceaccount_kubeconfig(namespace, "kube-rendezvous-operator")
+    proxied = proxy_kubeconfig(direct, proxy.url, tmp_path / "operator-proxied.kubeconfig")
+    binding = f"kube-rendezvous-operator-{namespace}"
+    control_plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        binding,
+        "--clusterrole=kube-rendezvous-operator",
+        f"--serviceaccount={namespace}:kube-rendezvous-operator",
+    )
+    running = OperatorProcess(proxied, namespace, tmp_path / "operator.log")
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+        control_plane.kubectl("delete", "clusterrolebinding", binding, check=False)
+
+
+def rendezvous_state(round_number: int, complete: bool, participants: list[str], waiting: list[str]) -> bytes:
+    """A tensorplay state (what an agent hands its backend): nodes named ``addr`` with pid 1, local id 0."""
+    state = _RendezvousState()
+    state.round = round_number
+    state.complete = complete
+    now = datetime.now(timezone.utc)
+    for rank, addr in enumerate(participants):
+        state.participants[_NodeDesc(addr, 1, 0)] = rank if complete else 0
+        state.last_heartbeats[_NodeDesc(addr, 1, 0)] = now
+    for addr in waiting:
+        state.wait_list.add(_NodeDesc(addr, 1, 0))
+        state.last_heartbeats[_NodeDesc(addr, 1, 0)] = now
+    return pickle.dumps(state)
+
+
+def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
+    operator: OperatorProcess,
+    proxy: FaultProxy,
+    admin_api: client.ApiClient,
+    namespace: str,
+    agent_kubeconfig: Path,
+) -> None:
+    objects, core = client.CustomObjectsApi(admin_api), client.CoreV1Api(admin_api)
+    before = scrape(operator)
+    assert all(value(before, name) == 0 for name in ADVERTISED), "a fresh operator counts nothing"
+
+    # 1. The operator's first status write (Ready=Unknown) is answered 503: one reconcile error,
+    #    then Kopf retries it and the writes count by kind.
+    proxy.inject("status", count=1, status=503, methods={"PATCH"}, path=r"/rendezvouses/job/status$")
+    create_rendezvous(objects, namespace, minNodes=1, maxNodes=3)
+    wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 60, "Ready")
+
+    # 2. Agents' states: round 1 completes with two nodes and one waiting, then the waiting one leaves.
+    backend, _ = create_backend(rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, max_nodes=3))
+    first = backend.set_state(rendezvous_state(1, True, ["127.0.0.41", "127.0.0.42"], ["127.0.0.43"]))
+    assert first is not None and first[2]
+    wait_until(lambda: "RoundCompleted" in reasons(admin_api, namespace), 60, "RoundCompleted")
+    labels = {"namespace": namespace, "name": "job"}
+    wait_until(
+        lambda: value(scrape(operator), "kube_rendezvous_waiting_nodes", **labels) == 1, 30, "1 waiting node counted"
+    )
+    second = backend.set_state(rendezvous_state(1, True, ["127.0.0.41", "127.0.0.42"], []), first[1])
+    assert second is not None and second[2]
+    wait_until(lambda: "NodeLeft" in reasons(admin_api, namespace), 60, "NodeLeft")
+    written = read(objects, namespace)["status"]["state"]
+
+    # 3. The pod of node 127.0.0.42 is deleted. The operator's read before its eviction
+    #    compare-and-swap is held by the proxy while someone else writes the object, so its
+    #    first write is a real 409 from the API server; the retry evicts the node.
+    for index, address in enumerate(["127.0.0.41", "127.0.0.42"]):
+        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    proxy.inject("delay", count=1, methods={"GET"}, path=r"/rendezvouses/job$", delay=3.0)
+    core.delete_namespaced_pod("trainer-1", namespace, grace_period_seconds=0)
+    wait_until(lambda: any(event.fault == "delay" for event in proxy.events), 30, "the operator's read before evicting")
+
+    def patched_after_the_read() -> bool:
+        """Touch the object until the operator's eviction write arrives (it can only after the held read)."""
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "job", {"metadata": {"annotations": {"example.com/touch": "x"}}}
+        )
+        held = next(index for index, event in enumerate(proxy.events) if event.fault == "delay")
+        return any(event.method == "PATCH" and event.path.endswith("/status") for event in proxy.events[held:])
+
+    wait_until(patched_after_the_read, 30, "the operator's eviction write", interval=0.3)
+    wait_until(lambda: read(objects, namespace)["status"].get("evictedNodes") == ["127.0.0.42_1_0"], 30, "evicted")
+    assert read(objects, namespace)["status"]["state"] == written  # the operator records intents, never the state
+
+    def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        found = scrape(operator)
+        return found if value(found, "kube_rendezvous_node_evictions_total") else None
+
+    after = wait_until(counted, 30, "the eviction to be counted")
+    assert value(after, "kube_rendezvous_reconcile_errors_total", handler="ready-unknown") == 1
+    assert value(after, "kube_rendezvous_operator_writes_total", kind="ready-unknown") == 1
+    assert value(after, "kube_rendezvous_operator_writes_total", kind="ready") == 1
+    assert value(after, "kube_rendezvous_operator_writes_total", kind="evict") == 1
+    assert value(after, "kube_rendezvous_operator_write_conflicts_total") == 1
+    assert value(after, "kube_rendezvous_node_evictions_total", **labels) == 1
+    assert value(after, "kube_rendezvous_node_joins_total", **labels) == 3
+    assert value(after, "kube_rendezvous_node_leaves_total", **labels) == 1
+    assert value(after, "kube_rendezvous_rounds_completed_total", **labels) == 1
+    assert (
+        value(after, "kube_rendezvous_state_writes_total", **labels) == 1
+    )  # the second state; the first is a baseline
+    assert value(after, "kube_rendezvous_participants", **labels) == 2
+    assert value(after, "kube_rendezvous_waiting_nodes", **labels) == 0
+    assert value(after, "kube_rendezvous_round", **labels) == 1
+    assert value(after, "kube_rendezvous_events_total", reason="NodeJoined") == 3
+    assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted") == 1
+    moved = {name for name in ADVERTISED if value(after, name) != 0}
+    assert moved == ADVERTISED - {"kube_rendezvous_waiting_nodes"}  # it was 1 above, 0 after the leave
