@@ -44,6 +44,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--worker", type=int, default=0)
+    parser.add_argument(
+        "--monitor-interval",
+        type=float,
+        default=0.1,
+        help="while holding, call num_nodes_waiting on every handler this often, as the launcher's monitor loop does",
+    )
     args = parser.parse_args()
     config: dict[str, Any] = {"last_call_timeout": 30, "join_timeout": 900}
     config.update(json.loads(os.environ.get("BENCH_RDZV_CONF", "{}")))
@@ -84,15 +90,36 @@ def main() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    stats = []
-    for handler in handlers:
-        api = getattr(getattr(handler, "_backend", None), "_api", None)
-        if api is not None:
-            stats.append(dict(api.stats))
+
+    def backend_of(handler: Any) -> Any:
+        backend = getattr(handler, "_backend", None)
+        if backend is None:  # torch's handler keeps it in its state holder
+            backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
+        return backend
+
+    def stats() -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+        api_stats, backend_stats = [], []
+        for handler in handlers:
+            backend = backend_of(handler)
+            if getattr(backend, "_api", None) is not None:
+                api_stats.append(dict(backend._api.stats))
+            if isinstance(getattr(backend, "stats", None), dict):
+                backend_stats.append(dict(backend.stats))
+        return api_stats, backend_stats
+
+    api_stats, backend_stats = stats()
     with open(args.out, "w") as handle:
-        json.dump({"started": started, "results": results, "api": stats}, handle)
+        json.dump({"started": started, "results": results, "api": api_stats, "backend": backend_stats}, handle)
     if args.hold:
-        time.sleep(args.hold)
+        # The launcher's monitor loop: num_nodes_waiting on every agent, every monitor interval.
+        until = time.monotonic() + args.hold
+        while time.monotonic() < until:
+            for handler in handlers:
+                handler.num_nodes_waiting()
+            time.sleep(args.monitor_interval)
+        api_after, _ = stats()
+        with open(args.out + ".hold", "w") as handle:
+            json.dump({"api": api_after}, handle)
     os._exit(0)  # do not close the rendezvous or wait for tensorplay's threads
 
 

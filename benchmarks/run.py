@@ -142,6 +142,7 @@ class Bench:
                     each.kill()
                 raise RuntimeError(f"{backend}: {nodes} handlers could not even be created within {limit:.0f} s")
         watcher = StateWatcher(self, name, hold) if (name and hold) else None
+        counter = WriteCounter(self, name) if name else None
         for worker in workers:
             assert worker.stdin is not None
             worker.stdin.write("go\n")
@@ -153,6 +154,7 @@ class Bench:
                     worker.kill()
                 raise RuntimeError(f"{backend} round of {nodes} did not complete within {limit:.0f} s")
             time.sleep(0.2)
+        shared_writes = counter.stop() if counter else None
         steady = watcher.measure() if watcher else None
         for worker in workers:
             worker.wait(hold + 120)
@@ -172,7 +174,19 @@ class Bench:
         if api:
             for key in ("requests", "conflicts", "bytes_sent"):
                 summary[f"{key}_per_agent"] = sum(item[key] for item in api) / nodes
+        if shared_writes is not None:
+            summary["shared_writes"] = shared_writes
+        backend_stats = [stats for report in reports for stats in report.get("backend", [])]
+        for key in ("renewals", "requests", "self_folds"):
+            if backend_stats and key in backend_stats[0]:
+                summary[f"{key}_total"] = sum(item.get(key, 0) for item in backend_stats)
         if steady:
+            holds = [
+                json.loads(Path(str(out) + ".hold").read_text()) for out in outs if Path(str(out) + ".hold").exists()
+            ]
+            if holds and api:
+                after = sum(item["requests"] for hold_report in holds for item in hold_report["api"])
+                steady["agent_requests_per_second"] = (after - sum(item["requests"] for item in api)) / hold
             summary["steady"] = steady
         return summary
 
@@ -213,11 +227,58 @@ class Bench:
         self.plane.stop()
 
 
+class WriteCounter:
+    """Counts the writes to one Rendezvous object with a server-side watch, until ``stop``."""
+
+    def __init__(self, bench: Bench, name: str) -> None:
+        import threading
+
+        self.writes = 0
+        self._done = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(bench, name), daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    def _run(self, bench: Bench, name: str) -> None:
+        from kubernetes import watch
+
+        listed = bench.objects.list_namespaced_custom_object(
+            GROUP, VERSION, "bench", "rendezvouses", field_selector=f"metadata.name={name}"
+        )
+        version = listed["metadata"]["resourceVersion"]
+        self._ready.set()
+        while not self._done.is_set():
+            stream = watch.Watch()
+            for event in stream.stream(
+                bench.objects.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                "bench",
+                "rendezvouses",
+                field_selector=f"metadata.name={name}",
+                resource_version=version,
+                timeout_seconds=2,
+            ):
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] == "MODIFIED":
+                    self.writes += 1
+
+    def stop(self) -> int:
+        time.sleep(1.0)  # the last write's event
+        self._done.set()
+        self._thread.join(10)
+        return self.writes
+
+
 class StateWatcher:
     """Counts writes and bytes to one Rendezvous object, and control-plane CPU, over ``seconds``."""
 
     def __init__(self, bench: Bench, name: str, seconds: float) -> None:
         self.bench, self.name, self.seconds = bench, name, seconds
+
+    def lease_writes(self, window: float) -> float:
+        return _lease_writes(self.bench, self.name, window)
 
     def measure(self) -> dict[str, Any]:
         from kubernetes import watch
@@ -229,6 +290,11 @@ class StateWatcher:
         cpu_before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
         writes, state_bytes = 0, 0
         window = self.seconds - warmup - 5
+        import threading
+
+        lease_rate: list[float] = []
+        lease_thread = threading.Thread(target=lambda: lease_rate.append(self.lease_writes(window)), daemon=True)
+        lease_thread.start()
         stream = watch.Watch()
         began = time.monotonic()
         for event in stream.stream(
@@ -247,12 +313,38 @@ class StateWatcher:
                 state_bytes += len(json.dumps(event["object"].get("status", {})))
         elapsed = time.monotonic() - began
         cpu = {name: (sum(p.cpu_times()[:2]) - cpu_before[name]) / elapsed for name, p in processes.items()}
+        lease_thread.join(window + 30)
+        leases = lease_rate[0] if lease_rate else None
         return {
             "seconds": elapsed,
+            "lease_writes_per_second": leases,
             "writes_per_second": writes / elapsed,
             "status_bytes_per_second": state_bytes / elapsed,
             "cpu_cores": cpu,
         }
+
+
+def _lease_writes(bench: Bench, name: str, window: float) -> float:
+    """Lease writes per second of one Rendezvous's node Leases, by a watch over ``window`` seconds."""
+    from kubernetes import client, config, watch
+
+    coordination = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+    selector = f"kube-rendezvous.io/rendezvous={name},kube-rendezvous.io/lease=node"
+    version = coordination.list_namespaced_lease("bench", label_selector=selector).metadata.resource_version
+    writes = 0
+    began = time.monotonic()
+    for event in watch.Watch().stream(
+        coordination.list_namespaced_lease,
+        "bench",
+        label_selector=selector,
+        resource_version=version,
+        timeout_seconds=int(window) + 1,
+    ):
+        if time.monotonic() - began > window:
+            break
+        if event["type"] == "MODIFIED":
+            writes += 1
+    return writes / max(1e-9, time.monotonic() - began)
 
 
 def synthetic_state(nodes: int, name_length: int = 60) -> Any:

@@ -213,3 +213,41 @@ class TestClassify:
         base = RendezvousDocument(participants={self.a: 0, self.b: 0}, deadline=NOW)
         done = RendezvousDocument(participants={self.a: 0, self.b: 1}, complete=True)
         assert classify(base, done, self.a) is Change.FOLD
+
+
+def test_a_node_that_died_after_its_round_completed_is_not_carried_into_the_next_round() -> None:
+    # Seen in the demo before joins were scoped to a round: the dead node's last request
+    # (join, round 0) put it into round 1, and its eviction then left ranks {0, 2} in a world of 2.
+    _, ours = settings_of(2, 3)
+    a, b, c = NodeId("a", 1, 0), NodeId("b", 1, 0), NodeId("c", 1, 0)
+    joins = [Request(node, Desire.JOIN, ours, NOW, 0) for node in (a, b, c)]
+    done = fold(None, joins, dead=[], now=NOW, settings=ours)
+    assert done.complete and done.round == 0
+    # a and c re-rendezvous after b died; b's Lease has not expired yet, its request still says join@0
+    left = fold(
+        done,
+        [Request(a, Desire.LEAVE, ours, NOW, 0), Request(c, Desire.LEAVE, ours, NOW, 0)],
+        dead=[],
+        now=NOW,
+        settings=ours,
+    )
+    waiting = fold(
+        left,
+        [Request(a, Desire.JOIN, ours, NOW, 0), Request(c, Desire.JOIN, ours, NOW, 0), joins[1]],
+        dead=[],
+        now=NOW,
+        settings=ours,
+    )
+    assert waiting.wait_list == {a, c} and set(waiting.participants) == {b}
+    evicted = fold(
+        waiting,
+        [Request(a, Desire.JOIN, ours, NOW, 0), Request(c, Desire.JOIN, ours, NOW, 0)],
+        dead=[b],
+        now=NOW,
+        settings=ours,
+    )
+    assert evicted.round == 1 and set(evicted.participants) == {a, c}
+    # b is alive again in the eyes of a fold that has not expired it: its join@0 does not apply to round 1
+    later = fold(evicted, [joins[1]], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+    assert b not in later.participants
+    assert later.complete and sorted(later.participants.values()) == [0, 1]

@@ -173,6 +173,8 @@ class KubernetesRendezvousBackend:
         self._keep_alive = 5.0
         #: What the framework was last given: (token, document shown, the object's resourceVersion).
         self._given: tuple[Token | None, RendezvousDocument | None, str] | None = None
+        #: The last pickle handed out in scale mode, by what it showed.
+        self._pickled: tuple[tuple[object, ...], bytes] | None = None
         #: The document as stored (before heartbeats were synthesized), by token.
         self._stored: tuple[Token | None, RendezvousDocument | None] = (None, None)
 
@@ -294,8 +296,17 @@ class KubernetesRendezvousBackend:
         document = self._shown(obj, self.read_document(obj))
         if document is None:
             return None
+        token = obj["metadata"]["resourceVersion"]
+        if self.node is not None:
+            # Waiting agents read about once a second; re-pickle only when what is shown changed.
+            key = (token, document.last_heartbeats.get(self.node), next(iter(document.last_heartbeats.values()), None))
+            if self._pickled is not None and self._pickled[0] == key:
+                return self._pickled[1], token
         state = state_from_document(document, self.framework.state_class, self.framework.node_class)
-        return pickle.dumps(state), obj["metadata"]["resourceVersion"]
+        data = pickle.dumps(state)
+        if self.node is not None:
+            self._pickled = (key, data)
+        return data, token
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """Return ``(state, token)``, or None when this run has no state yet.
@@ -511,6 +522,9 @@ class KubernetesRendezvousBackend:
         """
         assert self._watch is not None and self._folder is not None and self.node is not None
         desire = {Change.JOIN: Desire.JOIN, Change.LEAVE: Desire.LEAVE}.get(change)
+        given = self._given[1] if self._given is not None else None
+        if self._lease is not None:
+            self._lease.round = given.round if given is not None else 0
         self._renew(desire)
         self.stats["requests"] += 1
         self._folder.wake()
@@ -548,8 +562,8 @@ class KubernetesRendezvousBackend:
             if time.monotonic() > deadline:
                 return self._lost(self._state_of(obj))
             try:
-                self.stats["self_folds"] += 1
-                self._folder.fold_once()
+                if self._folder.fold_pending():
+                    self.stats["self_folds"] += 1
             except (ApiError, ApiUnavailableError) as exc:
                 logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
 

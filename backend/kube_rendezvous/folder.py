@@ -64,6 +64,10 @@ WRITER_LEASE_SECONDS = 10.0
 WRITER_RENEW_SECONDS = 2.0
 #: Seconds between an agent's checks whether the writer Lease is free (with jitter).
 CANDIDATE_RETRY_SECONDS = 5.0
+#: Seconds between the writer's sweeps for idle node Leases (also the least idle time to delete one).
+GARBAGE_SECONDS = 60.0
+#: Seconds between two folds by the agents of one process while no writer folds.
+SELF_FOLD_SECONDS = 0.25
 #: Seconds to gather requests that arrive together into one fold.
 BATCH_SECONDS = 0.03
 
@@ -71,7 +75,7 @@ BATCH_SECONDS = 0.03
 class Stopped(Protocol):
     def is_set(self) -> bool: ...
 
-    def wait(self, timeout: float | None = None) -> bool: ...
+    def wait(self, timeout: float | None = None) -> object: ...
 
 
 def rendezvous_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:
@@ -146,6 +150,8 @@ class Folder:
         self.leases: WatchCache | None = None
         self.leader = False
         self._lease_epoch = 0
+        self._collected_at = time.monotonic()
+        self._self_folded_at = -SELF_FOLD_SECONDS
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
@@ -179,6 +185,16 @@ class Folder:
             return obj
         except NotFoundError:
             return None
+
+    def fold_pending(self) -> bool:
+        """``fold_once`` for an agent whose request waited too long; the agents of one process
+        fold at most once per ``SELF_FOLD_SECONDS`` between them."""
+        now = time.monotonic()
+        with self._fold_lock:
+            if now - self._self_folded_at < SELF_FOLD_SECONDS:
+                return False
+            self._self_folded_at = now
+        return self.fold_once()
 
     def fold_once(self, *, judge_expiry: bool = False) -> bool:
         """Fold every pending request into the current state; True when a new state was written.
@@ -278,8 +294,6 @@ class Folder:
 
     def run(self, stopped: Stopped, on_error: Callable[[Exception], None] | None = None) -> None:
         """Elect, and fold while holding the writer Lease, until ``stopped``."""
-        if not self.preferred:
-            stopped.wait(random.uniform(0, 2.0))  # spread the first checks of many agents
         while not stopped.is_set():
             try:
                 self.leader = self.elector.try_acquire_or_renew()
@@ -292,6 +306,9 @@ class Folder:
                 stopped.wait(retry * random.uniform(0.8, 1.2))
                 continue
             self._start_lease_watch()
+            if time.monotonic() > self._collected_at + GARBAGE_SECONDS:
+                self._collected_at = time.monotonic()
+                self._collect_garbage()
             renew_at = time.monotonic() + WRITER_RENEW_SECONDS
             while not stopped.is_set() and time.monotonic() < renew_at:
                 self._wake.wait(self._tick())
@@ -309,6 +326,31 @@ class Folder:
         if self.leader:
             self.elector.release()
         self._stop_lease_watch()
+
+    def _collect_garbage(self) -> None:
+        """Delete node Leases that stopped changing long ago and whose node the state no longer names."""
+        leases = self.leases
+        obj = self.rendezvous.get(self.rendezvous_name)
+        if leases is None or not leases.healthy or obj is None:
+            return
+        text = (obj.get("status") or {}).get("state")
+        try:
+            named = set(DECODED.decode(text).nodes()) if text else set()
+        except StateDocumentError:
+            return
+        for name, item in leases.objects().items():
+            record = record_of(item)
+            if record is None or record.node in named:
+                continue
+            if self.observations.idle_for(record.node) > max(GARBAGE_SECONDS, 4 * record.expiry_seconds):
+                try:
+                    self._api.request("DELETE", resource_path(LEASE_PLURAL, self.namespace, name))
+                    self.observations.forget(record.node)
+                except NotFoundError:
+                    pass
+                except (ApiError, ApiUnavailableError) as exc:
+                    logger.info("could not delete the idle Lease %s: %s", name, exc)
+                    return
 
     def _tick(self) -> float:
         """Seconds until the loop must look again: a last call ending, or the expiry check."""

@@ -14,9 +14,12 @@ write with the one it was given: only this node's heartbeat (renew its Lease), t
 or leave (a request), a completion that is due (fold now), or something else (a plain
 compare-and-swap).
 
-Not guaranteed: a request is a standing wish, not a one-off message. A node whose Lease says
-``join`` and that is removed from the state while its Lease keeps renewing (a false eviction)
-is put back by the next fold, as a participant of the next round if one is forming.
+A join is scoped to the round the node saw when it asked (and to its time on the wait or
+redundancy list), so a node that died after its round completed is never carried into the next.
+
+Not guaranteed: a request is a standing wish within that scope. A node whose Lease says
+``join`` for the current round and that is removed while its Lease keeps renewing (a false
+eviction) is put back by the next fold.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class Request:
     settings: JoinSettings
     #: When the node asked (its own clock); orders the requests of one fold, nothing else.
     requested_at: datetime
+    #: The round the node saw when it asked to join. A join applies only in that round, or while
+    #: the node waits (wait or redundancy list): a node that died after its round completed is
+    #: never carried into the next round by its last request.
+    round: int | None = None
 
 
 class Change(Enum):
@@ -215,7 +222,12 @@ def fold(
     for request in sorted(requests, key=lambda item: (item.requested_at, item.node)):
         if request.desire is Desire.LEAVE:
             state.remove(request.node, request.settings)
-        else:
+        elif (
+            request.round is None
+            or request.round == state.round
+            or request.node in state.wait_list
+            or request.node in state.redundancy_list
+        ):
             state.join(request.node, request.settings, now)
     state.complete_if_due(settings, now)
     return state.document()

@@ -10,6 +10,7 @@ Node Lease contract (also read by the operator and ``kubectl rdzv``):
 - annotations ``kube-rendezvous.io/node`` (``addr_pid_localid``), ``kube-rendezvous.io/desire``
   (``join`` or ``leave``), ``kube-rendezvous.io/desired-at`` (when the node asked, its clock),
   ``kube-rendezvous.io/join-settings`` (``min:max:last_call_seconds``),
+  ``kube-rendezvous.io/desired-round`` (the round the node saw when it asked),
   ``kube-rendezvous.io/run-id``;
 - ``spec.holderIdentity`` the node, ``spec.renewTime`` its last heartbeat,
   ``spec.leaseDurationSeconds`` its heartbeat expiry;
@@ -48,6 +49,7 @@ ANNOTATION_DESIRE = "kube-rendezvous.io/desire"
 ANNOTATION_DESIRED_AT = "kube-rendezvous.io/desired-at"
 ANNOTATION_SETTINGS = "kube-rendezvous.io/join-settings"
 ANNOTATION_RUN_ID = "kube-rendezvous.io/run-id"
+ANNOTATION_ROUND = "kube-rendezvous.io/desired-round"
 ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
 #: Longest object name Kubernetes accepts.
 MAX_NAME = 253
@@ -105,9 +107,11 @@ class NodeRecord:
     version: str
     #: Heartbeat expiry of this node, seconds.
     expiry_seconds: float
+    #: The round the node saw when it asked.
+    round: int | None = None
 
     def request(self) -> Request:
-        return Request(self.node, self.desire, self.settings, self.desired_at)
+        return Request(self.node, self.desire, self.settings, self.desired_at, self.round)
 
 
 def record_of(lease: dict[str, Any]) -> NodeRecord | None:
@@ -123,6 +127,7 @@ def record_of(lease: dict[str, Any]) -> NodeRecord | None:
             run_id=str(annotations.get(ANNOTATION_RUN_ID, "")),
             version=str(metadata.get("resourceVersion", "")),
             expiry_seconds=float((lease.get("spec") or {}).get("leaseDurationSeconds") or 15),
+            round=int(annotations[ANNOTATION_ROUND]) if ANNOTATION_ROUND in annotations else None,
         )
     except (KeyError, ValueError, TypeError) as exc:
         logger.warning("skipping malformed node Lease %s: %s", metadata.get("name"), exc)
@@ -173,6 +178,9 @@ class LeaseNodeLock:
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         self._collection = resource_path(LEASE_PLURAL, namespace)
         self.desire: Desire | None = None
+        #: The round this node saw when it last asked (set by the backend before ``update``).
+        self.round = 0
+        self._asked_round = -1
         #: When this node's heartbeat last reached the API server (its own clock), or None.
         self.renewed_at: datetime | None = None
 
@@ -188,6 +196,7 @@ class LeaseNodeLock:
 
     def _annotations(self, desire: Desire, now: datetime) -> dict[str, str]:
         return {
+            ANNOTATION_ROUND: str(self.round),
             ANNOTATION_NODE: str(self.node),
             ANNOTATION_DESIRE: desire.value,
             ANNOTATION_DESIRED_AT: micro_time(now),
@@ -221,6 +230,7 @@ class LeaseNodeLock:
             self.update(desire)
             return
         self.desire = desire
+        self._asked_round = self.round
         self.renewed_at = now
 
     def update(self, desire: Desire | None = None) -> None:
@@ -230,7 +240,7 @@ class LeaseNodeLock:
             return
         now = datetime.now(timezone.utc)
         body: dict[str, Any] = {"spec": {"renewTime": micro_time(now)}}
-        if desire is not None and desire is not self.desire:
+        if desire is not None and (desire is not self.desire or self.round != self._asked_round):
             body["metadata"] = {"annotations": self._annotations(desire, now)}
         try:
             self._api.request("PATCH", self._path, body=body, content_type=MERGE_PATCH)
@@ -240,6 +250,7 @@ class LeaseNodeLock:
             return
         if desire is not None:
             self.desire = desire
+            self._asked_round = self.round
         self.renewed_at = now
 
     def release(self) -> None:
@@ -285,6 +296,12 @@ class LeaseObservations:
 
     def forget(self, node: NodeId) -> None:
         self._seen.pop(node, None)
+
+    def idle_for(self, node: NodeId, now: float | None = None) -> float:
+        """Seconds since ``node``'s Lease last changed (0 when never seen)."""
+        clock = time.monotonic() if now is None else now
+        seen = self._seen.get(node)
+        return 0.0 if seen is None else clock - seen[1]
 
     def expired(
         self, records: list[NodeRecord], named: list[NodeId], default_expiry: float, now: float | None = None
@@ -375,6 +392,7 @@ class WriterLease:
             try:
                 self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
             except ConflictError:
+                self.holder_alive = True  # another writer has just taken it
                 return False
             self.holder, self.holder_alive = self.identity, True
             return True

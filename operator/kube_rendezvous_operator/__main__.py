@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     logging.getLogger("kube_rendezvous").setLevel(logging.INFO)
-    from . import handlers  # noqa: F401 - registers the handlers
+    from . import handlers, writer  # noqa: F401 - registers the handlers
 
     kopf.run(
         standalone=True,

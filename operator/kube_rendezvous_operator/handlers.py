@@ -306,9 +306,12 @@ def evict_nodes_of_gone_pods(type: str | None, body: kopf.Body, namespace: str, 
         return
     if observed.status.get("closed") or stored.document.closed:
         return
+    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
+
     gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
     known = logic.known_nodes(stored.document)
-    matched = logic.nodes_of_pod(pod, known, document=stored.document, gone_at=gone_at)
+    document = with_lease_heartbeats(stored.document, namespace, rendezvous)
+    matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
     alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
     if alive:
         logger.info(
@@ -370,6 +373,9 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> 
         metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
         logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
         return
+    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
+
+    document = with_lease_heartbeats(document, namespace, name) or document
     nodes = logic.nodes_to_evict_on_resync(document, listed.get("items") or [], datetime.now(timezone.utc))
     already = set(status.get("evictedNodes") or [])
     evict_and_report(namespace, name, [str(node) for node in nodes if str(node) not in already], "pod gone (resync)")
@@ -381,7 +387,10 @@ def close_before_delete(
 ) -> None:
     """Hold a deleted Rendezvous until its agents have closed it (they fold the deletion into the state)."""
     now = datetime.now(timezone.utc)
-    document = stored_state((namespace, name), (status or {}).get("state")).document
+    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
+
+    stored = stored_state((namespace, name), (status or {}).get("state")).document
+    document = with_lease_heartbeats(stored, namespace, name)
     alive = logic.live_agents(document, now, logic.heartbeat_expiry(spec))
     if not alive:
         return

@@ -1,0 +1,227 @@
+"""Scale benchmarks (issue #12) on the real control plane, beside tensorplay's p10d in the same run.
+
+For each N: one round (min = max = N) of tensorplay handlers with p10d, with k8s while the
+operator runs (the preferred writer), and with k8s while it is stopped (an agent is elected
+writer), every repeat reported. Per round: the shared Rendezvous object's writes (counted by a
+server-side watch), API requests and 409s per agent. Then steady state (handlers holding the
+formed round, the launcher's monitor loop calling ``num_nodes_waiting`` every 0.1 s): writes
+per second to the Rendezvous and to the Leases, kube-apiserver and etcd CPU. Then recovery
+after a SIGKILL, repeated.
+
+Writes benchmarks/results/scale.json, docs/scale.md (spliced into docs/benchmarks.md) and
+docs/scale.png. Usage: python -m benchmarks.scale [--sizes 8 32 128 512 1024] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.run import RESULTS, Bench, log, recovery, start_operator
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile (p90 of 3 values is the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [run for run in runs if "seconds" in run]
+    summary: dict[str, Any] = {"runs": runs}
+    if done:
+        seconds = [run["seconds"] for run in done]
+        summary.update(p50=statistics.median(seconds), p90=percentile(seconds, 0.9), max=max(seconds))
+    summary["failed"] = [run["failed"] for run in runs if "failed" in run]
+    return summary
+
+
+def rounds(bench: Bench, label: str, backend: str, nodes: int, repeats: int, limit: float) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        try:
+            run = bench.round(backend, nodes, limit=limit)
+            log(f"{label} N={nodes} repeat {repeat + 1}/{repeats}: {run['seconds']:.2f} s {run}")
+        except RuntimeError as exc:
+            log(f"{label} N={nodes} repeat {repeat + 1}/{repeats}: FAILED {exc}")
+            run = {"failed": str(exc)[:300]}
+        runs.append(run)
+        if "failed" in run and backend == "p10d":
+            break  # p10d's failure at this N is its TCPStore server's: repeating only costs time
+    return {"label": label, "nodes": nodes, **summarize(runs)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128, 512, 1024])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--p10d-max", type=int, default=512, help="largest N to try p10d at")
+    parser.add_argument("--solo-sizes", type=int, nargs="*", default=[128, 1024], help="k8s with the operator stopped")
+    parser.add_argument("--steady-sizes", type=int, nargs="*", default=[128, 1024])
+    parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--recovery-repeats", type=int, default=3)
+    parser.add_argument("--round-limit", type=float, default=240.0)
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-scale-"))
+    log(f"starting the control plane in {workdir}")
+    bench = Bench(workdir)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores",
+        "rounds": [],
+        "steady": [],
+        "recovery": {},
+    }
+    operator = None
+    try:
+        operator = start_operator(bench, workdir / "operator")
+        for nodes in args.sizes:
+            if nodes <= args.p10d_max:
+                report["rounds"].append(rounds(bench, "p10d", "p10d", nodes, args.repeats, args.round_limit))
+            report["rounds"].append(rounds(bench, "k8s", "k8s", nodes, args.repeats, args.round_limit))
+            save(report)
+        for nodes in args.steady_sizes:
+            log(f"steady state: {nodes} agents holding for {args.steady_seconds:.0f} s")
+            run = bench.round("k8s", nodes, hold=args.steady_seconds, limit=args.round_limit)
+            report["steady"].append({"nodes": nodes, **run["steady"]})
+            log(f"steady N={nodes}: {run['steady']}")
+            save(report)
+        operator.terminate()
+        operator.wait(30)
+        operator = None
+        for nodes in args.solo_sizes:
+            report["rounds"].append(
+                rounds(bench, "k8s, operator stopped", "k8s", nodes, args.repeats, args.round_limit)
+            )
+            save(report)
+        for _ in range(args.recovery_repeats):
+            for mode, seconds in recovery(bench).items():
+                report["recovery"].setdefault(mode, []).append(seconds)
+            save(report)
+    finally:
+        if operator is not None:
+            operator.terminate()
+        bench.stop()
+    save(report)
+    write_report(report)
+    return 0
+
+
+def save(report: dict[str, Any]) -> None:
+    (RESULTS / "scale.json").write_text(json.dumps(report, indent=2))
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def write_report(report: dict[str, Any]) -> None:
+    """docs/scale.md and docs/scale.png from ``report``."""
+    by = {(entry["label"], entry["nodes"]): entry for entry in report["rounds"]}
+    lines = [
+        "## Scale: heartbeats on Leases, joins folded by one writer, reads from a watch",
+        "",
+        f"Measured {report['date']} on one {report['machine']} machine (control plane, operator and every "
+        "agent on it). Command: `python -m benchmarks.scale`. Raw: "
+        "[benchmarks/results/scale.json](../benchmarks/results/scale.json). Plot: ![scale](scale.png)",
+        "",
+        "One round, min = max = N, tensorplay handlers in 8 processes. Every repeat is listed; "
+        "writes = MODIFIED events of the shared Rendezvous seen by a server-side watch during the round.",
+        "",
+        "| N | backend | every repeat (s) | p50 | p90 | max | / p10d p90 | shared writes | requests / agent "
+        "| 409s / agent |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in report["rounds"]:
+        runs = entry["runs"]
+        every = ", ".join(f"{run['seconds']:.2f}" if "seconds" in run else "failed" for run in runs)
+        base = by.get(("p10d", entry["nodes"]), {}).get("p90")
+        ratio = f"{entry['p90'] / base:.2f}x" if entry.get("p90") and base and entry["label"] != "p10d" else ""
+        done = [run for run in runs if "seconds" in run]
+        writes = ", ".join(str(run["shared_writes"]) for run in done if "shared_writes" in run)
+        requests = [run["requests_per_agent"] for run in done if "requests_per_agent" in run]
+        conflicts = [run["conflicts_per_agent"] for run in done if "conflicts_per_agent" in run]
+        lines.append(
+            f"| {entry['nodes']} | {entry['label']} | {every} | {_fmt(entry.get('p50'))} | {_fmt(entry.get('p90'))} "
+            f"| {_fmt(entry.get('max'))} | {ratio} | {writes} "
+            f"| {', '.join(f'{value:.1f}' for value in requests)} "
+            f"| {', '.join(f'{value:.2f}' for value in conflicts)} |"
+        )
+    for entry in report["rounds"]:
+        for failure in entry.get("failed", []):
+            lines.append(f"\n{entry['label']} N={entry['nodes']} failed: `{failure[:200]}`")
+    if report["steady"]:
+        lines += [
+            "",
+            "Steady state: the formed round held, the launcher's monitor loop calling `num_nodes_waiting` "
+            "on every agent every 0.1 s, keep-alive 5 s.",
+            "",
+            "| N | writes/s to the Rendezvous | Lease writes/s (limit N/5) | agent requests/s "
+            "| kube-apiserver CPU (cores) | etcd CPU (cores) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for item in report["steady"]:
+            lines.append(
+                f"| {item['nodes']} | {item['writes_per_second']:.2f} | {_fmt(item.get('lease_writes_per_second'), 1)} "
+                f"| {_fmt(item.get('agent_requests_per_second'), 1)} "
+                f"| {item['cpu_cores'].get('kube-apiserver', 0):.2f} | {item['cpu_cores'].get('etcd', 0):.2f} |"
+            )
+    if report["recovery"]:
+        lines += [
+            "",
+            "Recovery: SIGKILL of one of 3 agents (2 workers each) to the survivors training again, every repeat.",
+            "",
+            "| how | every repeat (s) | p50 | p90 |",
+            "|---|---|---|---|",
+        ]
+        for mode, values in report["recovery"].items():
+            every = ", ".join(f"{value:.1f}" for value in values)
+            lines.append(f"| {mode} | {every} | {statistics.median(values):.1f} | {percentile(values, 0.9):.1f} |")
+    (DOCS / "scale.md").write_text("\n".join(lines) + "\n")
+    plot(report)
+
+
+def plot(report: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    labels = sorted({entry["label"] for entry in report["rounds"]})
+    for index, label in enumerate(labels):
+        xs, ys = [], []
+        for entry in report["rounds"]:
+            if entry["label"] == label:
+                for run in entry["runs"]:
+                    if "seconds" in run:
+                        xs.append(entry["nodes"] * (1 + 0.04 * (index - 1)))
+                        ys.append(run["seconds"])
+        axis.plot(xs, ys, "os^"[index % 3], label=f"{label} (every repeat)", alpha=0.8)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("agents N (min = max = N)")
+    axis.set_ylabel("seconds to complete one round")
+    axis.set_title("One round: every repeat")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(DOCS / "scale.png", dpi=110)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--report":
+        write_report(json.loads((RESULTS / "scale.json").read_text()))
+        sys.exit(0)
+    sys.exit(main())

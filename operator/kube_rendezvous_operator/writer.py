@@ -1,0 +1,91 @@
+"""The operator as the preferred writer: one folder per Rendezvous, and heartbeats read from Leases.
+
+For every Rendezvous a Kopf daemon runs ``kube_rendezvous.folder.Folder`` with ``preferred=True``:
+it takes the writer Lease (from an agent at once), folds the nodes' join and leave requests
+into the state in batches, and expires nodes whose Lease stops changing, by its own clock.
+With the operator stopped, an agent takes the writer Lease within its duration (10 s).
+
+``heartbeats`` gives the operator's other handlers (the finalizer, pod-gone eviction) each
+node's last heartbeat from its Lease: the state document no longer carries heartbeats.
+
+Not guaranteed: Lease ``renewTime`` values are the agents' clocks; they are used only where the
+first release already compared agents' heartbeats with pod and deletion times (with slack).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from datetime import datetime
+from typing import Any
+
+import kopf
+from kube_rendezvous.document import NodeId, RendezvousDocument
+from kube_rendezvous.folder import Folder
+from kube_rendezvous.kubeapi import (
+    GROUP,
+    RENDEZVOUS_PLURAL,
+    VERSION,
+    ApiError,
+    ApiUnavailableError,
+    KubernetesApi,
+    resource_path,
+)
+from kube_rendezvous.leases import (
+    ANNOTATION_NODE,
+    LABEL_LEASE,
+    LABEL_RENDEZVOUS,
+    LEASE_PLURAL,
+    parse_micro_time,
+    parse_node,
+)
+
+from .handlers import api
+
+#: This operator's identity on the writer Lease (the pod name in a cluster).
+IDENTITY = f"operator/{os.environ.get('POD_NAME') or socket.gethostname()}"
+
+
+@kopf.daemon(GROUP, VERSION, RENDEZVOUS_PLURAL, cancellation_timeout=10)
+def fold_requests(namespace: str | None, name: str, stopped: Any, **_: Any) -> None:
+    """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
+    assert namespace is not None  # Rendezvous objects are namespaced
+    Folder(api(), namespace, name, identity=IDENTITY, preferred=True).run(stopped)
+
+
+def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:
+    """Each node's last heartbeat (its Lease's renewTime), from the API server's watch cache."""
+    listed = client.request(
+        "GET",
+        resource_path(LEASE_PLURAL, namespace),
+        query={"labelSelector": f"{LABEL_RENDEZVOUS}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
+    )
+    beats: dict[NodeId, datetime] = {}
+    for item in listed.get("items", []):
+        try:
+            node = parse_node(item["metadata"]["annotations"][ANNOTATION_NODE])
+            beats[node] = parse_micro_time(item["spec"]["renewTime"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return beats
+
+
+def with_lease_heartbeats(
+    document: RendezvousDocument | None, namespace: str, rendezvous_name: str
+) -> RendezvousDocument | None:
+    """``document`` with each node's heartbeat taken from its Lease where it has one (unchanged on error)."""
+    if document is None:
+        return None
+    try:
+        beats = heartbeats(api(), namespace, rendezvous_name)
+    except (ApiError, ApiUnavailableError):
+        return document
+    if not beats:
+        return document
+    merged = dict(document.last_heartbeats)
+    merged.update({node: beat for node, beat in beats.items() if node in merged or node in document.participants})
+    return dataclasses.replace(document, last_heartbeats=merged)
+
+
+__all__ = ["IDENTITY", "RENDEZVOUS_PLURAL", "fold_requests", "heartbeats", "with_lease_heartbeats"]
