@@ -107,6 +107,11 @@ def write_report(report: dict[str, Any]) -> None:
     if notes.exists():
         lines += ["", notes.read_text().strip()]
     (DOCS / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    scale = DOCS / "scale.md"  # written by python -m benchmarks.scale
+    if scale.exists():
+        from benchmarks.scale import splice
+
+        splice(DOCS / "benchmarks.md", scale.read_text())
     plot(report, sizes, by)
 
 

@@ -190,7 +190,24 @@ def write_report(report: dict[str, Any]) -> None:
             every = ", ".join(f"{value:.1f}" for value in values)
             lines.append(f"| {mode} | {every} | {statistics.median(values):.1f} | {percentile(values, 0.9):.1f} |")
     (DOCS / "scale.md").write_text("\n".join(lines) + "\n")
+    splice(DOCS / "benchmarks.md", (DOCS / "scale.md").read_text())
     plot(report)
+
+
+BEGIN, END = "<!-- scale:begin (python -m benchmarks.scale) -->", "<!-- scale:end -->"
+
+
+def splice(page: Path, text: str) -> None:
+    """Put ``text`` between the scale markers of ``page`` (after its first heading when it has none)."""
+    content = page.read_text() if page.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n{text.strip()}\n{END}"
+    if BEGIN in content and END in content:
+        head, rest = content.split(BEGIN, 1)
+        content = head + block + rest.split(END, 1)[1]
+    else:
+        first, _, rest = content.partition("\n")
+        content = f"{first}\n\n{block}\n{rest}"
+    page.write_text(content)
 
 
 def plot(report: dict[str, Any]) -> None:

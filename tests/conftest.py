@@ -132,8 +132,8 @@ def first_release_crd(
 ) -> Iterator[None]:
     """This release's Rendezvous CRD without its rule on status.state, as the first release shipped it.
 
-    Objects written meanwhile keep their state after the upgrade (``helm upgrade`` never upgrades
-    CRDs either), so what stops a hostile state then is the agents' and the operator's own
+    Objects written meanwhile keep their state after a CRD upgrade (CRD validation ratchets
+    unchanged values), so what stops a hostile state then is the agents' and the operator's own
     validator. The CRD is restored afterwards.
     """
     objects = client.CustomObjectsApi(admin_api)

@@ -176,6 +176,14 @@ def test_a_heartbeat_never_changes_the_rendezvous(
     # ... and the shared object was not written meanwhile.
     after = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "hb")["metadata"]["resourceVersion"]
     assert after == before
+    # Reads come from the process's watch: over the 30 s hold, with the launcher's monitor loop calling
+    # num_nodes_waiting every 0.1 s, the 4 agents made fewer requests than one GET per agent per
+    # second alone would cost (Lease renewals and the writer's election are most of what they made).
+    process, out = group.processes[0]
+    process.wait(90)
+    during = sum(item["requests"] for item in json.loads(Path(str(out) + ".hold").read_text())["api"])
+    during -= sum(item["requests"] for item in json.loads(out.read_text())["api"])
+    assert during < 4 * 30, f"{during} requests in 30 s"
 
 
 def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_valid(

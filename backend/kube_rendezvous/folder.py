@@ -43,6 +43,8 @@ from .kubeapi import (
     resource_path,
 )
 from .leases import (
+    ANNOTATION_DESIRE,
+    ANNOTATION_ROUND,
     LABEL_LEASE,
     LABEL_RENDEZVOUS,
     LEASE_PLURAL,
@@ -68,8 +70,11 @@ CANDIDATE_RETRY_SECONDS = 5.0
 GARBAGE_SECONDS = 60.0
 #: Seconds between two folds by the agents of one process while no writer folds.
 SELF_FOLD_SECONDS = 0.25
-#: Seconds to gather requests that arrive together into one fold.
+#: Seconds to gather requests that arrive together into one fold, plus one second per this many nodes.
 BATCH_SECONDS = 0.03
+BATCH_NODES_PER_SECOND = 5000
+#: Seconds between the writer's checks for expired nodes when nothing else wakes it.
+TICK_SECONDS = 0.5
 
 
 class Stopped(Protocol):
@@ -150,6 +155,7 @@ class Folder:
         self.leases: WatchCache | None = None
         self.leader = False
         self._lease_epoch = 0
+        self._requests_seen: dict[str, tuple[object, ...]] = {}
         self._collected_at = time.monotonic()
         self._self_folded_at = -SELF_FOLD_SECONDS
         self._wake = threading.Event()
@@ -157,7 +163,7 @@ class Folder:
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: Counters for tests and benchmarks.
         self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0}
-        self.rendezvous.add_listener(self._wake.set)
+        self.rendezvous.add_listener(lambda _: self._wake.set())
 
     @property
     def where(self) -> str:
@@ -245,7 +251,9 @@ class Folder:
             self.observations.restart()
         if judge_expiry:
             self.observations.observe(current)
-            named = document.nodes() if document is not None else []
+            # Nodes without a Lease count only where nodes keep Leases: agents that heartbeat in the
+            # state itself (compare-and-swap mode, the first release) are never expired from here.
+            named = document.nodes() if document is not None and current else []
             expired = self.observations.expired(current, named, self.default_expiry)
             if expired & set(named):
                 self.stats["expired"] += len(expired & set(named))
@@ -311,11 +319,15 @@ class Folder:
                 self._collect_garbage()
             renew_at = time.monotonic() + WRITER_RENEW_SECONDS
             while not stopped.is_set() and time.monotonic() < renew_at:
-                self._wake.wait(self._tick())
+                timeout = self._tick()
+                woken = self._wake.wait(timeout)
                 if stopped.is_set():
                     break
+                if not woken and timeout >= TICK_SECONDS and not self._expiry_due():
+                    continue  # a quiet tick: nothing asked, no last call ending, nobody expired
                 self._wake.clear()
-                stopped.wait(BATCH_SECONDS)
+                # Gather the requests that arrive together: longer for larger jobs (fewer writes).
+                stopped.wait(BATCH_SECONDS + len(self._requests_seen) / BATCH_NODES_PER_SECOND)
                 try:
                     self.fold_once(judge_expiry=True)
                 except (ApiError, ApiUnavailableError) as exc:
@@ -352,10 +364,27 @@ class Folder:
                     logger.info("could not delete the idle Lease %s: %s", name, exc)
                     return
 
+    def _expiry_due(self) -> bool:
+        """Whether a node the state names has a Lease that stopped changing for its expiry."""
+        leases = self.leases
+        obj = self.rendezvous.get(self.rendezvous_name)
+        if leases is None or not leases.healthy or obj is None:
+            return False
+        if leases.epoch != self._lease_epoch:
+            return True  # the fold restarts the observations
+        records = [record for item in leases.objects().values() if (record := record_of(item)) is not None]
+        self.observations.observe(records)
+        text = (obj.get("status") or {}).get("state")
+        try:
+            named = DECODED.decode(text).nodes() if text and records else []
+        except StateDocumentError:
+            return False
+        return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
+
     def _tick(self) -> float:
         """Seconds until the loop must look again: a last call ending, or the expiry check."""
         obj = self.rendezvous.get(self.rendezvous_name)
-        timeout = 0.5
+        timeout = TICK_SECONDS
         text = ((obj or {}).get("status") or {}).get("state")
         if text:
             try:
@@ -369,6 +398,7 @@ class Folder:
     def _start_lease_watch(self) -> None:
         if self.leases is None:
             self._lease_epoch = -1  # a new watch: observe every Lease afresh
+            self._requests_seen = {}
             selector = f"{LABEL_RENDEZVOUS}={self.rendezvous_name},{LABEL_LEASE}=node"
             self.leases = WatchCache(
                 self._api,
@@ -376,8 +406,25 @@ class Folder:
                 {"labelSelector": selector},
                 f"node Leases of {self.where}",
             )
-            self.leases.add_listener(self._wake.set)
+            self.leases.add_listener(self._on_lease)
             self.leases.start()
+
+    def _on_lease(self, lease: dict[str, Any] | None) -> None:
+        """Wake the loop for a new or changed request, not for a heartbeat (a renewal changes no annotation)."""
+        if lease is None:
+            self._wake.set()
+            return
+        metadata = lease.get("metadata") or {}
+        annotations = metadata.get("annotations") or {}
+        request = (
+            annotations.get(ANNOTATION_DESIRE),
+            annotations.get(ANNOTATION_ROUND),
+            metadata.get("deletionTimestamp"),
+        )
+        name = str(metadata.get("name"))
+        if self._requests_seen.get(name) != request:
+            self._requests_seen[name] = request
+            self._wake.set()
 
     def _stop_lease_watch(self) -> None:
         if self.leases is not None:

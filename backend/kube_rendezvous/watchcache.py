@@ -45,7 +45,7 @@ class WatchCache:
         #: resourceVersions the watch has delivered lately, per name (an install of one is stale).
         self._delivered: dict[str, list[str]] = {}
         self._condition = threading.Condition()
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         #: True once listed and while the watch runs.
@@ -68,8 +68,9 @@ class WatchCache:
     def stop(self) -> None:
         self._stopped.set()
 
-    def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (from the watch thread, quickly) after every change."""
+    def add_listener(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Call ``listener(obj)`` (from the watch thread, quickly) after every change: the object that
+        changed, or None after a list (anything may have changed)."""
         with self._condition:
             self._listeners.append(listener)
 
@@ -101,7 +102,7 @@ class WatchCache:
             if obj["metadata"].get("resourceVersion") in self._delivered.get(name, ()):
                 return  # the watch was faster: what it shows is this version or newer
             self._installed[name] = obj
-            self._changed()
+            self._changed(obj)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``predicate()`` (called under the cache's lock after each change) holds."""
@@ -114,11 +115,11 @@ class WatchCache:
                 self._condition.wait(min(remaining, 1.0))
             return True
 
-    def _changed(self) -> None:
+    def _changed(self, obj: dict[str, Any] | None = None) -> None:
         self.changes += 1
         self._condition.notify_all()
         for listener in self._listeners:
-            listener()
+            listener(obj)
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj.get("metadata", {}).get("name")
@@ -138,7 +139,7 @@ class WatchCache:
                 self._installed.pop(name, None)
             else:
                 self._objects[name] = obj
-            self._changed()
+            self._changed(obj)
 
     def _run(self) -> None:
         failures = 0
