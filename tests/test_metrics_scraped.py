@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from kube_rendezvous.document import decode_document
 from kube_rendezvous.factory import create_backend
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
@@ -171,11 +172,21 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
 
     wait_until(patched_after_the_read, 30, "the operator's eviction write", interval=0.3)
     wait_until(lambda: read(objects, namespace)["status"].get("evictedNodes") == ["127.0.0.42_1_0"], 30, "evicted")
-    assert read(objects, namespace)["status"]["state"] == written  # the operator records intents, never the state
+
+    # The operator records the eviction as an intent, then, as the preferred writer, folds it into the state.
+    def folded_out() -> bool:
+        status = read(objects, namespace)["status"]
+        names = {str(node) for node in decode_document(status["state"]).nodes()}
+        return status["state"] != written and "127.0.0.42_1_0" not in names
+
+    wait_until(folded_out, 30, "the evicted node folded out of the state")
+    assert str(read(objects, namespace)["status"].get("lastWriter")).startswith("operator/")
 
     def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
         found = scrape(operator)
-        return found if value(found, "kube_rendezvous_node_evictions_total") else None
+        evicted = value(found, "kube_rendezvous_node_evictions_total")
+        folded = value(found, "kube_rendezvous_state_writes_total", **labels) == 2
+        return found if evicted and folded else None
 
     after = wait_until(counted, 30, "the eviction to be counted")
     assert value(after, "kube_rendezvous_reconcile_errors_total", handler="ready-unknown") == 1
@@ -187,10 +198,9 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     assert value(after, "kube_rendezvous_node_joins_total", **labels) == 3
     assert value(after, "kube_rendezvous_node_leaves_total", **labels) == 1
     assert value(after, "kube_rendezvous_rounds_completed_total", **labels) == 1
-    assert (
-        value(after, "kube_rendezvous_state_writes_total", **labels) == 1
-    )  # the second state; the first is a baseline
-    assert value(after, "kube_rendezvous_participants", **labels) == 2
+    # The second state and the operator's fold of the eviction (the first state is a baseline).
+    assert value(after, "kube_rendezvous_state_writes_total", **labels) == 2
+    assert value(after, "kube_rendezvous_participants", **labels) == 1  # the evicted node is folded out
     assert value(after, "kube_rendezvous_waiting_nodes", **labels) == 0
     assert value(after, "kube_rendezvous_round", **labels) == 1
     assert value(after, "kube_rendezvous_events_total", reason="NodeJoined") == 3

@@ -1,8 +1,9 @@
 """The Kopf handlers: the operator's I/O edge. Decisions live in ``logic``.
 
-The operator is never in the data path. It watches Rendezvous objects and the training pods,
+The operator is never required in the data path (it is the preferred writer, see ``writer``; the
+agents elect one of their own when it is down). It watches Rendezvous objects and the training pods,
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
-them to ``status.evictedNodes``, which the agents fold into the state), holds a deleted
+them to ``status.evictedNodes``, which every writer folds into the state), holds a deleted
 Rendezvous until its agents have closed, and deletes closed ones after their TTL. It writes to
 a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
 resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
