@@ -44,10 +44,12 @@ clocks (heartbeat expiry compares other nodes' timestamps with the local clock).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import pickle
 import random
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -66,7 +68,7 @@ from .folder import DECODED, Folder, agent_folder, owner_reference, rendezvous_w
 from .folding import Change, Desire, JoinSettings, classify, satisfied
 from .frameworks import Framework
 from .frameworks import tensorplay as tensorplay_framework
-from .intents import EVICTED_HEARTBEAT, fold_intents
+from .intents import fold_intents
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -79,7 +81,7 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
-from .leases import LeaseNodeLock
+from .leases import LeaseNodeLock, renewer
 from .settings import RendezvousTimings
 from .statecheck import load_own_state
 from .summary import summarize_document
@@ -89,6 +91,11 @@ logger = logging.getLogger(__name__)
 
 Token = Any
 MERGE_PATCH = "application/merge-patch+json"
+#: The heartbeat shown to the framework for every node in scale mode (see ``_shown``).
+SHOWN_HEARTBEAT = datetime(9000, 1, 1, tzinfo=timezone.utc)
+#: The pickles of the states shown in scale mode, shared by the process's handlers (a few versions).
+_PICKLES: collections.OrderedDict[tuple[object, ...], bytes] = collections.OrderedDict()
+_PICKLES_LOCK = threading.Lock()
 #: Write ids kept in ``status.recentWriteIds`` to recognise a committed write after an unclear answer.
 RECENT_WRITE_IDS = 8
 
@@ -173,8 +180,9 @@ class KubernetesRendezvousBackend:
         self._keep_alive = 5.0
         #: What the framework was last given: (token, document shown, the object's resourceVersion).
         self._given: tuple[Token | None, RendezvousDocument | None, str] | None = None
-        #: The last pickle handed out in scale mode, by what it showed.
-        self._pickled: tuple[tuple[object, ...], bytes] | None = None
+        #: Set by the handler while its join loop runs: ``get_state`` then waits for a relevant change.
+        self.joining = False
+        self._last_signature: tuple[object, ...] = (None,)
         #: The document as stored (before heartbeats were synthesized), by token.
         self._stored: tuple[Token | None, RendezvousDocument | None] = (None, None)
 
@@ -297,16 +305,40 @@ class KubernetesRendezvousBackend:
         if document is None:
             return None
         token = obj["metadata"]["resourceVersion"]
-        if self.node is not None:
-            # Waiting agents read about once a second; re-pickle only when what is shown changed.
-            key = (token, document.last_heartbeats.get(self.node), next(iter(document.last_heartbeats.values()), None))
-            if self._pickled is not None and self._pickled[0] == key:
-                return self._pickled[1], token
-        state = state_from_document(document, self.framework.state_class, self.framework.node_class)
-        data = pickle.dumps(state)
-        if self.node is not None:
-            self._pickled = (key, data)
+        if self.node is None:
+            state = state_from_document(document, self.framework.state_class, self.framework.node_class)
+            return pickle.dumps(state), token
+        self._last_signature = self._signature(document)
+        # In scale mode every handler of the process is shown the same state for a version:
+        # pickle it once (waiting agents and the launcher's monitor loop read about once a second).
+        key = (self.framework.name, token, self.run_id, self.close_requested)
+        with _PICKLES_LOCK:
+            data = _PICKLES.get(key)
+        if data is None:
+            state = state_from_document(document, self.framework.state_class, self.framework.node_class)
+            data = pickle.dumps(state)
+            with _PICKLES_LOCK:
+                _PICKLES[key] = data
+                while len(_PICKLES) > 8:
+                    _PICKLES.popitem(last=False)
         return data, token
+
+    def _signature(self, document: RendezvousDocument | None) -> tuple[object, ...]:
+        """What a joining handler's next decision depends on: round, completion, close, last call, its role."""
+        if document is None or self.node is None:
+            return (None,)
+        node = self.node
+        role = (
+            ("participant", document.participants[node])
+            if node in document.participants
+            else "waiting"
+            if node in document.wait_list
+            else "redundant"
+            if node in document.redundancy_list
+            else None
+        )
+        full = len(document.participants) >= self._max_participants if self._max_participants else None
+        return (document.round, document.complete, document.closed, document.deadline, role, full)
 
     def get_state(self) -> tuple[bytes, Token] | None:
         """Return ``(state, token)``, or None when this run has no state yet.
@@ -316,6 +348,22 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
+        if self.joining and self._watch is not None and self._watch.healthy:
+            # Inside the join loop the framework polls about once a second; answer when something it
+            # decides on changed (or after one keep-alive), so N waiting agents do not each
+            # re-read every version of the state.
+            watch, name, last = self._watch, self.rendezvous_name, self._last_signature
+
+            def changed() -> bool:
+                obj = watch.get(name)
+                if obj is None:
+                    return True
+                try:
+                    return self._signature(self.read_document(obj)) != last
+                except Exception:  # noqa: BLE001 - an invalid state is reported by the read that follows
+                    return True
+
+            watch.wait_for(changed, self._keep_alive)
         return self._state_of(self._current_object())
 
     def _current_object(self) -> dict[str, Any]:
@@ -330,33 +378,35 @@ class KubernetesRendezvousBackend:
         return self._read_object()
 
     def _shown(self, obj: dict[str, Any], document: RendezvousDocument | None) -> RendezvousDocument | None:
-        """In scale mode: the document with other nodes fresh (unless evicted) and this node's last renewal."""
+        """In scale mode: the document with every heartbeat far in the future (the backend renews this
+        node's Lease itself, and only the folder expires nodes: the framework has nothing to do)."""
         token = obj["metadata"]["resourceVersion"]
         self._stored = (token, document)
         if self.node is None or document is None:
             if self.node is not None:
                 self._given = (None, None, token)
             return document
-        step = max(1.0, self._keep_alive)
-        fresh = datetime.fromtimestamp(time.time() // step * step, timezone.utc)
-        beats = {node: beat if beat == EVICTED_HEARTBEAT else fresh for node, beat in document.last_heartbeats.items()}
-        if self.node in beats and self._lease is not None and self._lease.renewed_at is not None:
-            # Its last renewal, so that the framework renews on time; but never older than one
-            # keep-alive, so that it never prunes itself: only the folder expires a node.
-            due = datetime.now(timezone.utc) - timedelta(seconds=self._keep_alive)
-            beats[self.node] = max(self._lease.renewed_at, due)
+        # Every node is shown the same far-future heartbeat: the framework then never prunes anyone
+        # nor renews anything, its own removals still find an entry (torch deletes it with ``del``),
+        # and every handler of the process is shown the same bytes.
+        beats = dict.fromkeys([*document.participants, *document.wait_list, *document.redundancy_list], SHOWN_HEARTBEAT)
         shown = dataclasses.replace(document, last_heartbeats=beats)
         self._given = (token, shown, token)
         return shown
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _encode(self, state: bytes) -> tuple[RendezvousDocument, str]:
+    def _decode_own(self, state: bytes) -> RendezvousDocument:
         try:
             value = load_own_state(state, self.framework.state_class, self.framework.node_class)
-            document = document_from_state(value, max_participants=self._max_participants)
-            return document, encode_document(document)
+            return document_from_state(value, max_participants=self._max_participants)
         except ValueError as exc:  # StateDocumentError is a ValueError
+            raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
+
+    def _encode_document(self, document: RendezvousDocument) -> str:
+        try:
+            return encode_document(document)
+        except ValueError as exc:
             raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
 
     def _status_for(self, document: RendezvousDocument, encoded: str, write_ids: list[str]) -> dict[str, Any]:
@@ -383,7 +433,7 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
-        document, encoded = self._encode(state)
+        document = self._decode_own(state)
         if self.node is not None and self._given is not None and token == self._given[0]:
             given_token, shown, object_version = self._given
             change = classify(shown if shown is not None else RendezvousDocument(), document, self.node)
@@ -402,7 +452,7 @@ class KubernetesRendezvousBackend:
             if given_token is None:
                 token = object_version  # no state of this run yet: create it by compare-and-swap
             document = self._with_stored_heartbeats(document)
-            encoded = encode_document(document)
+        encoded = self._encode_document(document)
         if token is None:
             obj = self._read_object()
             current = self._state_of(obj)
@@ -526,6 +576,11 @@ class KubernetesRendezvousBackend:
         if self._lease is not None:
             self._lease.round = given.round if given is not None else 0
         self._renew(desire)
+        lease = self._lease
+        if desire is Desire.JOIN and lease is not None:
+            renewer(self._api, self._keep_alive).add(lease)
+        elif desire is Desire.LEAVE and lease is not None:
+            renewer(self._api, self._keep_alive).remove(lease)
         self.stats["requests"] += 1
         self._folder.wake()
         node, watch, name = self.node, self._watch, self.rendezvous_name

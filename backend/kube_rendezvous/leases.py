@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -428,3 +429,56 @@ class WriterLease:
                 self._api.request("PUT", self._path, body=lease)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.info("could not release %s: %s", self.describe(), exc)
+
+
+class LeaseRenewer:
+    """Renews the node Leases of this process every keep-alive, from one thread.
+
+    The framework never sees a heartbeat in scale mode: a node heartbeats while its process
+    lives and its handler wants to be in the rendezvous (from its join request to its leave).
+    A renewal that fails is retried at the next tick; the folder expires a node only after a
+    whole expiry without one.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._leases: dict[int, LeaseNodeLock] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="lease renewer", daemon=True)
+        self._thread.start()
+
+    def add(self, lease: LeaseNodeLock) -> None:
+        with self._lock:
+            self._leases[id(lease)] = lease
+
+    def remove(self, lease: LeaseNodeLock) -> None:
+        with self._lock:
+            self._leases.pop(id(lease), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(0.5, self.interval / 4))
+            with self._lock:
+                leases = list(self._leases.values())
+            now = datetime.now(timezone.utc)
+            for lease in leases:
+                if lease.renewed_at is not None and (now - lease.renewed_at).total_seconds() < self.interval:
+                    continue
+                try:
+                    lease.update(None)
+                except Exception as exc:  # noqa: BLE001 - retried at the next tick
+                    logger.info("could not renew %s: %s", lease.describe(), exc)
+
+
+_RENEWERS: dict[tuple[str, float], LeaseRenewer] = {}
+_RENEWERS_LOCK = threading.Lock()
+
+
+def renewer(api: KubernetesApi, interval: float) -> LeaseRenewer:
+    """The process's renewer for Leases renewed every ``interval`` seconds through this API server."""
+    key = (str(api.api_client.configuration.host), interval)
+    with _RENEWERS_LOCK:
+        found = _RENEWERS.get(key)
+        if found is None:
+            found = _RENEWERS[key] = LeaseRenewer(interval)
+        return found

@@ -147,7 +147,14 @@ class RendezvousFixes:
             self.framework.delay((0, 0.3))
         deadline = self._get_deadline(self._settings.timeout.join)
         self._op_executor.run(self.framework.exit_op_class(), deadline)
-        self._op_executor.run(self.framework.join_op_class(), deadline, self._get_deadline)
+        backend = getattr(self._state_holder, "_backend", None)
+        if backend is not None:
+            backend.joining = True  # its reads may wait for a change that matters to this loop
+        try:
+            self._op_executor.run(self.framework.join_op_class(), deadline, self._get_deadline)
+        finally:
+            if backend is not None:
+                backend.joining = False
         self._start_heartbeats()
         rank, world_size = self._get_world()
         state = self._state_holder.state
