@@ -2,9 +2,10 @@
 
 The API server runs the first release's CRD here (no rule on ``status.state``), as in a cluster
 whose CRDs were never upgraded (chart 0.1.0 kept them in ``crds/``, which ``helm upgrade`` skips):
-what stops these states is the operator's own validator. For every payload the operator must stay live, post a ``StateInvalid`` Warning
-naming the problem, set Ready=False/StateInvalid, and run nothing; a valid state of 10000
-nodes must be accepted. The operator's peak RSS over the whole sequence is printed and bounded.
+what stops these states is the operator's own validator. For every payload the operator must
+stay live, post a ``StateInvalid`` Warning naming the problem, set Ready=False/StateInvalid, and
+run nothing; a valid state of 10000 nodes must be accepted. The operator's peak RSS over the
+whole sequence is printed and bounded.
 """
 
 from __future__ import annotations
