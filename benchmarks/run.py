@@ -361,13 +361,15 @@ def synthetic_state(nodes: int, name_length: int = 60) -> Any:
     return state
 
 
-def recovery(bench: Bench) -> dict[str, Any]:
+def recovery(
+    bench: Bench, modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction")
+) -> dict[str, Any]:
     """Seconds from SIGKILL of one of 3 agents to the survivors training again."""
     from tests.e2e.harness import ElasticJob, training_in_world
     from tests.testenv import free_port, wait_until
 
     out: dict[str, Any] = {}
-    for mode in ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"):
+    for mode in modes:
         workdir = bench.workdir / f"recovery-{mode}"
         conf = {"last_call_timeout": "1"}
         operator = None
