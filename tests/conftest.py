@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client, config
 
+from tests.e2e.harness import ElasticJob
 from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
@@ -147,3 +149,25 @@ def first_release_crd(
     finally:
         control_plane.kubectl("apply", "-f", str(REPO / "crds" / "rendezvous.yaml"))
         wait_until(lambda: _state_rule_enforced(objects, namespace), 60, "this release's CRD to apply again")
+
+
+@pytest.fixture
+def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
+    """Custom objects as cluster admin."""
+    return client.CustomObjectsApi(admin_api)
+
+
+@pytest.fixture
+def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[Callable[..., ElasticJob]]:
+    """Make elastic tensorplay jobs on Rendezvous ``<namespace>/job`` (k8s backend); stopped afterwards."""
+    jobs: list[ElasticJob] = []
+
+    def make(**options: Any) -> ElasticJob:
+        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
+        job = ElasticJob(tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, **options)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()

@@ -41,11 +41,6 @@ def backend(endpoint: str, agent_kubeconfig: Path) -> KubernetesRendezvousBacken
     return made
 
 
-@pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
 def read_object(objects: client.CustomObjectsApi, namespace: str, name: str = "rdzv") -> dict[str, Any]:
     found: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     return found

@@ -42,11 +42,6 @@ pytestmark = pytest.mark.usefixtures("crds")
 
 
 @pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
-@pytest.fixture
 def leases(admin_api: client.ApiClient) -> client.CoordinationV1Api:
     return client.CoordinationV1Api(admin_api)
 

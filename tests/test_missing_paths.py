@@ -37,26 +37,6 @@ def operator(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: 
         yield running
 
 
-@pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
-@pytest.fixture
-def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
-    jobs: list[ElasticJob] = []
-
-    def make(**options: Any) -> ElasticJob:
-        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
-        job = ElasticJob(tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, **options)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.stop()
-
-
 def create_job_pod(core: client.CoreV1Api, namespace: str, name: str, address: str) -> None:
     """A Job's pod (``restartPolicy: Never``) labelled for Rendezvous ``job``, played Running at ``address``."""
     core.create_namespaced_pod(

@@ -51,27 +51,7 @@ def operator(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: 
         yield running
 
 
-@pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
 MakeJob = Callable[..., ElasticJob]
-
-
-@pytest.fixture
-def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
-    jobs: list[ElasticJob] = []
-
-    def make(**options: Any) -> ElasticJob:
-        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
-        job = ElasticJob(tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, **options)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.stop()
 
 
 def read(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:

@@ -137,11 +137,6 @@ def write_status(objects: client.CustomObjectsApi, namespace: str, name: str, st
 
 
 @pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
-@pytest.fixture
 def operator(
     first_release_crd: None, control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:

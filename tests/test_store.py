@@ -34,11 +34,6 @@ def store(endpoint: str, agent_kubeconfig: Path) -> KubernetesStore:
     return made
 
 
-@pytest.fixture
-def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(admin_api)
-
-
 def key_objects(objects: client.CustomObjectsApi, namespace: str) -> list[dict[str, Any]]:
     listed: dict[str, Any] = objects.list_namespaced_custom_object(GROUP, VERSION, namespace, "rendezvouskeys")
     return list(listed["items"])
