@@ -171,7 +171,15 @@ class KubernetesRendezvousBackend:
         self.timings = RendezvousTimings()
         #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads,
         #: Lease renewals, requests and the folds this agent did itself.
-        self.stats = {"writes": 0, "conflicts": 0, "reads": 0, "renewals": 0, "requests": 0, "self_folds": 0}
+        self.stats = {
+            "writes": 0,
+            "conflicts": 0,
+            "reads": 0,
+            "renewals": 0,
+            "requests": 0,
+            "self_folds": 0,
+            "overtaken": 0,
+        }
         # Scale mode (serve_node): this handler's node, its Lease, the process's watch and folder.
         self.node: NodeId | None = None
         self._lease: LeaseNodeLock | None = None
@@ -567,14 +575,18 @@ class KubernetesRendezvousBackend:
 
         Waits on the watch for a state newer than ``object_version`` that reflects the request;
         when none comes within a grace period (no writer folded it), folds everything pending
-        itself, and waits again. After ``retry_timeout`` without success the current state is
-        answered with ``has_set=False``, as after a lost compare-and-swap.
+        itself, and waits again. A join overtaken by a new round (asked on round r, the state is
+        now past r and the fold dropped it) is answered at once with the new state and
+        ``has_set=False``, as after a lost compare-and-swap, so the framework asks again for the
+        round that is open now. After ``retry_timeout`` without success the current state is
+        answered with ``has_set=False`` too.
         """
         assert self._watch is not None and self._folder is not None and self.node is not None
         desire = {Change.JOIN: Desire.JOIN, Change.LEAVE: Desire.LEAVE}.get(change)
         given = self._given[1] if self._given is not None else None
+        asked_round = given.round if given is not None else 0
         if self._lease is not None:
-            self._lease.round = given.round if given is not None else 0
+            self._lease.round = asked_round
         self._renew(desire)
         lease = self._lease
         if desire is Desire.JOIN and lease is not None:
@@ -594,9 +606,14 @@ class KubernetesRendezvousBackend:
             if desire is None:
                 return True
             try:
-                return satisfied(self.read_document(obj), node, desire)
+                document = self.read_document(obj)
             except Exception:  # noqa: BLE001 - an invalid state is reported by the read that follows
                 return True
+            return satisfied(document, node, desire) or overtaken(document)
+
+        def overtaken(document: RendezvousDocument | None) -> bool:
+            """A join the fold dropped: the state moved past the round it was asked on."""
+            return desire is Desire.JOIN and document is not None and document.round != asked_round
 
         deadline = time.monotonic() + self._retry_timeout
         while True:
@@ -612,6 +629,10 @@ class KubernetesRendezvousBackend:
                 current = self._state_of(obj)
                 if current is None:
                     return None
+                stored = self._stored[1]
+                if desire is not None and not satisfied(stored, node, desire) and overtaken(stored):
+                    self.stats["overtaken"] += 1
+                    return self._lost(current)
                 self.stats["writes"] += 1
                 return current[0], current[1], True
             if time.monotonic() > deadline:

@@ -179,7 +179,17 @@ class ElasticJob:
                 agent.kill_pod()
 
     def logs(self) -> str:
-        return "\n".join(f"--- {agent.name}\n{agent.output()[-6000:]}" for agent in self.agents)
+        """The end of every agent's output, without the launcher's configuration and result dumps."""
+        return "\n".join(f"--- {agent.name}\n{quiet(agent.output())[-6000:]}" for agent in self.agents)
+
+
+#: Lines of torch's launcher that repeat its configuration, dropped so that failures show what happened.
+NOISE_LINE = re.compile(r"launcher/api\.py:\d+\]  |agent/server/api\.py:552\]  ")
+
+
+def quiet(output: str) -> str:
+    """``output`` without the launcher's configuration and per-round result dumps."""
+    return "\n".join(line for line in output.splitlines() if not NOISE_LINE.search(line))
 
 
 #: Our handlers log "this agent is rendezvous node N"; torch's logs "The node 'N' attempts to join".
