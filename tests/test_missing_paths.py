@@ -37,12 +37,15 @@ def operator(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: 
         yield running
 
 
-def create_job_pod(core: client.CoreV1Api, namespace: str, name: str, address: str) -> None:
-    """A Job's pod (``restartPolicy: Never``) labelled for Rendezvous ``job``, played Running at ``address``."""
+def create_job_pod(
+    core: client.CoreV1Api, namespace: str, name: str, address: str, labels: dict[str, str] | None = None
+) -> None:
+    """A Job's pod (``restartPolicy: Never``) played Running at ``address``; labelled for Rendezvous ``job``
+    unless ``labels`` are given."""
     core.create_namespaced_pod(
         namespace,
         client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name, labels={"kube-rendezvous.io/rendezvous": "job"}),
+            metadata=client.V1ObjectMeta(name=name, labels=labels or {"kube-rendezvous.io/rendezvous": "job"}),
             spec=client.V1PodSpec(
                 restart_policy="Never",
                 service_account_name="trainer",

@@ -34,6 +34,7 @@ from .document import NodeId, RendezvousDocument, StateDocumentError, decode_doc
 from .folding import JoinSettings, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
+    RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     ApiError,
     ApiUnavailableError,
@@ -46,7 +47,6 @@ from .leases import (
     ANNOTATION_DESIRE,
     ANNOTATION_ROUND,
     LABEL_LEASE,
-    LABEL_RENDEZVOUS,
     LEASE_PLURAL,
     LeaseObservations,
     NodeRecord,
@@ -399,7 +399,7 @@ class Folder:
         if self.leases is None:
             self._lease_epoch = -1  # a new watch: observe every Lease afresh
             self._requests_seen = {}
-            selector = f"{LABEL_RENDEZVOUS}={self.rendezvous_name},{LABEL_LEASE}=node"
+            selector = f"{RENDEZVOUS_LABEL}={self.rendezvous_name},{LABEL_LEASE}=node"
             self.leases = WatchCache(
                 self._api,
                 resource_path(LEASE_PLURAL, self.namespace),

@@ -52,6 +52,7 @@ from kubernetes import config as k8s_config
 from .document import RendezvousDocument, StateDocumentError, decode_document
 from .kubeapi import (
     GROUP,
+    RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
     ApiError,
@@ -69,7 +70,6 @@ from .summary import format_time, rendezvous_phase
 
 MERGE_PATCH = "application/merge-patch+json"
 #: Labels and annotation of the per-node and writer Leases (the backend's contract).
-RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 LEASE_KIND_LABEL = "kube-rendezvous.io/lease"
 NODE_ANNOTATION = "kube-rendezvous.io/node"
 LEASE_GROUP = "coordination.k8s.io"

@@ -37,13 +37,12 @@ from typing import Any, Protocol
 
 from .document import NodeId
 from .folding import Desire, JoinSettings, Request
-from .kubeapi import ConflictError, KubernetesApi, NotFoundError, resource_path
+from .kubeapi import RENDEZVOUS_LABEL, ConflictError, KubernetesApi, NotFoundError, resource_path
 
 logger = logging.getLogger(__name__)
 
 LEASE_PLURAL = "leases"
 MERGE_PATCH = "application/merge-patch+json"
-LABEL_RENDEZVOUS = "kube-rendezvous.io/rendezvous"
 LABEL_LEASE = "kube-rendezvous.io/lease"
 ANNOTATION_NODE = "kube-rendezvous.io/node"
 ANNOTATION_DESIRE = "kube-rendezvous.io/desire"
@@ -209,7 +208,7 @@ class LeaseNodeLock:
         now = datetime.now(timezone.utc)
         metadata: dict[str, Any] = {
             "name": self.name,
-            "labels": {LABEL_RENDEZVOUS: self.rendezvous_name, LABEL_LEASE: "node"},
+            "labels": {RENDEZVOUS_LABEL: self.rendezvous_name, LABEL_LEASE: "node"},
             "annotations": self._annotations(desire, now),
         }
         if self.owner:
@@ -268,7 +267,7 @@ def list_node_records(api: KubernetesApi, namespace: str, rendezvous_name: str) 
     listed = api.request(
         "GET",
         resource_path(LEASE_PLURAL, namespace),
-        query={"labelSelector": f"{LABEL_RENDEZVOUS}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
+        query={"labelSelector": f"{RENDEZVOUS_LABEL}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
     )
     records = [record for item in listed.get("items", []) if (record := record_of(item)) is not None]
     return records, str(listed["metadata"]["resourceVersion"])
@@ -376,7 +375,7 @@ class WriterLease:
             leaseTransitions=transitions,
         )
         metadata: dict[str, Any] = dict((lease or {}).get("metadata") or {"name": self.name})
-        metadata.setdefault("labels", {}).update({LABEL_RENDEZVOUS: self.rendezvous_name, LABEL_LEASE: "writer"})
+        metadata.setdefault("labels", {}).update({RENDEZVOUS_LABEL: self.rendezvous_name, LABEL_LEASE: "writer"})
         metadata.setdefault("annotations", {})[ANNOTATION_WRITER_PRIORITY] = "operator" if self.preferred else "agent"
         if self.owner and not lease:
             metadata["ownerReferences"] = [self.owner]

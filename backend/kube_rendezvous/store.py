@@ -31,6 +31,7 @@ from typing import Any
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
+    RENDEZVOUS_LABEL,
     ApiError,
     ApiUnavailableError,
     ConflictError,
@@ -49,7 +50,6 @@ class StoreTimeoutError(TimeoutError):
     """Raised when a blocking ``get`` runs past its timeout (unless the framework adapter names its own error)."""
 
 
-RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
 ROUND_LABEL = "kube-rendezvous.io/round"
 OPS_ANNOTATION = "kube-rendezvous.io/ops"

@@ -27,6 +27,7 @@ import kopf
 from kube_rendezvous.document import RendezvousDocument
 from kube_rendezvous.kubeapi import (
     GROUP,
+    RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
     ApiError,
@@ -46,7 +47,6 @@ from . import logic, metrics
 logger = logging.getLogger(__name__)
 
 FINALIZER = "kube-rendezvous.io/close-before-delete"
-POD_LABEL = "kube-rendezvous.io/rendezvous"
 MERGE_PATCH = "application/merge-patch+json"
 
 Key = tuple[str, str]
@@ -66,6 +66,8 @@ class Observed:
 STATES: dict[Key, logic.StoredState] = {}
 #: Per (namespace, name): the last status and document seen by ``observe_rendezvous``.
 OBSERVED: dict[Key, Observed] = {}
+#: Per (namespace, name): which pods are the Rendezvous's training pods (``logic.pod_selector``).
+SELECTORS: dict[Key, logic.PodSelector] = {}
 _API: KubernetesApi | None = None
 
 
@@ -242,6 +244,7 @@ def observe_rendezvous(
     if type == "DELETED":
         OBSERVED.pop(key, None)
         STATES.pop(key, None)
+        SELECTORS.pop(key, None)
         metrics.forget(namespace, name)
         return
     status = dict(status or {})
@@ -255,6 +258,12 @@ def observe_rendezvous(
     else:
         document = baseline  # an invalid state changes nothing the agents agreed on
     OBSERVED[key] = Observed(status, document)
+    selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
+    if SELECTORS.get(key) != selector:
+        SELECTORS[key] = selector
+        logger.info(
+            "the training pods of %s/%s are those with %s (%s)", namespace, name, selector.describe(), selector.source
+        )
     metrics.observe(namespace, name, status)
     if previous is None or previous.status.get("state") != status.get("state"):
         check = logic.check_state(stored)
@@ -295,13 +304,36 @@ def observe_rendezvous(
             )
 
 
-@kopf.on.event("", "v1", "pods", labels={POD_LABEL: kopf.PRESENT})
-def evict_nodes_of_gone_pods(type: str | None, body: kopf.Body, namespace: str, **_: Any) -> None:
-    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous."""
+def rendezvouses_of_pod(labels: dict[str, str] | None, namespace: str | None) -> list[str]:
+    """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
+    selectors = {name: selector for (where, name), selector in SELECTORS.items() if where == namespace}
+    return logic.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
+
+
+def is_training_pod(labels: dict[str, str], namespace: str | None, **_: Any) -> bool:
+    """Kopf's filter for the pod watch: a pod some Rendezvous selects (or that names one)."""
+    return bool(rendezvouses_of_pod(labels, namespace))
+
+
+@kopf.on.event("", "v1", "pods", when=is_training_pod)
+def evict_nodes_of_gone_pods(
+    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, **_: Any
+) -> None:
+    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous.
+
+    A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its
+    owner's workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the
+    Rendezvous's name.
+    """
     pod = dict(body)
     if not logic.pod_is_gone(pod, type):
         return
-    rendezvous = pod["metadata"].get("labels", {}).get(POD_LABEL)
+    for rendezvous in rendezvouses_of_pod(labels, namespace):
+        evict_nodes_of_pod(pod, namespace, rendezvous)
+
+
+def evict_nodes_of_pod(pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
+    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
     observed, stored = OBSERVED.get((namespace, rendezvous)), STATES.get((namespace, rendezvous))
     if observed is None or stored is None or stored.document is None:
         return
@@ -366,10 +398,18 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> 
     document = stored_state((namespace, name), status.get("state")).document
     if document is None or document.closed or status.get("closed"):
         return
+    selector = SELECTORS.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
+    selectors = [selector.describe()]
+    if selector.match_labels != {RENDEZVOUS_LABEL: name}:
+        selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
+    pods: dict[str, dict[str, Any]] = {}
     try:
-        listed = api().request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"{POD_LABEL}={name}"}
-        )
+        for label_selector in selectors:
+            listed = api().request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
+            )
+            for pod in listed.get("items") or []:
+                pods[pod["metadata"].get("uid") or pod["metadata"]["name"]] = pod
     except (ApiError, ApiUnavailableError) as exc:
         metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
         logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
@@ -377,7 +417,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> 
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
     document = with_lease_heartbeats(document, namespace, name) or document
-    nodes = logic.nodes_to_evict_on_resync(document, listed.get("items") or [], datetime.now(timezone.utc))
+    nodes = logic.nodes_to_evict_on_resync(document, pods.values(), datetime.now(timezone.utc))
     already = set(status.get("evictedNodes") or [])
     evict_and_report(namespace, name, [str(node) for node in nodes if str(node) not in already], "pod gone (resync)")
 

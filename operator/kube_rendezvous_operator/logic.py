@@ -236,6 +236,98 @@ def state_events(
 # -- pods and nodes --------------------------------------------------------------------------
 
 
+#: The pod labels a workload's controller sets, by the (API group, kind) of the Rendezvous's owner:
+#: label -> which field of the owner it holds ("uid" or "name"), or a fixed value.
+WORKLOAD_POD_LABELS: dict[tuple[str, str], dict[str, str]] = {
+    ("batch", "Job"): {"batch.kubernetes.io/controller-uid": "uid"},
+    ("jobset.x-k8s.io", "JobSet"): {"jobset.sigs.k8s.io/jobset-uid": "uid"},
+    ("kubeflow.org", "PyTorchJob"): {
+        "training.kubeflow.org/job-name": "name",
+        "training.kubeflow.org/operator-name": "=pytorchjob-controller",
+    },
+    # Kubeflow Trainer runs a TrainJob as a JobSet of the same name.
+    ("trainer.kubeflow.org", "TrainJob"): {"jobset.sigs.k8s.io/jobset-name": "name"},
+}
+
+
+@dataclass(frozen=True)
+class PodSelector:
+    """Which pods are a Rendezvous's training pods, and where that choice came from.
+
+    A pod belongs to the Rendezvous when its labels contain every label of ``match_labels``
+    or when it carries ``kube-rendezvous.io/rendezvous: <name>`` (always honoured).
+    """
+
+    match_labels: dict[str, str]
+    #: Where ``match_labels`` came from: ``spec.podSelector``, ``owner <Kind> <name>``, or ``default``.
+    source: str
+
+    def describe(self) -> str:
+        """The selector as ``kubectl get pods -l`` takes it."""
+        return ",".join(f"{key}={value}" for key, value in sorted(self.match_labels.items()))
+
+
+def _controller(owner_references: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The owner reference marked ``controller: true``, else the first one of a known workload kind."""
+    owners = list(owner_references)
+    controller = next((owner for owner in owners if owner.get("controller")), None)
+    if controller is not None:
+        return controller
+    return next((owner for owner in owners if _workload_key(owner) in WORKLOAD_POD_LABELS), None)
+
+
+def _workload_key(owner: dict[str, Any]) -> tuple[str, str]:
+    api_version = str(owner.get("apiVersion") or "")
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    return group, str(owner.get("kind") or "")
+
+
+def pod_selector(name: str, spec: dict[str, Any], metadata: dict[str, Any], label: str) -> PodSelector:
+    """The training pods of Rendezvous ``name``: ``spec.podSelector``, else its owner's pods, else ``label``.
+
+    - ``spec.podSelector.matchLabels``, when it is set and not empty;
+    - else, when the Rendezvous's controller (its ``ownerReferences``) is a Job, a JobSet, a
+      PyTorchJob or a TrainJob, the labels that workload's controller puts on its pods
+      (``WORKLOAD_POD_LABELS``);
+    - else ``{label: name}``: pods labelled ``kube-rendezvous.io/rendezvous: <name>``.
+
+    Not guaranteed: an owner of another kind falls back to the label; labels are matched as
+    given (no ``matchExpressions``).
+    """
+    labels = dict(((spec.get("podSelector") or {}).get("matchLabels")) or {})
+    if labels:
+        return PodSelector(labels, "spec.podSelector")
+    owner = _controller(metadata.get("ownerReferences") or [])
+    shape = WORKLOAD_POD_LABELS.get(_workload_key(owner)) if owner is not None else None
+    if owner is not None and shape is not None:
+        derived = {
+            key: field[1:] if field.startswith("=") else str(owner.get(field) or "") for key, field in shape.items()
+        }
+        if all(derived.values()):
+            return PodSelector(derived, f"owner {owner.get('kind')} {owner.get('name')}")
+    return PodSelector({label: name}, "default")
+
+
+def selects(selector: PodSelector, labels: dict[str, str] | None) -> bool:
+    """Whether a pod with ``labels`` is selected by ``selector``'s labels."""
+    found = labels or {}
+    return all(found.get(key) == value for key, value in selector.match_labels.items())
+
+
+def rendezvouses_of_pod(labels: dict[str, str] | None, selectors: dict[str, PodSelector], label: str) -> list[str]:
+    """The Rendezvous names (of one namespace, with their ``selectors``) that a pod with ``labels`` belongs to.
+
+    A pod labelled ``label: <name>`` belongs to ``<name>`` even when that Rendezvous has not been
+    seen yet; otherwise every Rendezvous whose selector selects the pod.
+    """
+    found = labels or {}
+    named = found.get(label)
+    matched = {name for name, selector in selectors.items() if selects(selector, found)}
+    if named:
+        matched.add(named)
+    return sorted(matched)
+
+
 def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
     """Whether a training pod can no longer run its agent: deleted, terminating or all containers ended."""
     if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):

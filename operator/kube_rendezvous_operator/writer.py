@@ -25,6 +25,7 @@ from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.folder import Folder
 from kube_rendezvous.kubeapi import (
     GROUP,
+    RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
     ApiError,
@@ -35,7 +36,6 @@ from kube_rendezvous.kubeapi import (
 from kube_rendezvous.leases import (
     ANNOTATION_NODE,
     LABEL_LEASE,
-    LABEL_RENDEZVOUS,
     LEASE_PLURAL,
     parse_micro_time,
     parse_node,
@@ -59,7 +59,7 @@ def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> d
     listed = client.request(
         "GET",
         resource_path(LEASE_PLURAL, namespace),
-        query={"labelSelector": f"{LABEL_RENDEZVOUS}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
+        query={"labelSelector": f"{RENDEZVOUS_LABEL}={rendezvous_name},{LABEL_LEASE}=node", "resourceVersion": "0"},
     )
     beats: dict[NodeId, datetime] = {}
     for item in listed.get("items", []):
