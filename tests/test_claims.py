@@ -175,8 +175,9 @@ class TestKubectlWide:
         assert backend.set_state(pickle.dumps(_RendezvousState())) is not None
         plain = control_plane.kubectl("-n", namespace, "get", "rdzv", "job").stdout.splitlines()
         wide = control_plane.kubectl("-n", namespace, "get", "rdzv", "job", "-o", "wide").stdout.splitlines()
-        assert plain[0].split() == ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "AGE"]
-        assert wide[0].split() == ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "READY", "RUN", "AGE"]
+        columns = ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "ROUND-AGE"]
+        assert plain[0].split() == [*columns, "AGE"]
+        assert wide[0].split() == [*columns, "READY", "RUN", "AGE"]
         assert "run-7" in wide[1].split() and "run-7" not in plain[1]
 
 

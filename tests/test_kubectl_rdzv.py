@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kube_rendezvous import kubectl_rdzv
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous.summary import summarize_document
+from kube_rendezvous.summary import format_time, parse_time, summarize_document
 from kubernetes import client
 
 from tests.helpers import REPO, create_rendezvous
@@ -149,7 +149,11 @@ def test_status_shows_ranks_waiting_writer_and_lease_heartbeats(
 ) -> None:
     create_rendezvous(objects, namespace, "job", minNodes=2, maxNodes=4)
     # The document's heartbeats are old; the Leases are the truth: A 2 s ago, B 40 s ago (expired), C 1 s ago.
-    write_state(objects, namespace, "job", complete_round(heartbeat_age=600))
+    history = [
+        {"round": 2, "startTime": "2026-01-01T10:00:00Z", "formedTime": "2026-01-01T10:00:12Z", "nodes": 3},
+        {"round": 3, "startTime": "2026-01-01T10:05:00Z", "formedTime": "2026-01-01T10:05:04Z", "nodes": 2},
+    ]
+    write_state(objects, namespace, "job", complete_round(heartbeat_age=600), recentRounds=history)
     create_lease(leases, namespace, "job", "job-node-a", "node", ago(2), node=A)
     create_lease(leases, namespace, "job", "job-node-b", "node", ago(40), node=B)
     create_lease(leases, namespace, "job", "job-node-c", "node", ago(1), node=C)
@@ -166,7 +170,7 @@ def test_status_shows_ranks_waiting_writer_and_lease_heartbeats(
     assert "nothing: the round is complete" in out
     assert "operator/kube-rendezvous-0 (writer Lease renewed" in out
     assert "from node Leases" in out
-    assert "not recorded" in out  # past rounds' durations: no status field holds them
+    assert "round 2 formed in 12s with 3 nodes, round 3 formed in 4s with 2 nodes" in out  # status.recentRounds
     assert table_row(out, A)[1:3] == ["participant", "0"]
     assert table_row(out, B)[1:3] == ["participant", "1"]
     assert table_row(out, C)[1:3] == ["waiting", "-"]
@@ -183,7 +187,8 @@ def test_status_json_of_a_forming_round_counts_missing_nodes_with_document_heart
     document = RendezvousDocument(
         round=2, participants={A: 0, B: 0}, redundancy_list=frozenset({C}), last_heartbeats={A: ago(7), B: ago(7)}
     )
-    write_state(objects, namespace, "job", document, evictedNodes=["10.0.0.9_9_0"])
+    started = format_time(ago(30))
+    write_state(objects, namespace, "job", document, evictedNodes=["10.0.0.9_9_0"], roundStartTime=started)
 
     result = plugin(control_plane, "status", "job", "-n", namespace, "-o", "json")
 
@@ -195,7 +200,11 @@ def test_status_json_of_a_forming_round_counts_missing_nodes_with_document_heart
     assert (report["participantCount"], report["waitingCount"], report["redundantCount"]) == (2, 0, 1)
     assert report["heartbeatSource"] == "document"
     assert report["writer"] is None
-    assert report["roundDurations"] is None and "not recorded" in report["roundDurationsNote"]
+    assert report["roundDurations"] == [] and "none recorded yet" in report["roundDurationsNote"]
+    assert kubectl_rdzv.parse_microtime(report["roundFormingSince"]) == parse_time(started)
+    text = plugin(control_plane, "status", "job", "-n", namespace).stdout
+    forming = next(line for line in text.splitlines() if line.startswith("Forming"))
+    assert forming.split()[1] == "began" and 29 <= int(forming.split()[2].rstrip("s")) < 60, forming
     assert report["evictedNodes"] == ["10.0.0.9_9_0"]
     by_node = {item["node"]: item for item in report["nodes"]}
     assert by_node[str(A)]["role"] == "participant" and by_node[str(A)]["rank"] == 0

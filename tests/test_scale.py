@@ -204,6 +204,12 @@ def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_vali
     assert len(versions) < 32, f"{len(versions)} writes of the shared Rendezvous for 32 joins"
     writers = {obj["status"].get("lastWriter") for obj in versions}
     assert all(str(writer).startswith("agent/") for writer in writers), writers
+    # Progress for kubectl: one start time for the whole round, and the round recorded once when it formed.
+    starts = {obj["status"].get("roundStartTime") for obj in versions if obj["status"].get("round") == 0}
+    assert len(starts) == 1 and None not in starts, starts
+    final = versions[-1]["status"]
+    assert [(item["round"], item["nodes"]) for item in final["recentRounds"]] == [(0, 32)]
+    assert final["recentRounds"][0]["startTime"] == starts.pop() <= final["recentRounds"][0]["formedTime"]
 
 
 def test_killing_the_operator_mid_round_still_completes_the_round(

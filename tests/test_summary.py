@@ -12,6 +12,7 @@ import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.summary import (
     PHASES,
+    RECENT_ROUNDS,
     SUMMARY_LIST_LIMIT,
     format_time,
     parse_time,
@@ -206,6 +207,8 @@ class TestSummarizeDocument:
             "deadline": None,
             "lastChangeTime": "2024-05-01T12:00:00Z",
             "lastWriter": None,
+            "roundStartTime": "2024-05-01T12:00:00Z",
+            "recentRounds": [],
         }
 
     def test_summary_is_json_serializable(self) -> None:
@@ -292,3 +295,40 @@ class TestParseTime:
         summary = summarize_document(like(state), now=NOW, writer="trainer-0000")
         assert len(summary["participants"]) == SUMMARY_LIST_LIMIT == 16
         assert len(json.dumps(summary)) < 1800
+
+
+class TestRoundProgress:
+    """``roundStartTime`` and ``recentRounds``: how long the current round has been forming, and the last ones took."""
+
+    @staticmethod
+    def doc(round_number: int, complete: bool = False, nodes: int = 0) -> RendezvousDocument:
+        members = {NodeId(f"10.0.0.{index}", 1, 0): index for index in range(nodes)}
+        return RendezvousDocument(round=round_number, complete=complete, participants=members)
+
+    def test_the_start_is_kept_while_the_round_forms_and_the_formed_round_is_recorded_once(self) -> None:
+        first = summarize_document(self.doc(3), now=NOW)
+        assert first["roundStartTime"] == "2024-05-01T12:00:00Z" and first["recentRounds"] == []
+        later = summarize_document(self.doc(3, nodes=1), now=NOW + timedelta(seconds=20), previous=first)
+        assert later["roundStartTime"] == "2024-05-01T12:00:00Z"
+        formed = summarize_document(self.doc(3, True, 2), now=NOW + timedelta(seconds=30), previous=later)
+        entry = {"round": 3, "startTime": "2024-05-01T12:00:00Z", "formedTime": "2024-05-01T12:00:30Z", "nodes": 2}
+        assert formed["recentRounds"] == [entry]
+        again = summarize_document(self.doc(3, True, 2), now=NOW + timedelta(seconds=90), previous=formed)
+        assert again["recentRounds"] == [entry], "a write within a formed round records nothing"
+
+    def test_a_new_round_restarts_the_clock_and_only_the_last_rounds_are_kept(self) -> None:
+        status: dict[str, Any] = {}
+        for number in range(8):
+            start = NOW + timedelta(minutes=number)
+            status = summarize_document(self.doc(number), now=start, previous=status)
+            assert status["roundStartTime"] == format_time(start)
+            status = summarize_document(self.doc(number, True, 1), now=start + timedelta(seconds=5), previous=status)
+        assert [item["round"] for item in status["recentRounds"]] == [3, 4, 5, 6, 7]
+        assert len(status["recentRounds"]) == RECENT_ROUNDS
+
+    def test_without_the_previous_status_the_round_starts_now(self) -> None:
+        formed = summarize_document(self.doc(2, True, 1), now=NOW, previous=None)
+        assert formed["roundStartTime"] == format_time(NOW)
+        assert formed["recentRounds"] == [
+            {"round": 2, "startTime": format_time(NOW), "formedTime": format_time(NOW), "nodes": 1}
+        ]

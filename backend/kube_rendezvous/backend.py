@@ -160,6 +160,7 @@ class KubernetesRendezvousBackend:
         self._conflict_streak = 0
         #: The token of the last object seen, its recent write ids, and the run id its state belongs to.
         self._recent_write_ids: tuple[str, list[str], str | None] = ("", [], None)
+        self._remembered_status: tuple[str, dict[str, Any]] = ("", {})
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
         self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
@@ -263,6 +264,7 @@ class KubernetesRendezvousBackend:
         status = obj.get("status") or {}
         ids = status.get("recentWriteIds") or []
         self._recent_write_ids = (obj["metadata"]["resourceVersion"], [str(item) for item in ids], status.get("runId"))
+        self._remembered_status = (obj["metadata"]["resourceVersion"], status)
         return obj
 
     def read_document(self, obj: dict[str, Any]) -> RendezvousDocument | None:
@@ -417,14 +419,24 @@ class KubernetesRendezvousBackend:
         except ValueError as exc:
             raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
 
-    def _status_for(self, document: RendezvousDocument, encoded: str, write_ids: list[str]) -> dict[str, Any]:
+    def _status_for(
+        self, document: RendezvousDocument, encoded: str, write_ids: list[str], token: str
+    ) -> dict[str, Any]:
         status: dict[str, Any] = {
             "state": encoded,
             "stateBytes": len(encoded),
             "runId": self.run_id,
             "recentWriteIds": write_ids,
         }
-        status.update(summarize_document(document, now=datetime.now(timezone.utc), writer=self._node_name))
+        remembered_token, previous = self._remembered_status
+        status.update(
+            summarize_document(
+                document,
+                now=datetime.now(timezone.utc),
+                writer=self._node_name,
+                previous=previous if remembered_token == token else None,
+            )
+        )
         return status
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
@@ -473,7 +485,7 @@ class KubernetesRendezvousBackend:
         write_id = uuid.uuid4().hex[:8]
         known_token, known_ids, known_run = self._recent_write_ids
         write_ids = [*(known_ids if known_token == token else [])[-(RECENT_WRITE_IDS - 1) :], write_id]
-        body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded, write_ids)}
+        body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded, write_ids, token)}
         if known_token == token and known_run not in (None, self.run_id):
             body["status"]["evictedNodes"] = None  # a new run starts without the old run's evictions
         deadline = time.monotonic() + self._retry_timeout

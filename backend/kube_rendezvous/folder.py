@@ -282,7 +282,7 @@ class Folder:
     def _write(self, obj: dict[str, Any], document: RendezvousDocument, run_id: str, now: datetime) -> bool:
         encoded = encode_document(document)
         status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id}
-        status.update(summarize_document(document, now=now, writer=self.identity))
+        status.update(summarize_document(document, now=now, writer=self.identity, previous=obj.get("status")))
         if (obj.get("status") or {}).get("runId") not in (None, run_id):
             status["evictedNodes"] = None  # a new run starts without the old run's evictions
             status["recentWriteIds"] = []

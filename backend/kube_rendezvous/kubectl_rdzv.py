@@ -21,9 +21,11 @@ Not guaranteed:
 - Heartbeat ages compare the writers' clocks (``renewTime``, the document's heartbeats) with this
   machine's clock; with clock skew they are off by the skew (negative ages are shown as such).
 - ``status`` reads the object and the Leases in two requests: the two can be a moment apart.
-- When the current round began forming, and past rounds' durations, are not shown: no status field
-  records them. In LastCall the time since minNodes was reached is estimated from the deadline
-  minus the spec's (or the default) last-call timeout; agents with their own rdzv-conf differ.
+- When the current round began forming (``status.roundStartTime``) and how long the last rounds
+  took (``status.recentRounds``, the last 5) are the writers' clocks; a Rendezvous last written by
+  an older release has neither. In LastCall the time since minNodes was reached is estimated from
+  the deadline minus the spec's (or the default) last-call timeout; agents with their own
+  rdzv-conf differ.
 - ``evict`` and ``close`` record intents: they take effect when a live agent next writes the state.
   ``evict`` checks that the node is in the state when it writes, not that it is still there later.
 - ``watch`` shows every change it receives, but after its watch is re-established (server timeout,
@@ -85,10 +87,7 @@ WATCH_SECONDS = 240
 #: Nodes named in an error message before "and N more".
 NODES_NAMED = 20
 
-_ROUND_HISTORY_NOTE = (
-    "not recorded: no status field holds when a round began forming or completed "
-    "(the status has lastChangeTime, deadline and conditions only)"
-)
+_ROUND_HISTORY_NOTE = "none recorded yet (status.recentRounds is empty)"
 _MICROTIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
 
 
@@ -386,6 +385,13 @@ def build_report(
     if deadline is not None:
         last_call_since = deadline - timedelta(seconds=timings.last_call)
     last_change = parse_microtime(status.get("lastChangeTime"))
+    round_start = parse_microtime(status.get("roundStartTime"))
+    durations = []
+    for item in status.get("recentRounds") or []:
+        started, formed = parse_microtime(item.get("startTime")), parse_microtime(item.get("formedTime"))
+        if started is not None and formed is not None:
+            seconds = round((formed - started).total_seconds(), 3)
+            durations.append({"round": item.get("round"), "nodes": item.get("nodes"), "formedInSeconds": seconds})
     return {
         "namespace": snapshot.namespace,
         "rendezvousName": snapshot.rendezvous_name,
@@ -403,9 +409,9 @@ def build_report(
         "deadline": _iso(deadline),
         "deadlineInSeconds": None if deadline is None else round((deadline - now).total_seconds(), 3),
         "lastCallSinceEstimate": _iso(last_call_since),
-        "roundFormingSince": None,
-        "roundDurations": None,
-        "roundDurationsNote": _ROUND_HISTORY_NOTE,
+        "roundFormingSince": _iso(round_start),
+        "roundDurations": durations,
+        "roundDurationsNote": None if durations else _ROUND_HISTORY_NOTE,
         "lastChangeTime": status.get("lastChangeTime"),
         "lastChangeAgeSeconds": _age(last_change, now),
         "lastWriter": status.get("lastWriter"),
@@ -485,11 +491,21 @@ def _waiting_for_text(report: dict[str, Any]) -> str:
 def _forming_text(report: dict[str, Any], now: datetime) -> str:
     if report["complete"] or report["round"] is None:
         return "-"
-    text = "since when is not recorded (no status field holds the round's start)"
+    started = parse_microtime(report["roundFormingSince"])
+    text = "since when is not recorded" if started is None else f"began {format_age(_age(started, now))}"
     since = parse_microtime(report["lastCallSinceEstimate"])
     if since is not None:
         text += f"; minNodes reached about {format_age(_age(since, now))} (deadline minus the last-call timeout)"
     return text
+
+
+def _past_rounds_text(report: dict[str, Any]) -> str:
+    if not report["roundDurations"]:
+        return str(report["roundDurationsNote"])
+    return ", ".join(
+        f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
+        for item in report["roundDurations"]
+    )
 
 
 def _writer_text(report: dict[str, Any]) -> str:
@@ -527,7 +543,7 @@ def render_status(report: dict[str, Any]) -> str:
         ),
         ("Waiting for", _waiting_for_text(report)),
         ("Forming", _forming_text(report, now)),
-        ("Past rounds", report["roundDurationsNote"]),
+        ("Past rounds", _past_rounds_text(report)),
         ("Last change", last_change),
         ("Writer", _writer_text(report)),
         ("Heartbeats", f"from {source}; expired after {report['heartbeatExpirySeconds']:g}s"),

@@ -5,11 +5,18 @@ The agents store it in the same compare-and-swap write as the encoded document, 
 first ``SUMMARY_LIST_LIMIT`` nodes): the operator and the kubectl plugin decode the document
 itself when they need every node.
 
-Not guaranteed: ``lastChangeTime`` is the writing agent's clock.
+It also says how long the current round has been forming (``roundStartTime``, kept from the
+previous status while the round number stays) and how long the last rounds took to form
+(``recentRounds``, one entry written when a round completes).
+
+Not guaranteed: ``lastChangeTime``, ``roundStartTime`` and the times in ``recentRounds`` are the
+writing agent's (or operator's) clock; a round whose state was written without the previous
+status at hand (a writer that lost track of it) restarts its ``roundStartTime``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,6 +26,8 @@ from .document import RendezvousDocument
 SUMMARY_LIST_LIMIT = 16
 
 PHASES = ("Pending", "Joining", "LastCall", "Complete", "Closed")
+#: Rounds listed in ``status.recentRounds`` (oldest dropped first; the CRD's maxItems).
+RECENT_ROUNDS = 5
 
 
 def format_time(moment: datetime) -> str:
@@ -46,10 +55,28 @@ def rendezvous_phase(document: RendezvousDocument | None) -> str:
     return "Joining"
 
 
+def round_progress(document: RendezvousDocument, previous: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """``roundStartTime`` and ``recentRounds`` for a write of ``document`` over the ``previous`` status."""
+    before = previous or {}
+    same_round = before.get("round") == document.round and isinstance(before.get("roundStartTime"), str)
+    start = str(before["roundStartTime"]) if same_round else format_time(now)
+    rounds = [item for item in before.get("recentRounds") or [] if isinstance(item, dict)]
+    formed_before = same_round and before.get("phase") in ("Complete", "Closed")
+    if document.complete and not formed_before:
+        formed = {"round": document.round, "startTime": start, "formedTime": format_time(now)}
+        rounds = [*rounds, {**formed, "nodes": len(document.participants)}]
+    return {"roundStartTime": start, "recentRounds": rounds[-RECENT_ROUNDS:]}
+
+
 def summarize_document(
-    document: RendezvousDocument, *, now: datetime, writer: str | None = None, limit: int = SUMMARY_LIST_LIMIT
+    document: RendezvousDocument,
+    *,
+    now: datetime,
+    writer: str | None = None,
+    limit: int = SUMMARY_LIST_LIMIT,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return the ``status`` fields that describe ``document``.
+    """Return the ``status`` fields that describe ``document``, written over the ``previous`` status.
 
     Every field is a scalar, a list or explicitly ``None`` so that a JSON merge patch of the
     result replaces the previous summary completely (``None`` removes a field).
@@ -67,4 +94,5 @@ def summarize_document(
         "deadline": format_time(document.deadline) if document.deadline is not None and not document.complete else None,
         "lastChangeTime": format_time(now),
         "lastWriter": writer,
+        **round_progress(document, previous, now),
     }
