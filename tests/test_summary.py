@@ -15,6 +15,7 @@ from kube_rendezvous.summary import (
     RECENT_ROUNDS,
     SUMMARY_LIST_LIMIT,
     format_time,
+    forming_line,
     parse_time,
     rendezvous_phase,
     summarize_document,
@@ -332,3 +333,29 @@ class TestRoundProgress:
         assert formed["recentRounds"] == [
             {"round": 2, "startTime": format_time(NOW), "formedTime": format_time(NOW), "nodes": 1}
         ]
+
+
+class TestFormingLine:
+    """The line an agent logs every 10 s while its round forms: who joined, how many more, who is missing."""
+
+    A, B, C = NodeId("10.0.0.1", 1, 0), NodeId("10.0.0.2", 1, 0), NodeId("10.0.0.3", 1, 0)
+
+    def test_it_counts_the_nodes_still_needed_and_names_the_last_rounds_members_that_are_missing(self) -> None:
+        document = RendezvousDocument(round=4, participants={self.A: 0}, wait_list=frozenset({self.C}))
+        line = forming_line(document, min_nodes=3, waited=20.4, last_members=frozenset({self.A, self.B}))
+        assert line == (
+            "round 4 still forming after 20 s: 1 of minNodes 3 joined (10.0.0.1_1_0); waiting for 2 more nodes; "
+            "missing from the last round: 10.0.0.2_1_0; 1 waiting for the next round"
+        )
+
+    def test_in_last_call_it_says_until_when(self) -> None:
+        document = RendezvousDocument(round=1, participants={self.A: 0, self.B: 0}, deadline=NOW)
+        line = forming_line(document, min_nodes=2, waited=10, last_members=None)
+        assert line == (
+            "round 1 still forming after 10 s: 2 of minNodes 2 joined (10.0.0.1_1_0, 10.0.0.2_1_0); "
+            "minNodes reached, last call until 2024-05-01T12:00:00Z"
+        )
+
+    def test_a_complete_or_closed_round_has_no_line(self) -> None:
+        assert forming_line(RendezvousDocument(complete=True, participants={self.A: 0}), min_nodes=1, waited=30) is None
+        assert forming_line(RendezvousDocument(closed=True), min_nodes=1, waited=30) is None

@@ -84,7 +84,7 @@ from .kubeapi import (
 from .leases import LeaseNodeLock, renewer
 from .settings import RendezvousTimings
 from .statecheck import load_own_state
-from .summary import summarize_document
+from .summary import forming_line, summarize_document
 from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ SHOWN_HEARTBEAT = datetime(9000, 1, 1, tzinfo=timezone.utc)
 #: The pickles of the states shown in scale mode, shared by the process's handlers (a few versions).
 _PICKLES: collections.OrderedDict[tuple[object, ...], bytes] = collections.OrderedDict()
 _PICKLES_LOCK = threading.Lock()
+#: Seconds between two log lines of an agent waiting in the join loop (who joined, who is missing).
+PROGRESS_LOG_SECONDS = 10.0
 #: Write ids kept in ``status.recentWriteIds`` to recognise a committed write after an unclear answer.
 RECENT_WRITE_IDS = 8
 
@@ -191,6 +193,10 @@ class KubernetesRendezvousBackend:
         self._given: tuple[Token | None, RendezvousDocument | None, str] | None = None
         #: Set by the handler while its join loop runs: ``get_state`` then waits for a relevant change.
         self.joining = False
+        # Progress lines of the join loop (``_log_progress``): since when, last logged, last round's members.
+        self._waiting_since: float | None = None
+        self._progress_logged = 0.0
+        self._last_members: frozenset[NodeId] | None = None
         self._last_signature: tuple[object, ...] = (None,)
         #: The document as stored (before heartbeats were synthesized), by token.
         self._stored: tuple[Token | None, RendezvousDocument | None] = (None, None)
@@ -374,7 +380,30 @@ class KubernetesRendezvousBackend:
                     return True
 
             watch.wait_for(changed, self._keep_alive)
-        return self._state_of(self._current_object())
+        current = self._state_of(self._current_object())
+        self._log_progress()
+        return current
+
+    def _log_progress(self) -> None:
+        """While the join loop waits, log one line every ``PROGRESS_LOG_SECONDS``: who joined, who is missing."""
+        document = self._stored[1]
+        if document is not None and document.complete:
+            self._last_members = frozenset(document.participants)
+        settings = self._lease.settings if self._lease is not None else None
+        if not self.joining or settings is None or document is None:
+            self._waiting_since = None
+            return
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since, self._progress_logged = now, now
+        if now - self._progress_logged < PROGRESS_LOG_SECONDS:
+            return
+        self._progress_logged = now
+        line = forming_line(
+            document, min_nodes=settings.min_nodes, waited=now - self._waiting_since, last_members=self._last_members
+        )
+        if line is not None:
+            logger.info("%s (Rendezvous %s)", line, self._where)
 
     def _current_object(self) -> dict[str, Any]:
         """The Rendezvous, from the process's watch in scale mode (no request), else from a GET."""

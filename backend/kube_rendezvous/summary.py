@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .document import RendezvousDocument
+from .document import NodeId, RendezvousDocument
 
 #: Most participants and waiting nodes listed in the summary (the counts are exact).
 SUMMARY_LIST_LIMIT = 16
@@ -96,3 +96,35 @@ def summarize_document(
         "lastWriter": writer,
         **round_progress(document, previous, now),
     }
+
+
+def forming_line(
+    document: RendezvousDocument, *, min_nodes: int, waited: float, last_members: frozenset[NodeId] | None = None
+) -> str | None:
+    """One log line for an agent waiting ``waited`` seconds in a round that is not complete: who is there
+    and who is missing (None when the round is complete or closed).
+
+    "Missing" names the members of the last round this agent saw formed that have not joined this
+    one; nodes that never joined any round cannot be named, only counted.
+    """
+    if document.complete or document.closed:
+        return None
+    present = sorted(document.participants)
+    needed = max(0, min_nodes - len(present))
+    named = ", ".join(str(node) for node in present[:SUMMARY_LIST_LIMIT]) or "none"
+    if len(present) > SUMMARY_LIST_LIMIT:
+        named += f" and {len(present) - SUMMARY_LIST_LIMIT} more"
+    line = f"round {document.round} still forming after {waited:.0f} s: "
+    line += f"{len(present)} of minNodes {min_nodes} joined ({named})"
+    if needed:
+        line += f"; waiting for {needed} more node{'s' if needed != 1 else ''}"
+    elif document.deadline is not None:
+        line += f"; minNodes reached, last call until {format_time(document.deadline)}"
+    gone = sorted((last_members or frozenset()) - set(document.participants) - set(document.wait_list))
+    if gone:
+        listed = ", ".join(str(node) for node in gone[:SUMMARY_LIST_LIMIT])
+        more = f" and {len(gone) - SUMMARY_LIST_LIMIT} more" if len(gone) > SUMMARY_LIST_LIMIT else ""
+        line += f"; missing from the last round: {listed}{more}"
+    if document.wait_list:
+        line += f"; {len(document.wait_list)} waiting for the next round"
+    return line
