@@ -139,7 +139,8 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     create_rendezvous(objects, namespace, minNodes=1, maxNodes=3)
     wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 60, "Ready")
 
-    # 2. Agents' states: round 1 completes with two nodes and one waiting, then the waiting one leaves.
+    # 2. Agents' states: round 1 completes with two nodes and one waiting; then round 2 forms with the
+    #    waiting one and without 127.0.0.42 (NodeJoined and NodeLeft are posted when a round forms).
     backend, _ = create_backend(rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, max_nodes=3))
     first = backend.set_state(rendezvous_state(1, True, ["127.0.0.41", "127.0.0.42"], ["127.0.0.43"]))
     assert first is not None and first[2]
@@ -148,15 +149,15 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     wait_until(
         lambda: value(scrape(operator), "kube_rendezvous_waiting_nodes", **labels) == 1, 30, "1 waiting node counted"
     )
-    second = backend.set_state(rendezvous_state(1, True, ["127.0.0.41", "127.0.0.42"], []), first[1])
+    second = backend.set_state(rendezvous_state(2, True, ["127.0.0.41", "127.0.0.43"], []), first[1])
     assert second is not None and second[2]
     wait_until(lambda: "NodeLeft" in reasons(admin_api, namespace), 60, "NodeLeft")
     written = read(objects, namespace)["status"]["state"]
 
-    # 3. The pod of node 127.0.0.42 is deleted. The operator's read before its eviction
+    # 3. The pod of node 127.0.0.43 is deleted. The operator's read before its eviction
     #    compare-and-swap is held by the proxy while someone else writes the object, so its
     #    first write is a real 409 from the API server; the retry evicts the node.
-    for index, address in enumerate(["127.0.0.41", "127.0.0.42"]):
+    for index, address in enumerate(["127.0.0.41", "127.0.0.43"]):
         create_training_pod(core, namespace, f"trainer-{index}", "job", address)
     proxy.inject("delay", count=1, methods={"GET"}, path=r"/rendezvouses/job$", delay=3.0)
     core.delete_namespaced_pod("trainer-1", namespace, grace_period_seconds=0)
@@ -171,13 +172,13 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
         return any(event.method == "PATCH" and event.path.endswith("/status") for event in proxy.events[held:])
 
     wait_until(patched_after_the_read, 30, "the operator's eviction write", interval=0.3)
-    wait_until(lambda: read(objects, namespace)["status"].get("evictedNodes") == ["127.0.0.42_1_0"], 30, "evicted")
+    wait_until(lambda: read(objects, namespace)["status"].get("evictedNodes") == ["127.0.0.43_1_0"], 30, "evicted")
 
     # The operator records the eviction as an intent, then, as the preferred writer, folds it into the state.
     def folded_out() -> bool:
         status = read(objects, namespace)["status"]
         names = {str(node) for node in decode_document(status["state"]).nodes()}
-        return status["state"] != written and "127.0.0.42_1_0" not in names
+        return status["state"] != written and "127.0.0.43_1_0" not in names
 
     wait_until(folded_out, 30, "the evicted node folded out of the state")
     assert str(read(objects, namespace)["status"].get("lastWriter")).startswith("operator/")
@@ -197,12 +198,12 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     assert value(after, "kube_rendezvous_node_evictions_total", **labels) == 1
     assert value(after, "kube_rendezvous_node_joins_total", **labels) == 3
     assert value(after, "kube_rendezvous_node_leaves_total", **labels) == 1
-    assert value(after, "kube_rendezvous_rounds_completed_total", **labels) == 1
+    assert value(after, "kube_rendezvous_rounds_completed_total", **labels) == 2
     # The second state and the operator's fold of the eviction (the first state is a baseline).
     assert value(after, "kube_rendezvous_state_writes_total", **labels) == 2
     assert value(after, "kube_rendezvous_participants", **labels) == 1  # the evicted node is folded out
     assert value(after, "kube_rendezvous_waiting_nodes", **labels) == 0
-    assert value(after, "kube_rendezvous_round", **labels) == 1
+    assert value(after, "kube_rendezvous_round", **labels) == 2
     assert value(after, "kube_rendezvous_events_total", reason="NodeJoined") == 3
     assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted") == 1
     moved = {name for name in ADVERTISED if value(after, name) != 0}

@@ -212,50 +212,71 @@ class TestStateEvents:
         assert events_of(logic.state_events(None, new)) == [
             ("NodeJoined", "node 10.0.0.1_101_0 joined round 4"),
             ("NodeJoined", "node 10.0.0.2_102_0 joined round 4"),
-            ("NodeJoined", "node 10.0.0.3_103_0 joined round 4"),
             ("RoundCompleted", "round 4 completed with 2 nodes: 10.0.0.2_102_0=0, 10.0.0.1_101_0=1"),
             ("Closed", "rendezvous closed in round 4"),
         ]
 
-    def test_joins_and_leaves_between_documents(self) -> None:
-        old = document(round=1, participants={A: 0, B: 0}, last_heartbeats={A: NOW, B: NOW})
-        new = document(round=1, participants={A: 0}, redundancy_list=frozenset({C}), last_heartbeats={A: NOW})
-        assert events_of(logic.state_events(old, new)) == [
-            ("NodeJoined", "node 10.0.0.3_103_0 joined round 1"),
-            ("NodeLeft", "node 10.0.0.2_102_0 left"),
+    def test_a_round_reforming_posts_nothing_until_it_forms_then_only_who_changed(self) -> None:
+        """The demo's flap: survivors A and B leave round 2 and join round 3, C dies, D is new."""
+        formed = document(round=2, complete=True, participants={A: 0, B: 1, C: 2})
+        last = logic.formed_members(None, None, formed)
+        steps = [
+            document(round=2, complete=True, participants={B: 1, C: 2}),  # A leaves round 2
+            document(round=2, complete=True, participants={C: 2}, wait_list=frozenset({A})),  # B leaves, A waits
+            document(round=3, participants={A: 0}),  # C expired: round 3 opens
+            document(round=3, participants={A: 0, B: 0, D: 0}, deadline=NOW),
         ]
+        previous = formed
+        for step in steps:
+            assert logic.state_events(previous, step, last_formed=last) == [], step
+            last = logic.formed_members(last, previous, step)
+            previous = step
+        assert last == frozenset({A, B, C})
+        done = document(round=3, complete=True, participants={A: 0, B: 1, D: 2})
+        assert events_of(logic.state_events(previous, done, last_formed=last)) == [
+            ("NodeJoined", "node 10.0.0.4_104_0 joined round 3"),
+            ("NodeLeft", "node 10.0.0.3_103_0 left: round 3 formed without it"),
+            ("RoundCompleted", "round 3 completed with 3 nodes: 10.0.0.1_101_0=0, 10.0.0.2_102_0=1, 10.0.0.4_104_0=2"),
+        ]
+        assert logic.formed_members(last, previous, done) == frozenset({A, B, D})
 
     def test_a_heartbeat_only_change_posts_nothing(self) -> None:
         later = document(round=2, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: NOW})
-        assert logic.state_events(VALID, later) == []
+        assert logic.state_events(VALID, later, last_formed=frozenset({A, B})) == []
 
-    def test_an_evicted_node_that_leaves_gets_no_node_left(self) -> None:
-        new = document(round=3, participants={A: 0}, last_heartbeats={A: NOW})
-        assert events_of(logic.state_events(VALID, new, evicted=[str(B)])) == []
-        assert events_of(logic.state_events(VALID, new)) == [("NodeLeft", "node 10.0.0.2_102_0 left")]
+    def test_an_evicted_node_gets_no_node_left(self) -> None:
+        new = document(round=3, complete=True, participants={A: 0})
+        found = logic.state_events(VALID, new, evicted=[str(B)], last_formed=frozenset({A, B}))
+        assert [reason for reason, _ in events_of(found)] == ["RoundCompleted"]
+        found = logic.state_events(VALID, new, last_formed=frozenset({A, B}))
+        assert events_of(found)[0] == ("NodeLeft", "node 10.0.0.2_102_0 left: round 3 formed without it")
 
     def test_a_new_run_counts_everyone_as_joined_and_nobody_as_left(self) -> None:
-        new = document(round=0, participants={C: 0}, last_heartbeats={C: NOW})
-        assert events_of(logic.state_events(VALID, new, same_run=False)) == [
-            ("NodeJoined", "node 10.0.0.3_103_0 joined round 0")
+        new = document(round=0, complete=True, participants={C: 0})
+        assert events_of(logic.state_events(VALID, new, same_run=False, last_formed=frozenset({A, B}))) == [
+            ("NodeJoined", "node 10.0.0.3_103_0 joined round 0"),
+            ("RoundCompleted", "round 0 completed with 1 nodes: 10.0.0.3_103_0=0"),
         ]
 
     def test_round_completed_once_per_round(self) -> None:
         incomplete = document(round=2, participants={A: 0, B: 0})
-        assert [event.reason for event in logic.state_events(incomplete, VALID)] == ["RoundCompleted"]
+        last = frozenset({A, B})
+        assert [event.reason for event in logic.state_events(incomplete, VALID, last_formed=last)] == ["RoundCompleted"]
         next_round = document(round=3, complete=True, participants={A: 1, B: 0})
-        assert [event.reason for event in logic.state_events(VALID, next_round)] == ["RoundCompleted"]
+        assert [event.reason for event in logic.state_events(VALID, next_round, last_formed=last)] == ["RoundCompleted"]
 
     def test_closed_once(self) -> None:
         closed = document(round=2, complete=True, closed=True, participants={A: 0, B: 1})
-        assert events_of(logic.state_events(VALID, closed)) == [("Closed", "rendezvous closed in round 2")]
+        assert events_of(logic.state_events(VALID, closed, last_formed=frozenset({A, B}))) == [
+            ("Closed", "rendezvous closed in round 2")
+        ]
         assert logic.state_events(closed, closed) == []
 
     def test_membership_beyond_the_summarys_list_is_seen(self) -> None:
         nodes = [NodeId(f"trainer-{index:02}", 1, 0) for index in range(40)]
-        old = document(round=1, participants=dict.fromkeys(nodes, 0))
-        new = document(round=1, participants=dict.fromkeys(nodes[:30] + nodes[31:], 0))
-        assert events_of(logic.state_events(old, new)) == [("NodeLeft", "node trainer-30_1_0 left")]
+        new = document(round=3, complete=True, participants=dict.fromkeys(nodes[:30] + nodes[31:], 0))
+        found = logic.state_events(VALID, new, last_formed=frozenset(nodes))
+        assert events_of(found)[0] == ("NodeLeft", "node trainer-30_1_0 left: round 3 formed without it")
 
     def test_many_nodes_give_one_counting_event_and_a_bounded_message(self) -> None:
         nodes = [NodeId(f"trainer-{index:05}", 1, 0) for index in range(10000)]
@@ -271,8 +292,8 @@ class TestStateEvents:
 
     def test_sixteen_nodes_are_still_named_one_by_one(self) -> None:
         nodes = [NodeId(f"trainer-{index:02}", 1, 0) for index in range(logic.NODES_LISTED)]
-        found = logic.state_events(None, document(participants=dict.fromkeys(nodes, 0)))
-        assert [event.count for event in found] == [1] * logic.NODES_LISTED
+        found = logic.state_events(None, document(complete=True, participants=dict.fromkeys(nodes, 0)))
+        assert [event.count for event in found] == [1] * logic.NODES_LISTED + [1]
 
 
 def pod(**fields: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-from kube_rendezvous.document import RendezvousDocument
+from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.kubeapi import (
     GROUP,
     RENDEZVOUS_LABEL,
@@ -59,6 +59,8 @@ class Observed:
     status: dict[str, Any]
     #: The newest valid document seen (kept across an invalid state; dropped when the state is cleared).
     document: RendezvousDocument | None
+    #: The participants of the last round seen formed (membership Events compare with it).
+    formed: frozenset[NodeId] | None = None
 
 
 #: Per (namespace, name): the last ``status.state`` text read and its document or error. The
@@ -257,7 +259,9 @@ def observe_rendezvous(
         document = None  # no state (cleared): the next one starts afresh
     else:
         document = baseline  # an invalid state changes nothing the agents agreed on
-    OBSERVED[key] = Observed(status, document)
+    same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
+    last_formed = previous.formed if previous is not None and same_run else None
+    OBSERVED[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
     selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if SELECTORS.get(key) != selector:
         SELECTORS[key] = selector
@@ -287,9 +291,10 @@ def observe_rendezvous(
                 condition=logic.ready_condition(logic.spec_problems(spec), check),
             )
         if stored.document is not None:
-            same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
             evicted = status.get("evictedNodes") or []
-            for event in logic.state_events(baseline, stored.document, same_run=same_run, evicted=evicted):
+            for event in logic.state_events(
+                baseline, stored.document, same_run=same_run, evicted=evicted, last_formed=last_formed
+            ):
                 post_event(body, event, namespace, name)
     if status.get("closed"):
         closed = logic.find_condition(status, "Closed")

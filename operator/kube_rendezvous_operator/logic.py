@@ -189,11 +189,23 @@ def _node_events(reason: str, names: list[str], one: str, many: str) -> list[Ren
     return [RendezvousEvent("Normal", reason, many.format(count=len(names), nodes=_listed(names)), len(names))]
 
 
-def members(document: RendezvousDocument | None) -> set[NodeId]:
-    """The nodes that joined the rendezvous: participants, waiting and redundant nodes."""
-    if document is None:
-        return set()
-    return set(document.participants) | document.wait_list | document.redundancy_list
+def newly_formed(old: RendezvousDocument | None, new: RendezvousDocument | None) -> bool:
+    """Whether ``new`` is a round that formed since ``old`` (complete, and ``old`` was not this round complete)."""
+    if new is None or not new.complete:
+        return False
+    return old is None or not old.complete or old.round != new.round
+
+
+def formed_members(
+    previous: frozenset[NodeId] | None, old: RendezvousDocument | None, new: RendezvousDocument | None
+) -> frozenset[NodeId] | None:
+    """The participants of the last round that formed: ``new``'s when it just formed, else ``previous``.
+
+    A formed round that loses participants (a survivor leaving it to re-form) keeps ``previous``.
+    """
+    if new is not None and newly_formed(old, new):
+        return frozenset(new.participants)
+    return previous
 
 
 def state_events(
@@ -202,25 +214,41 @@ def state_events(
     *,
     same_run: bool = True,
     evicted: Iterable[str] = (),
+    last_formed: frozenset[NodeId] | None = None,
 ) -> list[RendezvousEvent]:
-    """Events for what changed from the ``old`` document to the ``new`` one (full membership).
+    """Events for the ``new`` document after the ``old`` one: the story told once per round.
 
-    ``same_run`` False (``status.runId`` changed) treats everyone as new. Nodes in ``evicted``
-    that left get no NodeLeft: the operator posted NodeEvicted for them already.
+    Membership Events come only when a round forms, against ``last_formed`` (the participants of
+    the round that formed before it): NodeJoined for each new participant, NodeLeft for each
+    one of the last round that is not in this one. A survivor that leaves a round and joins the
+    next, nodes waiting, and every write while a round forms post nothing; each Event names the
+    round that formed. ``same_run`` False (``status.runId`` changed) treats everyone as new.
+    Nodes in ``evicted`` get no NodeLeft: the operator posted NodeEvicted for them already.
+
+    Not guaranteed: a round that formed and was replaced between two observations of the operator
+    (it saw neither complete state) posts nothing of its own; the next one is compared with the
+    last formed round the operator saw.
     """
     base = old if same_run else None
-    before, after = members(base), members(new)
-    gone_evicted = set(evicted)
-    joined = [str(node) for node in sorted(after - before)]
-    left = [str(node) for node in sorted(before - after) if str(node) not in gone_evicted]
-    events = _node_events(
-        "NodeJoined",
-        joined,
-        f"node {{node}} joined round {new.round}",
-        f"{{count}} nodes joined round {new.round}: {{nodes}}",
-    )
-    events += _node_events("NodeLeft", left, "node {node} left", "{count} nodes left: {nodes}")
-    if new.complete and (base is None or not base.complete or base.round != new.round):
+    before = (last_formed or frozenset()) if same_run else frozenset()
+    events: list[RendezvousEvent] = []
+    if newly_formed(base, new):
+        after = set(new.participants)
+        gone_evicted = set(evicted)
+        joined = [str(node) for node in sorted(after - before)]
+        left = [str(node) for node in sorted(before - after) if str(node) not in gone_evicted]
+        events += _node_events(
+            "NodeJoined",
+            joined,
+            f"node {{node}} joined round {new.round}",
+            f"{{count}} nodes joined round {new.round}: {{nodes}}",
+        )
+        events += _node_events(
+            "NodeLeft",
+            left,
+            f"node {{node}} left: round {new.round} formed without it",
+            f"{{count}} nodes left: round {new.round} formed without them: {{nodes}}",
+        )
         ranked = sorted(new.participants.items(), key=lambda item: (item[1], item[0]))
         listed = _listed([f"{node}={rank}" for node, rank in ranked])
         events.append(
