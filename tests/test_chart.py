@@ -275,10 +275,14 @@ class TestTheOperatorDeployment:
         manifests = helm.template("image.repository=registry.local/rdzv-operator", "image.tag=dev-1")
         assert operator_container(manifests)["image"] == "registry.local/rdzv-operator:dev-1"
 
-    def test_exactly_one_replica_runs_and_is_replaced_by_recreate(self, helm: Helm) -> None:
+    def test_one_replica_by_default_and_a_rolling_update_starts_the_standby_first(self, helm: Helm) -> None:
         spec = the(helm.template(), "Deployment")["spec"]
         assert spec["replicas"] == 1
-        assert spec["strategy"] == {"type": "Recreate"}
+        assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        env = {item["name"]: item for item in spec["template"]["spec"]["containers"][0]["env"]}
+        assert env["LEADER_ELECTION"]["value"] == "true"
+        assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
     def test_it_runs_the_operator_module_on_every_namespace_by_default(self, helm: Helm) -> None:
         container = operator_container(helm.template())
@@ -855,7 +859,11 @@ class TestInstallingTheChart:
             "the operator's RoleBinding to take effect",
         )
         objects = client.CustomObjectsApi(admin_api)
-        with OperatorProcess(kubeconfig, release.namespace, tmp_path / "operator.log") as operator:
+        # As the chart's Deployment runs it: leader election on, its pod name and namespace from the downward API.
+        env = {item["name"]: item.get("value") for item in operator_container(release.manifests)["env"]}
+        assert env["LEADER_ELECTION"] == "true"
+        election = {"LEADER_ELECTION": "true", "POD_NAME": "operator-0", "POD_NAMESPACE": release.namespace}
+        with OperatorProcess(kubeconfig, release.namespace, tmp_path / "operator.log", env=election) as operator:
             objects.create_namespaced_custom_object(
                 GROUP,
                 VERSION,
@@ -875,6 +883,7 @@ class TestInstallingTheChart:
                 60,
                 f"the operator to mark the Rendezvous Ready (operator log: {operator.log})",
             )
+            assert "operator-0 is the leader" in operator.log.read_text()  # the chart's Role allows the election
             # Deleting it while the operator runs lets the operator release its finalizer.
             objects.delete_namespaced_custom_object(GROUP, VERSION, release.namespace, PLURAL, "job")
             wait_until(lambda: gone(objects, release.namespace, "job"), 60, "the operator to release the Rendezvous")

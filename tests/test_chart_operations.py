@@ -718,7 +718,7 @@ class TestThePodDisruptionBudget:
         pod_labels = the(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
         assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
-    @pytest.mark.parametrize("replicas", [0, 1])
+    @pytest.mark.parametrize("replicas", [0, 1, 2])
     def test_replicas_come_from_values(self, helm: Helm, replicas: int) -> None:
         manifests = helm.template(f"operator.replicas={replicas}")
         assert the(manifests, "Deployment")["spec"]["replicas"] == replicas
@@ -785,7 +785,7 @@ class TestTheSchemaOfTheOperationsOptions:
         [
             ("crds.install=maybe", "/crds/install"),
             ("crds.upgrade=true", "additional properties 'upgrade' not allowed"),
-            ("operator.replicas=2", "/operator/replicas"),
+            ("operator.replicas=6", "/operator/replicas"),
             ("operator.replicas=-1", "/operator/replicas"),
             ("rbac.aggregateToDefaultRoles=yes", "/rbac/aggregateToDefaultRoles"),
             ("metrics.serviceMonitor.enable=true", "additional properties 'enable' not allowed"),

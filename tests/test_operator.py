@@ -23,8 +23,8 @@ GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
 
 
 @contextmanager
-def running_operator(control_plane: ControlPlane, namespace: str, log: Path) -> Iterator[OperatorProcess]:
-    """The operator watching ``namespace`` as its own ServiceAccount, bound to docs/operator-rbac.yaml."""
+def operator_account(control_plane: ControlPlane, namespace: str) -> Iterator[Path]:
+    """A kubeconfig of the operator's ServiceAccount in ``namespace``, bound to docs/operator-rbac.yaml."""
     documents = (REPO / "docs" / "operator-rbac.yaml").read_text().split("\n---\n")
     control_plane.kubectl("apply", "-f", "-", input=documents[0])
     kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "kube-rendezvous-operator")
@@ -36,13 +36,22 @@ def running_operator(control_plane: ControlPlane, namespace: str, log: Path) -> 
         "--clusterrole=kube-rendezvous-operator",
         f"--serviceaccount={namespace}:kube-rendezvous-operator",
     )
-    running = OperatorProcess(kubeconfig, namespace, log)
     try:
-        running.start()
-        yield running
+        yield kubeconfig
     finally:
-        running.stop()
         control_plane.kubectl("delete", "clusterrolebinding", binding, check=False)
+
+
+@contextmanager
+def running_operator(control_plane: ControlPlane, namespace: str, log: Path) -> Iterator[OperatorProcess]:
+    """The operator watching ``namespace`` as its own ServiceAccount, bound to docs/operator-rbac.yaml."""
+    with operator_account(control_plane, namespace) as kubeconfig:
+        running = OperatorProcess(kubeconfig, namespace, log)
+        try:
+            running.start()
+            yield running
+        finally:
+            running.stop()
 
 
 @pytest.fixture
@@ -54,8 +63,8 @@ def operator(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: 
 MakeJob = Callable[..., ElasticJob]
 
 
-def read(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
-    found: Any = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+def read(objects: client.CustomObjectsApi, namespace: str, name: str = "job") -> dict[str, Any]:
+    found: Any = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     return dict(found)
 
 

@@ -325,34 +325,40 @@ class LeaseObservations:
         return dead
 
 
-class WriterLease:
-    """The writer Lease: client-go's leader election, with the operator preferred over agents.
+class LeaseElector:
+    """Leader election on one coordination.k8s.io Lease, as client-go's ``leaderelection`` does it.
 
     ``try_acquire_or_renew`` is one step of an elector: the holder renews; a candidate takes the
-    Lease when it is absent or has not changed for ``duration`` seconds on this observer's clock;
-    the operator (``preferred``) also takes it from an agent at once. Every take is a
-    compare-and-swap on the Lease's resourceVersion, so at most one holder wins a step.
+    Lease when it is absent, released (empty holder), or has not changed for its
+    ``leaseDurationSeconds`` on this observer's clock (so clock skew between candidates does not
+    matter). Every take is a compare-and-swap on the Lease's resourceVersion, so at most one
+    candidate wins a step. Subclasses may also take it from a holder of lower priority
+    (``_may_preempt``).
+
+    Not guaranteed: two holders never act at once only if the old holder stops acting within
+    ``duration`` of its last successful renewal (client-go's renew deadline); the caller enforces it.
     """
 
     def __init__(
         self,
         api: KubernetesApi,
         namespace: str,
-        rendezvous_name: str,
+        name: str,
         identity: str,
         *,
-        preferred: bool,
         duration: float = 10.0,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
         owner: dict[str, Any] | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
-        self.rendezvous_name = rendezvous_name
+        self.name = name
         self.identity = identity
-        self.preferred = preferred
         self.duration = duration
+        self.labels = dict(labels or {})
+        self.annotations = dict(annotations or {})
         self.owner = owner
-        self.name = writer_lease_name(rendezvous_name)
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         self._observed: tuple[str, float] | None = None
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
@@ -360,7 +366,7 @@ class WriterLease:
         self.holder_alive = False
 
     def describe(self) -> str:
-        return f"writer Lease {self.namespace}/{self.name}"
+        return f"Lease {self.namespace}/{self.name}"
 
     def _body(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
@@ -375,14 +381,25 @@ class WriterLease:
             leaseTransitions=transitions,
         )
         metadata: dict[str, Any] = dict((lease or {}).get("metadata") or {"name": self.name})
-        metadata.setdefault("labels", {}).update({RENDEZVOUS_LABEL: self.rendezvous_name, LABEL_LEASE: "writer"})
-        metadata.setdefault("annotations", {})[ANNOTATION_WRITER_PRIORITY] = "operator" if self.preferred else "agent"
+        metadata.setdefault("labels", {}).update(self.labels)
+        metadata.setdefault("annotations", {}).update(self.annotations)
         if self.owner and not lease:
             metadata["ownerReferences"] = [self.owner]
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
+    def _may_preempt(self, lease: dict[str, Any]) -> bool:
+        """Whether this candidate takes the Lease from a live holder (never, by default)."""
+        return False
+
+    def _took_over(self) -> None:
+        logger.info("%s now holds %s", self.identity, self.describe())
+
     def try_acquire_or_renew(self) -> bool:
-        """One election step; True when this identity holds the Lease afterwards."""
+        """One election step; True when this identity holds the Lease afterwards.
+
+        Raises:
+            ApiError, ApiUnavailableError: the API server refused or did not answer the read.
+        """
         now = datetime.now(timezone.utc)
         try:
             lease: dict[str, Any] | None = self._api.request("GET", self._path)
@@ -392,9 +409,10 @@ class WriterLease:
             try:
                 self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
             except ConflictError:
-                self.holder_alive = True  # another writer has just taken it
+                self.holder_alive = True  # another candidate has just taken it
                 return False
             self.holder, self.holder_alive = self.identity, True
+            self._took_over()
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
@@ -403,10 +421,9 @@ class WriterLease:
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, clock)
         stale = clock - self._observed[1] > float(spec.get("leaseDurationSeconds") or self.duration)
-        priority = (lease["metadata"].get("annotations") or {}).get(ANNOTATION_WRITER_PRIORITY)
         mine = holder == self.identity
-        take = mine or not holder or stale or (self.preferred and priority != "operator")
-        self.holder, self.holder_alive = holder, not stale
+        take = mine or not holder or stale or self._may_preempt(lease)
+        self.holder, self.holder_alive = holder, bool(holder) and not stale
         if not take:
             return False
         try:
@@ -415,12 +432,12 @@ class WriterLease:
             return False
         self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
         if not mine:
-            logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
+            self._took_over()
         self.holder, self.holder_alive = self.identity, True
         return True
 
     def release(self) -> None:
-        """Give the Lease up (empty holder) if this identity holds it, so another writer takes over at once."""
+        """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
         try:
             lease = self._api.request("GET", self._path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
@@ -428,6 +445,48 @@ class WriterLease:
                 self._api.request("PUT", self._path, body=lease)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.info("could not release %s: %s", self.describe(), exc)
+
+
+class WriterLease(LeaseElector):
+    """The writer Lease of one Rendezvous: ``LeaseElector`` with the operator preferred over agents.
+
+    The operator (``preferred``) takes the Lease from an agent at once; agents take it only when
+    it is absent, released or stale.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        identity: str,
+        *,
+        preferred: bool,
+        duration: float = 10.0,
+        owner: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            api,
+            namespace,
+            writer_lease_name(rendezvous_name),
+            identity,
+            duration=duration,
+            labels={RENDEZVOUS_LABEL: rendezvous_name, LABEL_LEASE: "writer"},
+            annotations={ANNOTATION_WRITER_PRIORITY: "operator" if preferred else "agent"},
+            owner=owner,
+        )
+        self.rendezvous_name = rendezvous_name
+        self.preferred = preferred
+
+    def describe(self) -> str:
+        return f"writer Lease {self.namespace}/{self.name}"
+
+    def _may_preempt(self, lease: dict[str, Any]) -> bool:
+        priority = (lease["metadata"].get("annotations") or {}).get(ANNOTATION_WRITER_PRIORITY)
+        return self.preferred and priority != "operator"
+
+    def _took_over(self) -> None:
+        logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
 
 
 class LeaseRenewer:

@@ -1,7 +1,8 @@
-"""``python -m kube_rendezvous_operator``: run the operator (one active replica, standalone).
+"""``python -m kube_rendezvous_operator``: run the operator.
 
-Use a Deployment with one replica and the Recreate strategy: the operator runs standalone
-(no Kopf peering objects), so two replicas would both act.
+With ``--leader-election`` (the chart's default) any number of replicas may run: the one holding
+the Lease ``kube-rendezvous-operator`` acts, the others stand by (``election``). Without it the
+operator acts at once, standalone (no Kopf peering objects): run exactly one replica then.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("LOG_FORMAT", "json"),
         help="structured JSON logs by default",
     )
+    parser.add_argument(
+        "--leader-election",
+        action="store_true",
+        default=os.environ.get("LEADER_ELECTION", "").lower() in ("1", "true", "yes"),
+        help="act only while holding the Lease kube-rendezvous-operator in the operator's namespace "
+        "(POD_NAMESPACE); run 2 replicas for a standby",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     os.environ["METRICS_PORT"] = str(args.metrics_port)
@@ -46,12 +54,31 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("kube_rendezvous").setLevel(logging.INFO)
     from . import handlers, writer  # noqa: F401 - registers the handlers
 
-    kopf.run(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-    )
+    def run() -> None:
+        kopf.run(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+        )
+
+    if not args.leader_election:
+        run()
+        return
+    from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
+
+    from .election import ELECTION_REQUEST_SECONDS, Leadership, StandbyHealth, operator_namespace, replica_identity
+
+    # Its own client, with requests shorter than the renew deadline, so a hung request cannot outlast it.
+    api = KubernetesApi(load_api_client(os.environ.get("KUBECONFIG") or None, None)[0], ELECTION_REQUEST_SECONDS)
+    leadership = Leadership(api, operator_namespace(), replica_identity())
+    with StandbyHealth(args.liveness):
+        leadership.acquire()
+    leadership.start_renewing()
+    try:
+        run()
+    finally:
+        leadership.release()
 
 
 if __name__ == "__main__":

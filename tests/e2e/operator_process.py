@@ -20,8 +20,17 @@ REPO = Path(__file__).resolve().parents[2]
 class OperatorProcess:
     """Start, probe, kill and stop the operator; read its metrics. Also a context manager."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        *,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.args, self.env = args, dict(env or {})
         self.metrics_port, self.health_port = free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -41,8 +50,9 @@ class OperatorProcess:
                     "plain",
                     "--liveness",
                     f"http://127.0.0.1:{self.health_port}/healthz",
+                    *self.args,
                 ],
-                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
+                env=dict(os.environ, KUBECONFIG=str(self.kubeconfig), **self.env),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

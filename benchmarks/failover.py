@@ -1,0 +1,257 @@
+"""Operator failover: how long after the leader stops until a standby replica acts (``python -m benchmarks.failover``).
+
+On the project's control plane (real kube-apiserver and etcd, RBAC on), two operator replicas run
+with ``--leader-election`` as the chart runs them. Per repeat and mode, the leader is stopped; the
+clock starts at the signal and stops when
+
+- ``lease``: the standby holds the Lease ``kube-rendezvous-operator``;
+- ``acting``: a Rendezvous created right after the signal has its Ready condition (the new
+  leader's handlers run).
+
+Modes: ``standby, leader SIGKILLed`` (a crash: the standby waits for the Lease to go stale on its
+own clock), ``standby, leader SIGTERMed`` (a rollout or drain: the leader releases the Lease), and
+the baseline in the same run, ``one replica, restarted at once`` (no election, no standby: a new
+operator process started the moment the old one is SIGKILLed, the best a single-replica
+Deployment can do; a kubelet restart adds its own delay on top).
+
+Every repeat is written to ``benchmarks/results/failover.json``, the table to
+``docs/benchmarks.md`` (between the failover markers) and a plot to ``docs/failover.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log
+from benchmarks.scale import percentile
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+BEGIN, END = "<!-- failover:begin (python -m benchmarks.failover) -->", "<!-- failover:end -->"
+MODES = ("standby, leader SIGKILLed", "standby, leader SIGTERMed", "one replica, restarted at once (baseline)")
+
+
+class Failover:
+    """Operator replicas of the bench namespace and the measurements around them."""
+
+    def __init__(self, bench: Bench, workdir: Path) -> None:
+        from kubernetes import client
+
+        self.bench, self.workdir = bench, workdir
+        bench.plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"), check=False)
+        self.kubeconfig = bench.plane.serviceaccount_kubeconfig("bench", "kube-rendezvous-operator")
+        bench.plane.kubectl(
+            "create",
+            "clusterrolebinding",
+            "bench-operator",
+            "--clusterrole=kube-rendezvous-operator",
+            "--serviceaccount=bench:kube-rendezvous-operator",
+            check=False,
+        )
+        self.leases = client.CoordinationV1Api(bench.objects.api_client)
+        self.count = 0
+
+    def replica(self, name: str, election: bool = True) -> Any:
+        from tests.e2e.operator_process import OperatorProcess
+
+        self.count += 1
+        process = OperatorProcess(
+            self.kubeconfig,
+            "bench",
+            self.workdir / f"{self.count:03}-{name}.log",
+            args=("--leader-election",) if election else (),
+            env={"POD_NAME": f"{name}-{self.count}", "POD_NAMESPACE": "bench"},
+        )
+        process.start()
+        return process
+
+    def holder(self) -> str | None:
+        from kubernetes import client
+
+        try:
+            lease = self.leases.read_namespaced_lease("kube-rendezvous-operator", "bench")
+        except client.ApiException:
+            return None
+        return lease.spec.holder_identity if lease.spec is not None else None
+
+    def ready(self, name: str) -> bool:
+        obj: Any = self.bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return any(item["type"] == "Ready" and item["status"] == "True" for item in conditions)
+
+    def create(self, name: str) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Rendezvous",
+            "metadata": {"name": name},
+            "spec": {"minNodes": 1, "maxNodes": 2},
+        }
+        self.bench.objects.create_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", body)
+
+    def measure(self, mode: str, repeat: int, limit: float) -> dict[str, Any]:
+        from tests.testenv import wait_until
+
+        election = not mode.startswith("one replica")
+        leader = self.replica("leader", election)
+        if election:
+            wait_until(lambda: self.holder() == leader.env["POD_NAME"], 60, "the first replica to lead")
+        warm = f"warm-{repeat}-{MODES.index(mode)}"
+        self.create(warm)
+        wait_until(lambda: self.ready(warm), 60, "the leader to act")
+        standby = self.replica("standby", election) if election else None
+        probe = f"after-{repeat}-{MODES.index(mode)}"
+        started = time.monotonic()
+        if mode == "standby, leader SIGTERMed":
+            leader.stop()
+        else:
+            leader.kill()
+        if standby is None:
+            standby = self.replica("restarted", election=False)  # started the moment the old one died
+        self.create(probe)
+        found: dict[str, Any] = {"mode": mode, "repeat": repeat}
+        try:
+            if election:
+                wait_until(
+                    lambda: self.holder() == standby.env["POD_NAME"],
+                    limit,
+                    "the standby to take the Lease",
+                    interval=0.05,
+                )
+                found["lease"] = round(time.monotonic() - started, 3)
+            wait_until(lambda: self.ready(probe), limit, "the new leader to act", interval=0.05)
+            found["acting"] = round(time.monotonic() - started, 3)
+        except TimeoutError as exc:
+            found["error"] = str(exc)[:200]
+        finally:
+            standby.stop()
+            leader.stop()
+        log(f"{mode} #{repeat}: {found}")
+        return found
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 3),
+        "p90": round(percentile(values, 0.9), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def write_report(report: dict[str, Any]) -> None:
+    by_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    for run in report["runs"]:
+        by_mode[run["mode"]].append(run)
+    base = [run["acting"] for run in by_mode[MODES[2]] if "acting" in run]
+    base_p50 = statistics.median(base) if base else None
+    lines = [
+        "## Operator failover (leader election)",
+        "",
+        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.failover "
+        f"--repeats {report['repeats']}`: the control plane, both replicas and this script on one machine. "
+        "The clock starts at the signal to the leader. *lease*: the standby holds the Lease; *acting*: a "
+        "Rendezvous created after the signal is Ready (the new leader's handlers run). Every repeat:",
+        "",
+        "| mode | lease (s), every repeat | acting (s), every repeat | acting p50 / p90 / max | p50 vs baseline |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, runs in by_mode.items():
+        leases = [run["lease"] for run in runs if "lease" in run]
+        acting = [run["acting"] for run in runs if "acting" in run]
+        failed = sum(1 for run in runs if "error" in run)
+        stats = summarize(acting) if acting else None
+        ratio = f"{statistics.median(acting) / base_p50:.2f}x" if acting and base_p50 else "-"
+        lease_text = ", ".join(f"{value:.2f}" for value in leases) or "-"
+        acting_text = (", ".join(f"{value:.2f}" for value in acting) or "-") + (f" ({failed} failed)" if failed else "")
+        stats_text = f"{stats['p50']:.2f} / {stats['p90']:.2f} / {stats['max']:.2f}" if stats else "-"
+        lines.append(f"| {mode} | {lease_text} | {acting_text} | {stats_text} | {ratio} |")
+    lines += [
+        "",
+        "A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for "
+        "`LEASE_SECONDS` (10 s) on the standby's own clock, trying every `RETRY_SECONDS` (2 s), so the "
+        "*lease* column is bounded by 12 s after the leader's last renewal, which was up to 2 s before the kill. "
+        "A SIGTERMed leader releases the Lease on its way out. The baseline has no standby and no Lease: it "
+        "is a new process started the instant the old one died, which a Deployment never achieves (the "
+        "kubelet's restart and the image's start come on top).",
+        "",
+        "![operator failover](failover.png)",
+    ]
+    page = DOCS / "benchmarks.md"
+    content = page.read_text() if page.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
+    if BEGIN in content and END in content:
+        head, rest = content.split(BEGIN, 1)
+        content = head + block + rest.split(END, 1)[1]
+    else:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    page.write_text(content)
+    plot(by_mode)
+
+
+def plot(by_mode: dict[str, list[dict[str, Any]]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 3.6))
+    for index, runs in enumerate(by_mode.values()):
+        for key, marker in (("lease", "o"), ("acting", "s")):
+            values = [run[key] for run in runs if key in run]
+            axis.scatter(
+                values,
+                [index + (0.12 if key == "acting" else -0.12)] * len(values),
+                marker=marker,
+                label=key if index == 0 else None,
+                alpha=0.8,
+            )
+    axis.set_yticks(range(len(by_mode)), list(by_mode), fontsize=8)
+    axis.set_xlabel("seconds after the signal to the leader")
+    axis.axvline(15, linestyle="--", color="grey", linewidth=1)
+    axis.text(15.1, len(by_mode) - 0.6, "15 s target", fontsize=8, color="grey")
+    axis.legend(loc="lower right", fontsize=8)
+    axis.set_title("Operator failover, every repeat")
+    figure.tight_layout()
+    figure.savefig(DOCS / "failover.png", dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--limit", type=float, default=60.0, help="seconds before a repeat counts as failed")
+    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
+    args = parser.parse_args()
+    out = RESULTS / "failover.json"
+    if args.report:
+        write_report(json.loads(out.read_text()))
+        return 0
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-failover-"))
+    log(f"starting the control plane in {workdir}")
+    bench = Bench(workdir)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores",
+        "repeats": args.repeats,
+        "runs": [],
+    }
+    try:
+        failover = Failover(bench, workdir)
+        for repeat in range(args.repeats):
+            for mode in MODES:
+                report["runs"].append(failover.measure(mode, repeat, args.limit))
+                out.write_text(json.dumps(report, indent=2))
+    finally:
+        bench.stop()
+    write_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

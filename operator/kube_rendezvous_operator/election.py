@@ -1,0 +1,177 @@
+"""Leader election of operator replicas: one acts, the others stand by (client-go's scheme, on a Lease).
+
+The replica holding the Lease ``kube-rendezvous-operator`` in the operator's own namespace runs
+the handlers; the others try again every ``RETRY_SECONDS``. The leader renews every
+``RETRY_SECONDS``; a leader that has not renewed for ``RENEW_DEADLINE_SECONDS`` exits at once,
+before its Lease (``LEASE_SECONDS``) can look stale to another replica, so two replicas never act
+together; its Deployment restarts it as a standby. A leader stopped with SIGTERM (a rollout, a
+drain) releases the Lease on its way out, so a standby takes over within ``RETRY_SECONDS``.
+
+After a leader dies without releasing (SIGKILL, a lost node), a standby holds the Lease within
+``LEASE_SECONDS + RETRY_SECONDS`` of the leader's last renewal, then starts its handlers
+(``benchmarks/failover.py`` measures the whole failover).
+
+Not guaranteed: the renew deadline is kept on the leader's monotonic clock by a thread; a leader
+whose process is frozen (SIGSTOP, a paused VM) for longer than ``LEASE_SECONDS`` may act once more
+when it resumes, before that thread runs and exits.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
+from kube_rendezvous.leases import LeaseElector
+
+logger = logging.getLogger(__name__)
+
+#: The name of the Lease the operator replicas elect their leader on.
+LEASE_NAME = "kube-rendezvous-operator"
+#: Seconds a leader's Lease stays valid after its last renewal, on the other replicas' clocks.
+LEASE_SECONDS = 10.0
+#: Seconds without a successful renewal after which the leader exits (less than ``LEASE_SECONDS``).
+RENEW_DEADLINE_SECONDS = 7.0
+#: Seconds between two election steps, of the leader (renewals) and of the standbys (tries).
+RETRY_SECONDS = 2.0
+#: Seconds an election request may take (well under the renew deadline).
+ELECTION_REQUEST_SECONDS = 3.0
+#: Seconds between two "standing by" log lines of a standby.
+STANDBY_LOG_SECONDS = 30.0
+#: Where a pod finds its own namespace.
+SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def replica_identity() -> str:
+    """This replica's name in the Lease: ``POD_NAME`` (the Deployment sets it), else host and pid."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def operator_namespace() -> str:
+    """The namespace of the Lease: ``POD_NAMESPACE``, else the pod's service-account namespace, else ``default``."""
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if SERVICEACCOUNT_NAMESPACE.exists():
+        return SERVICEACCOUNT_NAMESPACE.read_text().strip()
+    return "default"
+
+
+def exit_now() -> None:
+    """What a leader does when it lost its Lease: stop acting at once (its Deployment restarts it)."""
+    logging.shutdown()
+    os._exit(1)
+
+
+class Leadership:
+    """Acquire the operator's Lease before acting, renew it while acting, release it on the way out."""
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        identity: str,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        renew_deadline: float = RENEW_DEADLINE_SECONDS,
+        retry: float = RETRY_SECONDS,
+        on_lost: Callable[[], None] = exit_now,
+    ) -> None:
+        if not retry < renew_deadline < lease_seconds:
+            raise ValueError(
+                f"leader election needs retry ({retry:g} s) < renew deadline ({renew_deadline:g} s) "
+                f"< lease duration ({lease_seconds:g} s)"
+            )
+        self.elector = LeaseElector(
+            api, namespace, LEASE_NAME, identity, duration=lease_seconds, labels={"app.kubernetes.io/name": LEASE_NAME}
+        )
+        self.renew_deadline, self.retry, self.on_lost = renew_deadline, retry, on_lost
+        self._stop = threading.Event()
+        self._renewed = time.monotonic()
+
+    def _step(self) -> bool:
+        try:
+            return self.elector.try_acquire_or_renew()
+        except (ApiError, ApiUnavailableError) as exc:
+            logger.info("leader election step on %s failed: %s", self.elector.describe(), exc)
+            return False
+
+    def acquire(self) -> None:
+        """Block until this replica holds the Lease (a standby waits here)."""
+        logged = 0.0
+        while not self._step():
+            now = time.monotonic()
+            if now - logged >= STANDBY_LOG_SECONDS:
+                logged = now
+                logger.info(
+                    "standing by: %s is held by %s; trying every %g s",
+                    self.elector.describe(),
+                    self.elector.holder or "nobody",
+                    self.retry,
+                )
+            time.sleep(self.retry)
+        self._renewed = time.monotonic()
+        logger.info("%s is the leader (%s); starting the handlers", self.elector.identity, self.elector.describe())
+
+    def start_renewing(self) -> threading.Thread:
+        """Renew from a thread every ``retry`` seconds; call ``on_lost`` past the renew deadline."""
+        thread = threading.Thread(target=self._renew_loop, name="leader-election", daemon=True)
+        thread.start()
+        return thread
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.retry):
+            if self._step():
+                self._renewed = time.monotonic()
+                continue
+            if self.elector.holder not in (None, self.elector.identity):
+                logger.error("lost %s to %s; stopping at once", self.elector.describe(), self.elector.holder)
+                self.on_lost()
+                return
+            if time.monotonic() - self._renewed > self.renew_deadline:
+                logger.error(
+                    "could not renew %s for %g s (the renew deadline); stopping at once",
+                    self.elector.describe(),
+                    self.renew_deadline,
+                )
+                self.on_lost()
+                return
+
+    def release(self) -> None:
+        """Stop renewing and give the Lease up, so a standby takes over at once."""
+        self._stop.set()
+        self.elector.release()
+
+
+class StandbyHealth:
+    """Answers the liveness probe with 200 while this replica stands by (the handlers' server is not up yet)."""
+
+    def __init__(self, endpoint: str) -> None:
+        parsed = urllib.parse.urlparse(endpoint)
+        path = parsed.path or "/"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200 if self.path == path else 404)
+                self.end_headers()
+                self.wfile.write(b"standing by\n")
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((parsed.hostname or "0.0.0.0", parsed.port or 80), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="standby-health", daemon=True)
+
+    def __enter__(self) -> StandbyHealth:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

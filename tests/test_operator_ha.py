@@ -1,0 +1,136 @@
+"""Two operator replicas with leader election: one acts, the other stands by and takes over.
+
+Real control plane, the operator's own ServiceAccount and RBAC, real operator processes. The
+failover time is a benchmark figure (``benchmarks/failover.py``), not asserted here; the tests
+assert who acts, that a standby acts after the leader is SIGKILLed, and that a SIGTERMed leader
+hands over at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous_operator.election import LEASE_NAME
+from kubernetes import client
+
+from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.helpers import create_rendezvous
+from tests.test_operator import condition, operator_account, read
+from tests.testenv import ControlPlane, wait_until
+
+GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
+
+
+class Replicas:
+    """Operator replicas of one Deployment, as processes: ``--leader-election``, each with its POD_NAME."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, tmp_path: Path, stack: ExitStack) -> None:
+        self.kubeconfig, self.namespace, self.tmp_path, self.stack = kubeconfig, namespace, tmp_path, stack
+
+    def start(self, name: str) -> OperatorProcess:
+        replica = OperatorProcess(
+            self.kubeconfig,
+            self.namespace,
+            self.tmp_path / f"{name}.log",
+            args=("--leader-election",),
+            env={"POD_NAME": name, "POD_NAMESPACE": self.namespace},
+        )
+        self.stack.enter_context(replica)  # started now (healthy: the standby answers the probe too)
+        return replica
+
+
+@pytest.fixture
+def replicas(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: Path) -> Iterator[Replicas]:
+    with operator_account(control_plane, namespace) as kubeconfig, ExitStack() as stack:
+        yield Replicas(kubeconfig, namespace, tmp_path, stack)
+
+
+def holder(admin_api: client.ApiClient, namespace: str) -> str | None:
+    try:
+        lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(LEASE_NAME, namespace)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return lease.spec.holder_identity if lease.spec is not None else None
+
+
+def ready(objects: client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    return (condition(read(objects, namespace, name), "Ready") or {}).get("status") == "True"
+
+
+def formed_state(addresses: list[str]) -> dict[str, Any]:
+    """A status with a formed round of nodes ``<address>_1_0`` (what agents would have written)."""
+    now = datetime.now(timezone.utc)
+    nodes = [NodeId(address, 1, 0) for address in addresses]
+    document = RendezvousDocument(
+        round=1,
+        complete=True,
+        participants={node: rank for rank, node in enumerate(nodes)},
+        last_heartbeats=dict.fromkeys(nodes, now),
+    )
+    return {"state": encode_document(document)}
+
+
+def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconciles(
+    replicas: Replicas,
+    admin_api: client.ApiClient,
+    objects: client.CustomObjectsApi,
+    namespace: str,
+    agent_kubeconfig: Path,  # the trainer ServiceAccount the pods run as
+) -> None:
+    first = replicas.start("replica-a")
+    wait_until(lambda: holder(admin_api, namespace) == "replica-a", 30, "replica-a to hold the Lease")
+    second = replicas.start("replica-b")
+    create_rendezvous(objects, namespace, "before", minNodes=1, maxNodes=2)
+    wait_until(lambda: ready(objects, namespace, "before"), 60, "the leader to reconcile a Rendezvous")
+    assert "is the leader" in first.log.read_text()
+    assert "is the leader" not in second.log.read_text() and "standing by" in second.log.read_text()
+    assert second.healthy(), "the standby answers the liveness probe"
+
+    first.kill()  # SIGKILL: no release; the standby waits for the Lease to go stale on its own clock
+    create_rendezvous(objects, namespace, "after", minNodes=1, maxNodes=2)
+    wait_until(lambda: holder(admin_api, namespace) == "replica-b", 60, "the standby to take the Lease")
+    wait_until(lambda: ready(objects, namespace, "after"), 60, "the new leader to reconcile a new Rendezvous")
+
+    # Evictions keep working across the failover: the pod of a node of a formed round is deleted.
+    core = client.CoreV1Api(admin_api)
+    objects.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        "before",
+        {"status": formed_state(["127.0.0.51", "127.0.0.52"])},
+        _content_type="application/merge-patch+json",
+    )
+    for index, address in enumerate(["127.0.0.51", "127.0.0.52"]):
+        create_training_pod(core, namespace, f"trainer-{index}", "before", address)
+    core.delete_namespaced_pod("trainer-1", namespace, grace_period_seconds=0)
+    wait_until(
+        lambda: read(objects, namespace, "before")["status"].get("evictedNodes") == ["127.0.0.52_1_0"],
+        60,
+        "the new leader to evict the node of the deleted pod",
+    )
+
+
+def test_a_leader_stopped_with_sigterm_releases_the_lease_for_the_standby(
+    replicas: Replicas, admin_api: client.ApiClient, objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    first = replicas.start("replica-a")
+    wait_until(lambda: holder(admin_api, namespace) == "replica-a", 30, "replica-a to hold the Lease")
+    second = replicas.start("replica-b")
+    first.stop()  # SIGTERM, as a rollout or a drain does
+    assert first.process is not None and first.process.returncode is not None
+    # Released on the way out: empty, or already taken by the standby (it tries every 2 s).
+    assert holder(admin_api, namespace) in ("", "replica-b")
+    wait_until(lambda: holder(admin_api, namespace) == "replica-b", 30, "the standby to take the released Lease")
+    create_rendezvous(objects, namespace, "after", minNodes=1, maxNodes=2)
+    wait_until(lambda: ready(objects, namespace, "after"), 60, "the new leader to reconcile")
+    assert "is the leader" in second.log.read_text()
