@@ -227,6 +227,49 @@ class Bench:
         self.plane.stop()
 
 
+def count_modified(
+    list_call: Any,
+    *args: Any,
+    seconds: float,
+    on_modified: Any,
+    stop: Any = None,
+    version: str | None = None,
+    **kwargs: Any,
+) -> float:
+    """Watch ``list_call(*args, **kwargs)`` for ``seconds`` (or until ``stop`` is set); call
+    ``on_modified(object)`` for every MODIFIED event; return the seconds watched.
+
+    A watch is restarted from the last version seen when the server ends it, when it answers an
+    ERROR event (such as "Too large resource version": the watch cache is behind the version a
+    quorum list returned) or when the client raises; so a watch never silently stops counting.
+    """
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    began = time.monotonic()
+    while True:
+        left = seconds - (time.monotonic() - began)
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return time.monotonic() - began
+        options = dict(kwargs, timeout_seconds=max(1, min(int(left) + 1, 30)))
+        if version:
+            options["resource_version"] = version
+        try:
+            for event in watch.Watch().stream(list_call, *args, **options):
+                if event["type"] == "ERROR":
+                    time.sleep(0.5)
+                    break
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] == "MODIFIED" and time.monotonic() - began <= seconds:
+                    on_modified(event["object"])
+                if time.monotonic() - began > seconds or (stop is not None and stop.is_set()):
+                    break
+        except ApiException as exc:
+            if exc.status == 410:
+                version = None  # compacted: start again from now
+            time.sleep(0.5)
+
+
 class WriteCounter:
     """Counts the writes to one Rendezvous object with a server-side watch, until ``stop``."""
 
@@ -241,28 +284,26 @@ class WriteCounter:
         self._ready.wait(30)
 
     def _run(self, bench: Bench, name: str) -> None:
-        from kubernetes import watch
-
         listed = bench.objects.list_namespaced_custom_object(
             GROUP, VERSION, "bench", "rendezvouses", field_selector=f"metadata.name={name}"
         )
-        version = listed["metadata"]["resourceVersion"]
         self._ready.set()
-        while not self._done.is_set():
-            stream = watch.Watch()
-            for event in stream.stream(
-                bench.objects.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                "bench",
-                "rendezvouses",
-                field_selector=f"metadata.name={name}",
-                resource_version=version,
-                timeout_seconds=2,
-            ):
-                version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] == "MODIFIED":
-                    self.writes += 1
+
+        def count(_: Any) -> None:
+            self.writes += 1
+
+        count_modified(
+            bench.objects.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            "bench",
+            "rendezvouses",
+            seconds=float("inf"),
+            on_modified=count,
+            stop=self._done,
+            version=listed["metadata"]["resourceVersion"],
+            field_selector=f"metadata.name={name}",
+        )
 
     def stop(self) -> int:
         time.sleep(1.0)  # the last write's event
@@ -281,37 +322,39 @@ class StateWatcher:
         return _lease_writes(self.bench, self.name, window)
 
     def measure(self) -> dict[str, Any]:
-        from kubernetes import watch
 
         warmup = 10.0
         time.sleep(warmup)  # let the round's last writes and the first heartbeats settle
         pids = self.bench.plane.pids()
         processes = {name: psutil.Process(pid) for name, pid in pids.items() if name in ("kube-apiserver", "etcd")}
         cpu_before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
-        writes, state_bytes = 0, 0
         window = self.seconds - warmup - 5
         import threading
 
         lease_rate: list[float] = []
         lease_thread = threading.Thread(target=lambda: lease_rate.append(self.lease_writes(window)), daemon=True)
         lease_thread.start()
-        stream = watch.Watch()
-        began = time.monotonic()
-        for event in stream.stream(
+        listed = self.bench.objects.list_namespaced_custom_object(
+            GROUP, VERSION, "bench", "rendezvouses", field_selector=f"metadata.name={self.name}"
+        )
+        seen = {"writes": 0, "bytes": 0}
+
+        def count(obj: dict[str, Any]) -> None:
+            seen["writes"] += 1
+            seen["bytes"] += len(json.dumps(obj.get("status", {})))
+
+        elapsed = count_modified(
             self.bench.objects.list_namespaced_custom_object,
             GROUP,
             VERSION,
             "bench",
             "rendezvouses",
+            seconds=window,
+            on_modified=count,
+            version=listed["metadata"]["resourceVersion"],
             field_selector=f"metadata.name={self.name}",
-            timeout_seconds=int(window) + 1,
-        ):
-            if time.monotonic() - began > window:
-                break
-            if event["type"] == "MODIFIED":
-                writes += 1
-                state_bytes += len(json.dumps(event["object"].get("status", {})))
-        elapsed = time.monotonic() - began
+        )
+        writes, state_bytes = seen["writes"], seen["bytes"]
         cpu = {name: (sum(p.cpu_times()[:2]) - cpu_before[name]) / elapsed for name, p in processes.items()}
         lease_thread.join(window + 30)
         leases = lease_rate[0] if lease_rate else None
@@ -326,25 +369,25 @@ class StateWatcher:
 
 def _lease_writes(bench: Bench, name: str, window: float) -> float:
     """Lease writes per second of one Rendezvous's node Leases, by a watch over ``window`` seconds."""
-    from kubernetes import client, config, watch
+    from kubernetes import client, config
 
     coordination = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
     selector = f"kube-rendezvous.io/rendezvous={name},kube-rendezvous.io/lease=node"
     version = coordination.list_namespaced_lease("bench", label_selector=selector).metadata.resource_version
-    writes = 0
-    began = time.monotonic()
-    for event in watch.Watch().stream(
+    writes = [0]
+
+    def count(_: Any) -> None:
+        writes[0] += 1
+
+    elapsed = count_modified(
         coordination.list_namespaced_lease,
         "bench",
+        seconds=window,
+        on_modified=count,
+        version=version,
         label_selector=selector,
-        resource_version=version,
-        timeout_seconds=int(window) + 1,
-    ):
-        if time.monotonic() - began > window:
-            break
-        if event["type"] == "MODIFIED":
-            writes += 1
-    return writes / max(1e-9, time.monotonic() - began)
+    )
+    return writes[0] / max(1e-9, elapsed)
 
 
 def synthetic_state(nodes: int, name_length: int = 60) -> Any:
