@@ -72,6 +72,12 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--recovery-repeats", type=int, default=3)
     parser.add_argument("--round-limit", type=float, default=240.0)
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="add to benchmarks/results/scale.json instead of replacing it (e.g. --sizes with no value "
+        "--solo-sizes with no value --recovery-repeats 0 to measure only the steady state)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-scale-"))
@@ -84,6 +90,10 @@ def main() -> int:
         "steady": [],
         "recovery": {},
     }
+    if args.merge and (RESULTS / "scale.json").exists():
+        earlier = json.loads((RESULTS / "scale.json").read_text())
+        earlier["steady"] = [item for item in earlier.get("steady", []) if item["nodes"] not in args.steady_sizes]
+        report = {**earlier, "merged": [*earlier.get("merged", []), {"date": report["date"], "argv": sys.argv[1:]}]}
     operator = None
     try:
         operator = start_operator(bench, workdir / "operator")
@@ -95,7 +105,7 @@ def main() -> int:
         for nodes in args.steady_sizes:
             log(f"steady state: {nodes} agents holding for {args.steady_seconds:.0f} s")
             run = bench.round("k8s", nodes, hold=args.steady_seconds, limit=args.round_limit)
-            report["steady"].append({"nodes": nodes, **run["steady"]})
+            report["steady"].append({"nodes": nodes, "date": time.strftime("%Y-%m-%d %H:%M"), **run["steady"]})
             log(f"steady N={nodes}: {run['steady']}")
             save(report)
         operator.terminate()
@@ -173,15 +183,18 @@ def write_report(report: dict[str, Any]) -> None:
         lines += [
             "",
             "Steady state: the formed round held, the launcher's monitor loop calling `num_nodes_waiting` "
-            "on every agent every 0.1 s, keep-alive 5 s.",
+            "on every agent every 0.1 s, keep-alive 5 s; counted by server-side watches over the window "
+            "after a 10 s settle.",
             "",
-            "| N | writes/s to the Rendezvous | Lease writes/s (limit N/5) | agent requests/s "
+            "| N | measured | window (s) | writes/s to the Rendezvous | Lease writes/s (limit N/5) | agent requests/s "
             "| kube-apiserver CPU (cores) | etcd CPU (cores) |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for item in report["steady"]:
             lines.append(
-                f"| {item['nodes']} | {item['writes_per_second']:.2f} | {_fmt(item.get('lease_writes_per_second'), 1)} "
+                f"| {item['nodes']} | {item.get('date', report['date'])} | {item.get('seconds', 0):.0f} "
+                f"| {item['writes_per_second']:.2f} "
+                f"| {_fmt(item.get('lease_writes_per_second'), 1)} / {item['nodes'] / 5:g} "
                 f"| {_fmt(item.get('agent_requests_per_second'), 1)} "
                 f"| {item['cpu_cores'].get('kube-apiserver', 0):.2f} | {item['cpu_cores'].get('etcd', 0):.2f} |"
             )

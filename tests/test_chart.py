@@ -303,6 +303,9 @@ class TestTheOperatorDeployment:
             "METRICS_PORT": "9090",
             "LOG_FORMAT": "json",
             "LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
+            "LEADER_ELECTION": "true",
+            "POD_NAME": "",  # from the downward API (valueFrom)
+            "POD_NAMESPACE": "",
         }
 
     def test_it_runs_as_a_non_root_user_on_a_read_only_root_filesystem_without_privileges(self, helm: Helm) -> None:
@@ -387,10 +390,16 @@ class TestTheOperatorRBAC:
         assert operator_container(manifests)["args"] == ["--namespace", "team-a", "--namespace", "team-b"]
         roles = operator_objects(manifests, "Role")
         bindings = operator_objects(manifests, "RoleBinding")
-        assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-        assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+        # One Role each, plus the leader election's Role for the Lease in the release namespace, which
+        # no watched namespace's Role covers here.
+        assert sorted(r["metadata"]["namespace"] for r in roles) == sorted([RELEASE_NAMESPACE, "team-a", "team-b"])
+        assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted([RELEASE_NAMESPACE, "team-a", "team-b"])
         for binding in bindings:
             assert binding["subjects"][0]["namespace"] == RELEASE_NAMESPACE  # the operator's own account
+        election = next(r for r in roles if r["metadata"]["namespace"] == RELEASE_NAMESPACE)
+        assert election["rules"] == [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        ]
 
     def test_watch_namespaces_narrow_a_cluster_scoped_operator_too(self, helm: Helm) -> None:
         manifests = helm.template("watchNamespaces={team-a}")
