@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log
+from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, operator_kubeconfig
 from benchmarks.scale import percentile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,16 +45,7 @@ class Failover:
         from kubernetes import client
 
         self.bench, self.workdir = bench, workdir
-        bench.plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"), check=False)
-        self.kubeconfig = bench.plane.serviceaccount_kubeconfig("bench", "kube-rendezvous-operator")
-        bench.plane.kubectl(
-            "create",
-            "clusterrolebinding",
-            "bench-operator",
-            "--clusterrole=kube-rendezvous-operator",
-            "--serviceaccount=bench:kube-rendezvous-operator",
-            check=False,
-        )
+        self.kubeconfig = operator_kubeconfig(bench)
         self.leases = client.CoordinationV1Api(bench.objects.api_client)
         self.count = 0
 

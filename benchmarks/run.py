@@ -468,11 +468,10 @@ def recovery(
     return out
 
 
-def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
-    from tests.testenv import free_port, wait_until
-
+def operator_kubeconfig(bench: Bench) -> Path:
+    """A kubeconfig of the operator's ServiceAccount in ``bench``, bound to docs/operator-rbac.yaml."""
     bench.plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"), check=False)
-    kubeconfig = bench.plane.serviceaccount_kubeconfig("bench", "kube-rendezvous-operator")
+    kubeconfig: Path = bench.plane.serviceaccount_kubeconfig("bench", "kube-rendezvous-operator")
     bench.plane.kubectl(
         "create",
         "clusterrolebinding",
@@ -481,6 +480,13 @@ def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
         "--serviceaccount=bench:kube-rendezvous-operator",
         check=False,
     )
+    return kubeconfig
+
+
+def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
+    from tests.testenv import free_port, wait_until
+
+    kubeconfig = operator_kubeconfig(bench)
     health = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(

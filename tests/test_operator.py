@@ -294,3 +294,25 @@ class TestEvictionWrites:
             written = list(pool.map(lambda node: handlers.add_evictions(namespace, "job", [node]), nodes))
         assert all(item is not None and node in item for node, item in zip(nodes, written, strict=True))
         assert sorted(read(objects, namespace)["status"]["evictedNodes"]) == sorted(nodes)
+
+
+class TestManyRendezvous:
+    def test_with_more_rendezvous_than_executor_threads_a_new_one_is_still_reconciled(
+        self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """Each Rendezvous has a folder running for its whole life. Run as a sync Kopf daemon, each
+        held one of Kopf's executor threads (min(32, cores + 4)), and past that count no other sync
+        handler ran again: no condition, no eviction, no timer. 40 exceeds the pool on any machine."""
+        for index in range(40):
+            create_rendezvous(objects, namespace, f"job-{index:02}", minNodes=1, maxNodes=2)
+        wait_until(
+            lambda: (condition(read(objects, namespace, "job-39"), "Ready") or {}).get("status") == "True",
+            120,
+            "the 40th Rendezvous to be Ready",
+        )
+        create_rendezvous(objects, namespace, "one-more", minNodes=1, maxNodes=2)
+        wait_until(
+            lambda: (condition(read(objects, namespace, "one-more"), "Ready") or {}).get("status") == "True",
+            60,
+            f"a Rendezvous created after 40 others to be Ready (operator log: {operator.log})",
+        )

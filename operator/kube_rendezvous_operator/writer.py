@@ -8,15 +8,22 @@ With the operator stopped, an agent takes the writer Lease within its duration (
 ``heartbeats`` gives the operator's other handlers (the finalizer, pod-gone eviction) each
 node's last heartbeat from its Lease: the state document no longer carries heartbeats.
 
+Each folder runs in a thread of its own, never in Kopf's executor: that pool has a few threads
+(``min(32, cores + 4)``), and a sync daemon holds one for the life of its Rendezvous, so with more
+Rendezvous objects than threads every other sync handler (conditions, evictions, timers) would
+wait forever.
+
 Not guaranteed: Lease ``renewTime`` values are the agents' clocks; they are used only where the
 first release already compared agents' heartbeats with pod and deletion times (with slack).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -47,11 +54,25 @@ from .handlers import api
 IDENTITY = f"operator/{os.environ.get('POD_NAME') or socket.gethostname()}"
 
 
-@kopf.daemon(GROUP, VERSION, RENDEZVOUS_PLURAL, cancellation_timeout=10)
-def fold_requests(namespace: str | None, name: str, stopped: Any, **_: Any) -> None:
+#: Seconds a stopped folder's thread gets to release the writer Lease and end.
+FOLDER_STOP_SECONDS = 10.0
+
+
+@kopf.daemon(GROUP, VERSION, RENDEZVOUS_PLURAL, cancellation_timeout=FOLDER_STOP_SECONDS + 5)
+async def fold_requests(namespace: str | None, name: str, stopped: Any, **_: Any) -> None:
     """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
     assert namespace is not None  # Rendezvous objects are namespaced
-    Folder(api(), namespace, name, identity=IDENTITY, preferred=True).run(stopped)
+    done = threading.Event()
+    folder = Folder(api(), namespace, name, identity=IDENTITY, preferred=True)
+    thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
+    thread.start()
+    try:
+        await stopped.wait()
+    finally:
+        done.set()
+        deadline = asyncio.get_running_loop().time() + FOLDER_STOP_SECONDS
+        while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
 
 
 def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:
