@@ -193,19 +193,20 @@ def plot(by_mode: dict[str, list[dict[str, Any]]]) -> None:
 
     figure, axis = plt.subplots(figsize=(8, 3.6))
     for index, runs in enumerate(by_mode.values()):
-        for key, marker in (("lease", "o"), ("acting", "s")):
+        for key, marker, color in (("lease", "o", "tab:blue"), ("acting", "s", "tab:orange")):
             values = [run[key] for run in runs if key in run]
             axis.scatter(
                 values,
                 [index + (0.12 if key == "acting" else -0.12)] * len(values),
                 marker=marker,
+                color=color,
                 label=key if index == 0 else None,
                 alpha=0.8,
             )
     axis.set_yticks(range(len(by_mode)), list(by_mode), fontsize=8)
     axis.set_xlabel("seconds after the signal to the leader")
     axis.axvline(15, linestyle="--", color="grey", linewidth=1)
-    axis.text(15.1, len(by_mode) - 0.6, "15 s target", fontsize=8, color="grey")
+    axis.text(14.9, len(by_mode) - 0.7, "15 s target", fontsize=8, color="grey", ha="right")
     axis.legend(loc="lower right", fontsize=8)
     axis.set_title("Operator failover, every repeat")
     figure.tight_layout()
