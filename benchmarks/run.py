@@ -251,7 +251,7 @@ def count_modified(
         left = seconds - (time.monotonic() - began)
         if left <= 0 or (stop is not None and stop.is_set()):
             return time.monotonic() - began
-        options = dict(kwargs, timeout_seconds=max(1, min(int(left) + 1, 30)))
+        options = dict(kwargs, timeout_seconds=int(max(1.0, min(left + 1, 30.0))))
         if version:
             options["resource_version"] = version
         try:
