@@ -259,7 +259,11 @@ def count_modified(
                 if event["type"] == "ERROR":
                     time.sleep(0.5)
                     break
-                version = event["object"]["metadata"]["resourceVersion"]
+                found = event["object"]
+                # Custom objects come as dicts, built-in kinds (Leases) as models.
+                version = (
+                    found["metadata"]["resourceVersion"] if isinstance(found, dict) else found.metadata.resource_version
+                )
                 if event["type"] == "MODIFIED" and time.monotonic() - began <= seconds:
                     on_modified(event["object"])
                 if time.monotonic() - began > seconds or (stop is not None and stop.is_set()):
