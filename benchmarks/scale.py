@@ -104,7 +104,14 @@ def main() -> int:
             save(report)
         for nodes in args.steady_sizes:
             log(f"steady state: {nodes} agents holding for {args.steady_seconds:.0f} s")
-            run = bench.round("k8s", nodes, hold=args.steady_seconds, limit=args.round_limit)
+            try:
+                run = bench.round("k8s", nodes, hold=args.steady_seconds, limit=args.round_limit)
+            except (RuntimeError, TimeoutError) as exc:
+                log(f"steady N={nodes}: FAILED {exc}")
+                failure = {"nodes": nodes, "date": time.strftime("%Y-%m-%d %H:%M"), "error": str(exc)[:200]}
+                report.setdefault("steady_failed", []).append(failure)
+                save(report)
+                continue
             report["steady"].append({"nodes": nodes, "date": time.strftime("%Y-%m-%d %H:%M"), **run["steady"]})
             log(f"steady N={nodes}: {run['steady']}")
             save(report)
@@ -198,6 +205,8 @@ def write_report(report: dict[str, Any]) -> None:
                 f"| {_fmt(item.get('agent_requests_per_second'), 1)} "
                 f"| {item['cpu_cores'].get('kube-apiserver', 0):.2f} | {item['cpu_cores'].get('etcd', 0):.2f} |"
             )
+    for failure in report.get("steady_failed", []):
+        lines.append(f"\nSteady state N={failure['nodes']} ({failure['date']}) not measured: `{failure['error']}`")
     if report["recovery"]:
         lines += [
             "",

@@ -279,3 +279,46 @@ class TestRendezvousTimings:
     def test_a_bad_value_names_where_it_came_from(self, conf: dict[str, str], spec: dict[str, int], named: str) -> None:
         with pytest.raises(ValueError, match=re.escape(named)):
             RendezvousTimings.resolve(conf, spec)
+
+
+class TestWorkloadOwner:
+    """``workload_owner``: which workload an agent's pod belongs to (rdzv-conf owner=pod), pure."""
+
+    UID_A, UID_B = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-8999-aaaaaaaaaaaa"
+
+    def test_a_jobsets_labels_win_over_the_pods_controller_its_job(self) -> None:
+        from kube_rendezvous.settings import workload_owner
+
+        pod = {
+            "metadata": {
+                "labels": {"jobset.sigs.k8s.io/jobset-name": "train", "jobset.sigs.k8s.io/jobset-uid": self.UID_A},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": "train-node-0",
+                        "uid": self.UID_B,
+                        "controller": True,
+                    }
+                ],
+            }
+        }
+        owner = workload_owner(pod)
+        assert (owner.api_version, owner.kind, owner.name, owner.uid) == (
+            "jobset.x-k8s.io/v1alpha2",
+            "JobSet",
+            "train",
+            self.UID_A,
+        )
+
+    def test_otherwise_the_controller_and_never_an_owner_that_is_not_the_controller(self) -> None:
+        from kube_rendezvous.settings import workload_owner
+
+        references = [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": self.UID_A},
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": self.UID_B, "controller": True},
+        ]
+        owner = workload_owner({"metadata": {"ownerReferences": references}})
+        assert (owner.kind, owner.name, owner.uid) == ("Job", "train", self.UID_B)
+        with pytest.raises(ValueError, match="pod ns/p has no controller"):
+            workload_owner({"metadata": {"namespace": "ns", "name": "p", "ownerReferences": references[:1]}})

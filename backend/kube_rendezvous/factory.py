@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from .settings import (
     KubernetesRendezvousConfig,
     OwnerReference,
     RendezvousTimings,
+    workload_owner,
 )
 from .store import KubernetesStore
 
@@ -117,6 +119,36 @@ def ensure_rendezvous(
         ) from exc
 
 
+def pod_workload(api: KubernetesApi, namespace: str, framework: Framework) -> OwnerReference:
+    """The workload of this agent's pod (``workload_owner``), read from the API server.
+
+    The pod is ``POD_NAME`` in ``POD_NAMESPACE`` (set both from the downward API), else the host
+    name in the Rendezvous's namespace (a pod's host name is its name unless ``spec.hostname``).
+
+    Raises:
+        ValueError: no such pod, or it has no controller (naming the fix).
+        RendezvousConnectionError: the API server refused (403 names the missing ``get pods``).
+    """
+    name = os.environ.get("POD_NAME") or socket.gethostname()
+    pod_namespace = os.environ.get("POD_NAMESPACE") or namespace
+    try:
+        pod = api.request("GET", f"/api/v1/namespaces/{pod_namespace}/pods/{name}")
+    except NotFoundError as exc:
+        raise ValueError(
+            f"rdzv-conf owner=pod: there is no pod {pod_namespace}/{name}; set POD_NAME and POD_NAMESPACE "
+            "from the downward API (fieldRef metadata.name and metadata.namespace)"
+        ) from exc
+    except ApiError as exc:
+        raise framework.connection_error(describe_api_error(exc, "get", "pods", pod_namespace)) from exc
+    except ApiUnavailableError as exc:
+        raise framework.connection_error(
+            f"rdzv-conf owner=pod: could not read pod {pod_namespace}/{name}: {exc}"
+        ) from exc
+    owner = workload_owner(pod)
+    logger.info("owner=pod: pod %s/%s runs in %s %s (uid %s)", pod_namespace, name, owner.kind, owner.name, owner.uid)
+    return owner
+
+
 def create_backend(
     params: Any, framework: Framework | None = None
 ) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
@@ -139,6 +171,7 @@ def create_backend(
         api_client, context_namespace = load_api_client(settings.kubeconfig, settings.context)
         namespace = resolve_namespace(settings.namespace, context_namespace)
         api = KubernetesApi(api_client, settings.request_timeout)
+        owner = pod_workload(api, namespace, framework) if settings.owner_from_pod else settings.owner
         obj = ensure_rendezvous(
             api,
             namespace,
@@ -146,13 +179,16 @@ def create_backend(
             min_nodes=params.min_nodes,
             max_nodes=params.max_nodes,
             create=settings.create,
-            owner=settings.owner,
+            owner=owner,
             retry_timeout=settings.retry_timeout,
             framework=framework,
         )
         uid = obj["metadata"]["uid"]
         run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
-        if params.run_id in UNSET_RUN_IDS:
+        if params.run_id in UNSET_RUN_IDS and settings.owner_from_pod and owner is not None:
+            run_id = owner.uid  # the workload's: a new Job or JobSet is a new run
+            logger.info("run id %r is unset; using %s %s's UID %s", params.run_id, owner.kind, owner.name, owner.uid)
+        elif params.run_id in UNSET_RUN_IDS:
             logger.info(
                 "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, settings.name, uid
             )

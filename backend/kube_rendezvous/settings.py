@@ -90,6 +90,38 @@ class OwnerReference:
         return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
 
 
+#: rdzv-conf ``owner=pod``: the Rendezvous's owner is the workload of the agent's own pod.
+OWNER_FROM_POD = "pod"
+#: The labels a JobSet puts on its pods (Kubeflow Trainer's TrainJob pods carry them too), and its API version.
+JOBSET_NAME_LABEL, JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+
+
+def workload_owner(pod: dict[str, Any]) -> OwnerReference:
+    """The workload that runs ``pod``: its JobSet (from the labels a JobSet puts on its pods), else
+    the pod's controller (``ownerReferences`` with ``controller: true``: a Job, a PyTorchJob, ...).
+
+    The JobSet comes first because its pods' controller is one of its Jobs, which a JobSet restart
+    replaces: the Rendezvous must live as long as the JobSet, and the operator selects the pods of
+    every Job of it by the JobSet's uid.
+
+    Raises:
+        ValueError: the pod has neither (a bare pod), naming it and the fix.
+    """
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if labels.get(JOBSET_NAME_LABEL) and labels.get(JOBSET_UID_LABEL):
+        return OwnerReference(JOBSET_API_VERSION, "JobSet", labels[JOBSET_NAME_LABEL], labels[JOBSET_UID_LABEL])
+    for reference in metadata.get("ownerReferences") or []:
+        if reference.get("controller") and all(reference.get(key) for key in ("apiVersion", "kind", "name", "uid")):
+            return OwnerReference(reference["apiVersion"], reference["kind"], reference["name"], reference["uid"])
+    raise ValueError(
+        f"rdzv-conf owner=pod: pod {metadata.get('namespace')}/{metadata.get('name')} has no controller "
+        "(no ownerReferences entry with controller: true, no JobSet labels); run it from a Job, JobSet, "
+        "PyTorchJob or TrainJob, or give owner=<apiVersion>/<kind>/<name>/<uid>"
+    )
+
+
 @dataclass(frozen=True)
 class KubernetesRendezvousConfig:
     """Where the Rendezvous object is and how to reach it; validated on construction.
@@ -104,6 +136,8 @@ class KubernetesRendezvousConfig:
     context: str | None = None
     create: bool = True
     owner: OwnerReference | None = None
+    #: ``owner=pod``: the owner (and an unset run id) come from the agent's own pod (``workload_owner``).
+    owner_from_pod: bool = False
     request_timeout: float = 30.0
     retry_timeout: float = 60.0
     store_timeout: float = 300.0
@@ -145,7 +179,8 @@ class KubernetesRendezvousConfig:
             kubeconfig=conf.get("kubeconfig") or None,
             context=conf.get("context") or None,
             create=True if create is None else create,
-            owner=OwnerReference.parse(str(owner)) if owner else None,
+            owner=OwnerReference.parse(str(owner)) if owner and owner != OWNER_FROM_POD else None,
+            owner_from_pod=owner == OWNER_FROM_POD,
             request_timeout=seconds("request_timeout", 30.0),
             retry_timeout=seconds("retry_timeout", 60.0),
             store_timeout=seconds("store_timeout", 300.0),
