@@ -78,6 +78,13 @@ def formed_state(addresses: list[str]) -> dict[str, Any]:
     return {"state": encode_document(document)}
 
 
+def announced(admin_api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
+    """Messages of the Events with ``reason`` posted on Rendezvous ``name``."""
+    listed = client.CoreV1Api(admin_api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    # An Event repeated in place (count > 1) counts as many times as it was posted.
+    return [event.message for event in listed.items if event.reason == reason for _ in range(event.count or 1)]
+
+
 def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconciles(
     replicas: Replicas,
     admin_api: client.ApiClient,
@@ -94,13 +101,7 @@ def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconcil
     assert "is the leader" not in second.log.read_text() and "standing by" in second.log.read_text()
     assert second.healthy(), "the standby answers the liveness probe"
 
-    first.kill()  # SIGKILL: no release; the standby waits for the Lease to go stale on its own clock
-    create_rendezvous(objects, namespace, "after", minNodes=1, maxNodes=2)
-    wait_until(lambda: holder(admin_api, namespace) == "replica-b", 60, "the standby to take the Lease")
-    wait_until(lambda: ready(objects, namespace, "after"), 60, "the new leader to reconcile a new Rendezvous")
-
-    # Evictions keep working across the failover: the pod of a node of a formed round is deleted.
-    core = client.CoreV1Api(admin_api)
+    # A round forms while replica-a leads: it announces it once.
     objects.patch_namespaced_custom_object_status(
         GROUP,
         VERSION,
@@ -110,6 +111,18 @@ def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconcil
         {"status": formed_state(["127.0.0.51", "127.0.0.52"])},
         _content_type="application/merge-patch+json",
     )
+    wait_until(lambda: announced(admin_api, namespace, "before", "RoundCompleted"), 60, "the leader's RoundCompleted")
+
+    version = read(objects, namespace, "before")["metadata"]["resourceVersion"]
+    first.kill()  # SIGKILL: no release; the standby waits for the Lease to go stale on its own clock
+    create_rendezvous(objects, namespace, "after", minNodes=1, maxNodes=2)
+    wait_until(lambda: holder(admin_api, namespace) == "replica-b", 60, "the standby to take the Lease")
+    wait_until(lambda: ready(objects, namespace, "after"), 60, "the new leader to reconcile a new Rendezvous")
+    # The new leader has seen "before" (it reconciled a newer object) and wrote nothing to it: no duplicate write.
+    assert read(objects, namespace, "before")["metadata"]["resourceVersion"] == version
+
+    # Evictions keep working across the failover: the pod of a node of the formed round is deleted.
+    core = client.CoreV1Api(admin_api)
     for index, address in enumerate(["127.0.0.51", "127.0.0.52"]):
         create_training_pod(core, namespace, f"trainer-{index}", "before", address)
     core.delete_namespaced_pod("trainer-1", namespace, grace_period_seconds=0)
@@ -118,6 +131,21 @@ def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconcil
         60,
         "the new leader to evict the node of the deleted pod",
     )
+    # The new leader saw the formed round for the first time, but did not announce it again.
+    assert len(announced(admin_api, namespace, "before", "RoundCompleted")) == 1
+    assert len(announced(admin_api, namespace, "before", "NodeJoined")) == 2
+    assert "replica-b is the leader" in second.log.read_text()
+    # Deletion keeps working across the failover: the new leader releases the finalizer (no agent is alive).
+    objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "before")
+
+    def deleted() -> bool:
+        try:
+            read(objects, namespace, "before")
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_until(deleted, 60, "the new leader to let the deleted Rendezvous go")
 
 
 def test_a_leader_stopped_with_sigterm_releases_the_lease_for_the_standby(

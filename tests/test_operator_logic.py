@@ -5,6 +5,7 @@ Events between state documents, pod matching, live agents and evictions.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import pickle
@@ -239,6 +240,25 @@ class TestStateEvents:
             ("RoundCompleted", "round 3 completed with 3 nodes: 10.0.0.1_101_0=0, 10.0.0.2_102_0=1, 10.0.0.4_104_0=2"),
         ]
         assert logic.formed_members(last, previous, done) == frozenset({A, B, D})
+
+    def test_a_new_leader_does_not_repeat_what_was_announced(self) -> None:
+        formed = document(round=3, complete=True, participants={A: 0, B: 1})
+        told = [
+            ("NodeJoined", "node 10.0.0.1_101_0 joined round 3"),
+            ("RoundCompleted", "round 3 completed with 2 nodes"),
+        ]
+        baseline, last = logic.announced_baseline(formed, told)
+        assert logic.state_events(baseline, formed, last_formed=last) == []
+        # Only an earlier round was announced: this one is new, so it is announced.
+        baseline, last = logic.announced_baseline(formed, [("RoundCompleted", "round 2 completed with 2 nodes")])
+        assert (baseline, last) == (None, None)
+        assert "RoundCompleted" in [event.reason for event in logic.state_events(baseline, formed, last_formed=last)]
+        # Closed after the announced round, but not yet announced: only Closed is posted.
+        closed = dataclasses.replace(formed, closed=True)
+        baseline, last = logic.announced_baseline(closed, told)
+        assert events_of(logic.state_events(baseline, closed, last_formed=last)) == [
+            ("Closed", "rendezvous closed in round 3")
+        ]
 
     def test_a_heartbeat_only_change_posts_nothing(self) -> None:
         later = document(round=2, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: NOW})

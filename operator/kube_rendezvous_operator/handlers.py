@@ -261,6 +261,9 @@ def observe_rendezvous(
         document = baseline  # an invalid state changes nothing the agents agreed on
     same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
     last_formed = previous.formed if previous is not None and same_run else None
+    if previous is None and stored.document is not None:
+        # First sight (a new leader, a restart): what was announced already is not announced again.
+        baseline, last_formed = logic.announced_baseline(stored.document, announced_events(namespace, meta))
     OBSERVED[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
     selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if SELECTORS.get(key) != selector:
@@ -307,6 +310,17 @@ def observe_rendezvous(
                 "closed",
                 condition=("Closed", "True", "Closed", f"closed in round {status.get('round')}"),
             )
+
+
+def announced_events(namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reason, message) of the Events already posted on a Rendezvous (none when they cannot be listed)."""
+    query = {"fieldSelector": f"involvedObject.uid={meta.get('uid')}"}
+    try:
+        listed = api().request("GET", f"/api/v1/namespaces/{namespace}/events", query=query)
+    except (ApiError, ApiUnavailableError) as exc:
+        logger.info("could not list the Events of %s/%s (they may be repeated): %s", namespace, meta.get("name"), exc)
+        return []
+    return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
 
 
 def rendezvouses_of_pod(labels: dict[str, str] | None, namespace: str | None) -> list[str]:

@@ -9,6 +9,7 @@ the decoded document, since the readable summary in ``status`` lists only the fi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -206,6 +207,29 @@ def formed_members(
     if new is not None and newly_formed(old, new):
         return frozenset(new.participants)
     return previous
+
+
+def announced_baseline(
+    document: RendezvousDocument, announced: Iterable[tuple[str, str]]
+) -> tuple[RendezvousDocument | None, frozenset[NodeId] | None]:
+    """What an operator that sees ``document`` for the first time may take as already told.
+
+    ``announced`` are the (reason, message) of the Events already posted on the Rendezvous (by an
+    earlier leader or an earlier run of this operator). When its current round's RoundCompleted is
+    among them, the round counts as seen (baseline ``document``, formed members its participants),
+    so ``state_events`` repeats neither its NodeJoined nor its RoundCompleted; Closed likewise.
+    Otherwise ``(None, None)``: everything is new.
+    """
+    events = list(announced)
+    round_told = document.complete and any(
+        reason == "RoundCompleted" and message.startswith(f"round {document.round} completed")
+        for reason, message in events
+    )
+    if not round_told:
+        return None, None
+    closed_told = any(reason == "Closed" for reason, _ in events)
+    baseline = document if closed_told or not document.closed else dataclasses.replace(document, closed=False)
+    return baseline, frozenset(document.participants)
 
 
 def state_events(

@@ -130,10 +130,11 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
-# Events for users: round completed, node joined/left/evicted, closed, state corrupt.
+# Events for users: round completed, node joined/left/evicted, closed, state corrupt. list: a
+# new leader (after a failover or restart) reads what was announced, so it never repeats it.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create, patch, list]
 {{- end }}
 
 {{/* The operator's cluster-wide read of CustomResourceDefinitions. */}}
