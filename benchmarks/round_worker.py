@@ -51,6 +51,11 @@ def main() -> None:
         help="while holding, call num_nodes_waiting on every handler this often, as the launcher's monitor loop does",
     )
     args = parser.parse_args()
+    if os.environ.get("BENCH_LOG"):  # the handlers' own log lines, timestamped, on stderr
+        import logging
+
+        line = f"%(asctime)s w{args.worker} %(threadName)s %(name)s: %(message)s"
+        logging.basicConfig(level=logging.INFO, format=line)
     config: dict[str, Any] = {"last_call_timeout": 30, "join_timeout": 900}
     config.update(json.loads(os.environ.get("BENCH_RDZV_CONF", "{}")))
     if args.backend.endswith("k8s"):
@@ -82,6 +87,9 @@ def main() -> None:
         try:
             info = handlers[index].next_rendezvous()
             results[index] = {"seconds": time.time() - started, "rank": info.rank, "world": info.world_size}
+            joined_at = getattr(handlers[index], "joined_at", None)
+            if joined_at is not None:  # ours: the round formed here; the rest is the store's bootstrap step
+                results[index]["joined"] = joined_at - started
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
 
@@ -104,7 +112,12 @@ def main() -> None:
             if getattr(backend, "_api", None) is not None:
                 api_stats.append(dict(backend._api.stats))
             if isinstance(getattr(backend, "stats", None), dict):
-                backend_stats.append(dict(backend.stats))
+                counts = dict(backend.stats)
+                store = getattr(handler, "_store", None)
+                store = getattr(store, "_store", store)  # a prefix store wraps the KubernetesStore
+                if isinstance(getattr(store, "stats", None), dict):
+                    counts.update({f"store_{key}": value for key, value in store.stats.items()})
+                backend_stats.append(counts)
         return api_stats, backend_stats
 
     api_stats, backend_stats = stats()

@@ -47,11 +47,13 @@ class Bench:
         self.objects = client.CustomObjectsApi(config.new_client_from_config(str(self.plane.admin_kubeconfig)))
         self.workdir = workdir
         self.counter = 0
+        #: The Rendezvous of the round being run (``round`` retires it afterwards).
+        self.current: str | None = None
         self.hosts: list[subprocess.Popen[str]] = []
 
     def new_rendezvous(self, nodes: int) -> str:
         self.counter += 1
-        name = f"bench-{nodes}-{self.counter}"
+        name = self.current = f"bench-{nodes}-{self.counter}"
         self.objects.create_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -66,8 +68,39 @@ class Bench:
         )
         return name
 
+    def retire(self, name: str, timeout: float = 120.0) -> None:
+        """Delete the Rendezvous ``name`` and wait until its Leases and keys are gone, so that the next
+        round does not share the server with the operator expiring this round's exited agents."""
+        from kubernetes import client
+
+        try:
+            self.objects.delete_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        leases = client.CoordinationV1Api(self.objects.api_client)
+        deadline = time.monotonic() + timeout
+        selector = f"kube-rendezvous.io/rendezvous={name}"
+        while time.monotonic() < deadline:
+            left = len(leases.list_namespaced_lease("bench", label_selector=selector, limit=1).items)
+            if not left:
+                return
+            time.sleep(1)
+        log(f"the Leases of {name} were not all collected within {timeout:.0f} s; going on")
+
     def round(self, backend: str, nodes: int, hold: float = 0.0, limit: float = 900.0) -> dict[str, Any]:
-        """Run one round of ``nodes`` handlers over several processes; return timings and API stats."""
+        """Run one round of ``nodes`` handlers over several processes; return timings and API stats.
+
+        A k8s round's Rendezvous is retired afterwards (``retire``), so every round starts alone.
+        """
+        self.current = None
+        try:
+            return self._round(backend, nodes, hold, limit)
+        finally:
+            if self.current is not None:
+                self.retire(self.current)
+
+    def _round(self, backend: str, nodes: int, hold: float, limit: float) -> dict[str, Any]:
         from tests.testenv import free_port
 
         processes = min(nodes, 8)
@@ -177,9 +210,17 @@ class Bench:
         if shared_writes is not None:
             summary["shared_writes"] = shared_writes
         backend_stats = [stats for report in reports for stats in report.get("backend", [])]
-        for key in ("renewals", "requests", "self_folds"):
+        for key in ("renewals", "requests", "self_folds", "store_requests"):
             if backend_stats and key in backend_stats[0]:
                 summary[f"{key}_total"] = sum(item.get(key, 0) for item in backend_stats)
+        joined = [
+            report["started"] - start + item["joined"]
+            for report in reports
+            for item in report["results"]
+            if "joined" in item
+        ]
+        if joined:  # when the last agent saw the round formed; the rest of ``seconds`` is the store's step
+            summary["joined_seconds"] = max(joined)
         if steady:
             holds = [
                 json.loads(Path(str(out) + ".hold").read_text()) for out in outs if Path(str(out) + ".hold").exists()

@@ -78,6 +78,10 @@ class Workers:
             found.extend(json.loads(out.read_text())["results"])
         return found
 
+    def counters(self) -> list[dict[str, int]]:
+        """Each handler's backend and store counters (``store_requests``: its store's own requests)."""
+        return [item for _, out in self.processes for item in json.loads(out.read_text())["backend"]]
+
     def stop(self) -> None:
         for process, _ in self.processes:
             if process.poll() is None:
@@ -200,6 +204,9 @@ def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_vali
     assert sorted(item["rank"] for item in results) == list(range(32))
     assert {item["world"] for item in results} == {32}
     assert_every_state_valid(versions, 32)
+    # The bootstrap address: rank 0 writes it (two keys), the 31 others read it from their watch.
+    store_requests = sorted(item["store_requests"] for item in group.counters())
+    assert store_requests[:31] == [0] * 31, store_requests
     # Folded in batches: far fewer writes of the shared object than one per agent.
     assert len(versions) < 32, f"{len(versions)} writes of the shared Rendezvous for 32 joins"
     writers = {obj["status"].get("lastWriter") for obj in versions}

@@ -149,6 +149,31 @@ class TestAtomicity:
         assert every_value == list(range(1, processes * adds + 1))  # each add saw a distinct total
         print(f"\n{processes}x{adds} adds: {sum(r['conflicts'] for r in results)} conflicts retried")
 
+    def test_an_exit_barrier_of_many_agents_on_one_counter_costs_requests_linear_in_the_agents(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        # torch's and tensorplay's exit barrier: every agent adds 1 to one key, then waits for the last.
+        agents = 48
+        stores = [create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))[1] for _ in range(agents)]
+        counts: list[int] = []
+        gate = threading.Barrier(agents)
+
+        def check_in(each: KubernetesStore) -> None:
+            gate.wait()
+            counts.append(each.add("exit/num_members", 1))
+
+        threads = [threading.Thread(target=check_in, args=(each,)) for each in stores]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert sorted(counts) == list(range(1, agents + 1))
+        requests = sum(each.stats["requests"] for each in stores)
+        # Retrying at once costs about agents^2 requests (1 of N wins each time); backing off
+        # after a lost compare-and-swap keeps it near linear.
+        print(f"\n{agents} agents on one counter: {requests} requests")
+        assert requests <= 10 * agents
+
     def test_concurrent_compare_and_swap_has_exactly_one_winner(
         self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
     ) -> None:
@@ -201,12 +226,66 @@ class TestBlockingCalls:
         outcome: list[bytes] = []
         thread = threading.Thread(target=lambda: outcome.append(waiter.get("late", timeout=60)))
         thread.start()
+        wait_until(lambda: waiter.stats["shared_waits"] == 1, 10, "the get to wait on the shared watch")
+        store.set("late", "arrived")
+        thread.join(60)
+        assert outcome == [b"arrived"]
+        assert waiter.stats["watch_wakeups"] == 1  # the watch event woke it, not a read
+        assert waiter.stats["requests"] == 2  # a GET before and after; no list or watch of its own
+
+    def test_blocking_calls_of_many_stores_share_one_watch_and_list_or_watch_nothing_of_their_own(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        waiters = [create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))[1] for _ in range(16)]
+        outcome: list[bytes | bool] = []
+        calls = [lambda w=w: w.get("address", timeout=60) for w in waiters]
+        calls += [lambda w=w: w.wait(["address"], 60) for w in waiters]
+        calls += [lambda w=w: w.get_written_once("address", 60) for w in waiters]
+        threads = [threading.Thread(target=lambda call=call: outcome.append(call())) for call in calls]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: sum(w.stats["shared_waits"] for w in waiters) == 48, 20, "every call to wait")
+        store.set("address", "10.0.0.1:29500")
+        for thread in threads:
+            thread.join(60)
+        assert sorted(map(str, outcome)) == sorted(["b'10.0.0.1:29500'"] * 32 + ["True"] * 16)
+        # a get reads before and after, a wait and a read of a written-once key not at all; no list or
+        # watch per call
+        assert sum(w.stats["requests"] for w in waiters) == 32
+        assert all(w._key_cache() is waiters[0]._key_cache() for w in waiters)
+
+    def test_a_deleted_key_is_waited_for_again_once_the_watch_shows_the_deletion(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        _, reader = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+        store.set("reused", "old")
+        assert reader.get("reused", timeout=10) == b"old"
+        store.delete_key("reused")
+        cache = reader._key_cache()
+        assert cache is not None
+        wait_until(lambda: cache.get(store._name("reused")) is None, 10, "the watch to show the deletion")
+        outcome: list[bytes] = []
+        thread = threading.Thread(target=lambda: outcome.append(reader.get("reused", timeout=60)))
+        thread.start()
+        wait_until(lambda: reader.stats["shared_waits"] == 1, 10, "the get to wait for the key to come back")
+        store.set("reused", "new")
+        thread.join(60)
+        assert outcome == [b"new"]
+
+    def test_without_the_shared_watch_a_blocking_get_lists_and_watches_on_its_own(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    ) -> None:
+        _, waiter = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
+        waiter.shared_key_watch = False
+        outcome: list[bytes] = []
+        thread = threading.Thread(target=lambda: outcome.append(waiter.get("late", timeout=60)))
+        thread.start()
         # read (missing), list (missing), then the watch: the set below cannot land before the list.
         wait_until(lambda: waiter.stats["requests"] >= 3, 10, "the get to start watching")
         store.set("late", "arrived")
         thread.join(60)
         assert outcome == [b"arrived"]
-        assert waiter.stats["watch_wakeups"] == 1  # the watch event woke it, not a read
+        assert waiter.stats["watch_wakeups"] == 1 and waiter.stats["shared_waits"] == 0
 
     def test_wait_for_several_keys_returns_once_all_exist(
         self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
@@ -215,12 +294,12 @@ class TestBlockingCalls:
         outcome: list[bool] = []
         thread = threading.Thread(target=lambda: outcome.append(waiter.wait(["x", "y"], 30)))
         thread.start()
-        wait_until(lambda: waiter.stats["requests"] >= 2, 10, "the wait to list and start watching")
+        wait_until(lambda: waiter.stats["shared_waits"] == 1, 10, "the wait to start")
         store.set("x", "1")
         store.set("y", "2")
         thread.join(40)
         assert outcome == [True]
-        assert waiter.stats["watch_wakeups"] == 1  # both keys arrived through the watch
+        assert waiter.stats["requests"] == 0  # answered by the shared watch
 
     def test_a_wait_that_spans_an_api_server_restart_still_returns_the_value(
         self, store: KubernetesStore, control_plane: ControlPlane, endpoint: str, agent_kubeconfig: Path
@@ -235,13 +314,16 @@ class TestBlockingCalls:
 
         thread = threading.Thread(target=blocking_get)
         thread.start()
-        wait_until(lambda: store.stats["requests"] >= 3, 10, "the get to start watching")
+        wait_until(lambda: store.stats["shared_waits"] == 1, 10, "the get to wait on the shared watch")
+        cache = store._key_cache()
+        assert cache is not None
+        lists = cache.stats["lists"]
         control_plane.restart_apiserver(downtime=2)
         _, writer = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
         writer.set("after-restart", "survived")
         thread.join(120)
         assert outcome == [b"survived"]
-        assert store.stats["watch_restarts"] >= 1  # its watch broke with the server and resumed
+        assert cache.stats["lists"] > lists  # the shared watch broke with the server and listed again
 
 
 class TestOwnershipAndIsolation:

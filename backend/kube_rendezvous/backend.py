@@ -96,6 +96,8 @@ SHOWN_HEARTBEAT = datetime(9000, 1, 1, tzinfo=timezone.utc)
 #: The pickles of the states shown in scale mode, shared by the process's handlers (a few versions).
 _PICKLES: collections.OrderedDict[tuple[object, ...], bytes] = collections.OrderedDict()
 _PICKLES_LOCK = threading.Lock()
+#: Held while one handler pickles a new state version, so the others wait for it (single flight).
+_PICKLING = threading.Lock()
 #: Seconds between two log lines of an agent waiting in the join loop (who joined, who is missing).
 PROGRESS_LOG_SECONDS = 10.0
 #: Write ids kept in ``status.recentWriteIds`` to recognise a committed write after an unclear answer.
@@ -331,12 +333,16 @@ class KubernetesRendezvousBackend:
         with _PICKLES_LOCK:
             data = _PICKLES.get(key)
         if data is None:
-            state = state_from_document(document, self.framework.state_class, self.framework.node_class)
-            data = pickle.dumps(state)
-            with _PICKLES_LOCK:
-                _PICKLES[key] = data
-                while len(_PICKLES) > 8:
-                    _PICKLES.popitem(last=False)
+            with _PICKLING:
+                with _PICKLES_LOCK:
+                    data = _PICKLES.get(key)
+                if data is None:
+                    state = state_from_document(document, self.framework.state_class, self.framework.node_class)
+                    data = pickle.dumps(state)
+                    with _PICKLES_LOCK:
+                        _PICKLES[key] = data
+                        while len(_PICKLES) > 8:
+                            _PICKLES.popitem(last=False)
         return data, token
 
     def _signature(self, document: RendezvousDocument | None) -> tuple[object, ...]:

@@ -225,6 +225,7 @@ def create_backend(
             api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
         )
         store.timeout_error = framework.store_timeout_error
+        store.start_watch()  # listed before the round: waiting for the bootstrap address costs no request
     except Exception as exc:
         framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
         raise

@@ -94,25 +94,39 @@ def rendezvous_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -
 
 
 class DecodedStates:
-    """The last decoded ``status.state`` per text, so N readers in one process decode it once."""
+    """The last decoded ``status.state`` per text, so N readers in one process decode it once.
+
+    Decoding is single-flight: the first reader of a new text decodes it while the others wait
+    for its result, instead of all of them decoding the same text at once.
+    """
 
     def __init__(self, size: int = 4) -> None:
         self._cache: collections.OrderedDict[str, RendezvousDocument] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._decoding = threading.Lock()
         self._size = size
 
-    def decode(self, text: str) -> RendezvousDocument:
+    def _cached(self, text: str) -> RendezvousDocument | None:
         with self._lock:
             found = self._cache.get(text)
             if found is not None:
                 self._cache.move_to_end(text)
+            return found
+
+    def decode(self, text: str) -> RendezvousDocument:
+        found = self._cached(text)
+        if found is not None:
+            return found
+        with self._decoding:
+            found = self._cached(text)
+            if found is not None:
                 return found
-        document = decode_document(text)
-        with self._lock:
-            self._cache[text] = document
-            while len(self._cache) > self._size:
-                self._cache.popitem(last=False)
-        return document
+            document = decode_document(text)
+            with self._lock:
+                self._cache[text] = document
+                while len(self._cache) > self._size:
+                    self._cache.popitem(last=False)
+            return document
 
 
 DECODED = DecodedStates()

@@ -31,6 +31,7 @@ import hashlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -53,6 +54,8 @@ ANNOTATION_ROUND = "kube-rendezvous.io/desired-round"
 ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
 #: Longest object name Kubernetes accepts.
 MAX_NAME = 253
+#: Node Lease renewals one process keeps in flight at once (threads of its ``LeaseRenewer``).
+RENEWALS_IN_FLIGHT = 8
 
 
 def micro_time(moment: datetime) -> str:
@@ -490,18 +493,22 @@ class WriterLease(LeaseElector):
 
 
 class LeaseRenewer:
-    """Renews the node Leases of this process every keep-alive, from one thread.
+    """Renews the node Leases of this process every keep-alive, several at a time.
 
     The framework never sees a heartbeat in scale mode: a node heartbeats while its process
     lives and its handler wants to be in the rendezvous (from its join request to its leave).
     A renewal that fails is retried at the next tick; the folder expires a node only after a
-    whole expiry without one.
+    whole expiry without one. Renewals run on a pool of ``RENEWALS_IN_FLIGHT`` threads, and a
+    Lease is never renewed twice at once, so one slow answer (a throttled server queues a
+    request for seconds) cannot hold back the heartbeats of the process's other nodes.
     """
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self._leases: dict[int, LeaseNodeLock] = {}
+        self._in_flight: set[int] = set()
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=RENEWALS_IN_FLIGHT, thread_name_prefix="lease renewal")
         self._thread = threading.Thread(target=self._run, name="lease renewer", daemon=True)
         self._thread.start()
 
@@ -513,19 +520,29 @@ class LeaseRenewer:
         with self._lock:
             self._leases.pop(id(lease), None)
 
+    def _renew(self, lease: LeaseNodeLock) -> None:
+        try:
+            lease.update(None)
+        except Exception as exc:  # noqa: BLE001 - retried at the next tick
+            logger.info("could not renew %s: %s", lease.describe(), exc)
+        finally:
+            with self._lock:
+                self._in_flight.discard(id(lease))
+
     def _run(self) -> None:
         while True:
             time.sleep(min(0.5, self.interval / 4))
-            with self._lock:
-                leases = list(self._leases.values())
             now = datetime.now(timezone.utc)
-            for lease in leases:
-                if lease.renewed_at is not None and (now - lease.renewed_at).total_seconds() < self.interval:
-                    continue
-                try:
-                    lease.update(None)
-                except Exception as exc:  # noqa: BLE001 - retried at the next tick
-                    logger.info("could not renew %s: %s", lease.describe(), exc)
+            with self._lock:
+                due = [
+                    (key, lease)
+                    for key, lease in self._leases.items()
+                    if key not in self._in_flight
+                    and (lease.renewed_at is None or (now - lease.renewed_at).total_seconds() >= self.interval)
+                ]
+                self._in_flight.update(key for key, _ in due)
+            for _, lease in due:
+                self._pool.submit(self._renew, lease)
 
 
 _RENEWERS: dict[tuple[str, float], LeaseRenewer] = {}

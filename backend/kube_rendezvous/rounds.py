@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,21 @@ logger = logging.getLogger(__name__)
 #: Rounds whose store keys survive the cleanup that rank 0 runs when a round forms.
 ROUNDS_KEPT_BEHIND = 1
 ROUNDS_KEPT_AHEAD = 2
+
+
+class WrittenOnceReads:
+    """The read side of a round's store for the framework's ``RendezvousStoreInfo.build`` on ranks above 0.
+
+    Rank 0 writes the bootstrap address once per round under the round's prefix, and nobody
+    changes it, so the other ranks read it from their store's watch (``get_written_once``): no
+    request each, where a GET each would be N reads at the same instant.
+    """
+
+    def __init__(self, store: KubernetesPrefixStore) -> None:
+        self._store = store
+
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        return self._store.get_written_once(key, timeout)
 
 
 def agent_training_outcome() -> str | None:
@@ -71,6 +87,9 @@ class RendezvousFixes:
 
     #: What the first ``shutdown()`` returned (None: not shut down yet).
     _shutdown_result: bool | None = None
+    #: Wall-clock time (``time.time()``) the last join saw its round formed, before the store's
+    #: bootstrap step; benchmarks split a round's time into joining and bootstrapping with it.
+    joined_at: float | None = None
 
     # The framework handler's attributes this mixin uses.
     _state_holder: Any
@@ -155,22 +174,27 @@ class RendezvousFixes:
         finally:
             if backend is not None:
                 backend.joining = False
+        self.joined_at = time.time()
         self._start_heartbeats()
         rank, world_size = self._get_world()
         state = self._state_holder.state
         round_store = self._get_store()
         self._stop_bootstrap_store()
         server_port = None
-        if rank == 0:
-            if self.use_agent_store:
-                self._shared_tcp_store_server = self._create_tcp_store_server(self._this_node.addr, 0)
-                server_port = int(self._shared_tcp_store_server.port)
+        if rank == 0 and self.use_agent_store:
+            self._shared_tcp_store_server = self._create_tcp_store_server(self._this_node.addr, 0)
+            server_port = int(self._shared_tcp_store_server.port)
+        # rank 0 publishes the bootstrap address; the others read it from their store's watch
+        self._bootstrap_store_info = self.framework.store_info_class.build(
+            rank,
+            round_store if rank == 0 else WrittenOnceReads(self._round_store(self._store)),
+            local_addr=self._this_node.addr,
+            server_port=server_port,
+        )
+        if rank == 0:  # after publishing: the cleanup is off the round's critical path
             self._store.delete_rounds_except(
                 range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
             )
-        self._bootstrap_store_info = self.framework.store_info_class.build(
-            rank, round_store, local_addr=self._this_node.addr, server_port=server_port
-        )
         logger.info(
             "round %d formed: rank %d of %d, bootstrap store %s:%s",
             state.round,

@@ -3,24 +3,38 @@
 Each key is one ``RendezvousKey`` object owned by the Rendezvous (garbage-collected with it),
 named by a hash of the Rendezvous UID and the key. So independent keys never conflict, and
 store traffic never writes the Rendezvous object (its resourceVersion, the state's
-compare-and-swap token, stays untouched). Blocking ``get`` and ``wait`` list once and then
-watch from the list's resourceVersion, so they wake as soon as the key appears and miss
-nothing when a watch drops and resumes. ``set``, ``add`` and ``compare_and_swap`` are
-read-modify-write under the key object's resourceVersion, retried on conflict, and exactly
-once: each attempt records its id on the key, and after an unclear answer (none, a 5xx, a 409)
-the next read shows whether one of the call's attempts committed before anything is re-sent.
-Empty values are stored as "".
+compare-and-swap token, stays untouched).
 
-Not guaranteed: values are visible to anyone who may read RendezvousKey objects in the
-namespace (use RBAC), and a value is limited to about 1 MiB.
+Blocking reads wait on one watch of the Rendezvous's keys per process (``watchcache.shared_watch``),
+listed when the store is made, not on a list and watch of their own: ``wait`` costs no request,
+``get`` a GET, and a second one once the watch shows a key that was missing (so its value is
+current), and ``get_written_once`` (for a key written once, such as a round's bootstrap address)
+none. So after a round, N agents
+waiting for rank 0's address cost N watch events, not N reads plus N lists and watches. Without
+that watch (list/watch refused, or ``shared_key_watch`` set to False) a blocking call reads, then
+lists once and watches the keys it waits for, resuming a dropped watch from its last event.
+
+``set``, ``add`` and ``compare_and_swap`` are read-modify-write under the key object's
+resourceVersion, retried on conflict after a random back-off that doubles with each lost
+attempt (N agents adding to one counter, as the exit barrier does, cost O(N log N) requests,
+not O(N^2)), and exactly once: each attempt records its id on the key, and after an unclear
+answer (none, a 5xx, a 409) the next read shows whether one of the call's attempts committed
+before anything is re-sent. ``has``, ``check``, ``num_keys`` and the read inside every write go
+to the API server. Empty values are stored as "".
+
+Not guaranteed: ``wait`` may answer True for a key deleted a moment ago (for as long as the
+watch takes to show the deletion, normally milliseconds). Values are visible to anyone who may
+read RendezvousKey objects in the namespace (use RBAC), and a value is limited to about 1 MiB.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import logging
+import random
 import threading
 import time
 import uuid
@@ -42,6 +56,7 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
+from .watchcache import WatchCache, shared_watch
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +71,10 @@ OPS_ANNOTATION = "kube-rendezvous.io/ops"
 #: How many writers' last write ids a key remembers (JSON ``{writer: attempt}``, the most recent writers).
 WRITERS_KEPT = 2048
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
+#: Seconds: after the k-th lost compare-and-swap on a key, a writer waits a random time of up to
+#: min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**k) before reading it again.
+CONFLICT_BACKOFF_BASE = 0.005
+CONFLICT_BACKOFF_MAX = 2.0
 
 
 def _as_bytes(value: str | bytes | bytearray) -> bytes:
@@ -115,8 +134,20 @@ class KubernetesStore:
         self.timeout_error: type[Exception] = StoreTimeoutError
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
+        #: Blocking ``get`` and ``wait`` wait on one watch of this Rendezvous's keys per process
+        #: (False: each call lists and watches on its own, as without list/watch permission).
+        self.shared_key_watch = True
+        self._cache: WatchCache | None = None
         #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "conflicts": 0, "watch_restarts": 0, "watch_wakeups": 0, "watch_gone": 0}
+        #: (``shared_waits``: blocking calls that waited on the shared watch of the keys.)
+        self.stats = {
+            "requests": 0,
+            "conflicts": 0,
+            "watch_restarts": 0,
+            "watch_wakeups": 0,
+            "watch_gone": 0,
+            "shared_waits": 0,
+        }
 
     @property
     def timeout(self) -> timedelta:
@@ -211,7 +242,7 @@ class KubernetesStore:
             created: dict[str, Any] = self._call(
                 "POST", self._collection, body=self._new_object(key, value, attempt, round_number), retry=False
             )
-            return created
+            return self._installed(created)
         except ConflictError:
             return None
         except ApiUnavailableError:
@@ -223,8 +254,9 @@ class KubernetesStore:
                 return None
             raise self._failure(exc, "create") from exc
 
-    def _replace(self, obj: dict[str, Any], value: bytes, attempt: str) -> dict[str, Any] | None:
-        """Write ``value`` if ``obj`` is still current; None when somebody wrote first or the outcome is unknown."""
+    def _replace(self, obj: dict[str, Any], value: bytes, attempt: str) -> dict[str, Any] | bool:
+        """Write ``value`` if ``obj`` is still current: the written object, False when somebody wrote
+        first (a lost compare-and-swap), or True when the outcome is unknown (read to learn it)."""
         writes = self._writes(obj)
         slot = self._slot()
         writes.pop(slot, None)
@@ -236,16 +268,16 @@ class KubernetesStore:
             replaced: dict[str, Any] = self._call(
                 "PUT", f"{self._collection}/{obj['metadata']['name']}", body=obj, retry=False
             )
-            return replaced
+            return self._installed(replaced)
         except (ConflictError, NotFoundError):
-            return None
+            return False
         except ApiUnavailableError:
             time.sleep(0.2)
-            return None
+            return True
         except ApiError as exc:
             if exc.transient:
                 time.sleep(0.2)
-                return None
+                return True
             raise self._failure(exc, "update") from exc
 
     def _read_modify_write(
@@ -265,9 +297,19 @@ class KubernetesStore:
         attempts: dict[str, tuple[bytes | None, bytes]] = {}
         obj: dict[str, Any] | None = None
         read = not create_first
+        conflicts = 0
+        lost_on: str | None = None  # the resourceVersion the last compare-and-swap lost on
         while True:
+            if conflicts:
+                # Many writers on one key (the exit barrier: every agent adds to one counter) take
+                # turns instead of all re-reading at once: O(N log N) requests in all, not O(N^2).
+                time.sleep(random.uniform(0, min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**conflicts)))
             if read:
-                obj = self._read(key)
+                # After a lost compare-and-swap the watch usually shows the winner's version already:
+                # no GET then. After an unclear answer, the API server decides.
+                obj = self._newer_than(key, lost_on) if lost_on is not None else None
+                obj = obj if obj is not None else self._read(key)
+                lost_on = None
                 if obj is not None and (last := self._last_write(obj)) in attempts:
                     return attempts[last]
             read = True
@@ -277,14 +319,26 @@ class KubernetesStore:
                 return previous, None
             attempt = uuid.uuid4().hex[:12]
             attempts[attempt] = (previous, desired)
+            version = None if obj is None else obj["metadata"]["resourceVersion"]
             result = (
                 self._create(key, desired, attempt, round_number)
                 if obj is None
                 else self._replace(obj, desired, attempt)
             )
-            if result is not None:
+            if isinstance(result, dict):
                 return previous, desired
             self.stats["conflicts"] += 1
+            conflicts += 1 if obj is not None else 0  # a create that lost to another create reads at once
+            lost_on = version if result is False else None
+
+    def _newer_than(self, key: str | bytes, version: str) -> dict[str, Any] | None:
+        """A copy of ``key``'s object as the watch shows it, if that is not ``version``; else None."""
+        if self._cache is None or not self._cache.healthy:
+            return None
+        shown = self._cache.get(self._name(key))
+        if shown is None or shown["metadata"].get("resourceVersion") == version:
+            return None
+        return copy.deepcopy(shown)
 
     # -- the Store interface -----------------------------------------------------------------
 
@@ -296,16 +350,93 @@ class KubernetesStore:
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` (default ``self.timeout``) for it.
 
+        A GET, so the value is current (linearizable) and a refusal is reported at once. A key
+        that is not there yet is waited for on the process's watch of this Rendezvous's keys and
+        read again when the watch shows it: two requests, and no list or watch of its own. Only
+        without that watch does it list and watch the one key while it waits.
+
         Raises:
             StoreTimeoutError: the key did not appear in time.
         """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+        name = self._name(key)
+        shown = False
         while True:
             obj = self._read(key)
             if obj is not None:
                 return self._value_of(obj)
-            if not self._wait_for([self._name(key)], deadline):
+            if shown:  # the watch showed a key deleted since: let it catch up instead of spinning
+                time.sleep(0.05)
+            cache = self._key_cache()
+            if cache is not None:
+                shown = True
+                if self._arrival(cache, name, deadline) is None and cache.supported:
+                    raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+                continue  # shown now (or the watch was refused meanwhile): read it
+            if not self._wait_for([name], deadline):
                 raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+
+    def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        """``get`` for a key that is written once and never changed (a round's bootstrap address).
+
+        Answered from the process's watch alone, with no request: any value a write-once key
+        shows is its only value. N agents waiting for rank 0's address then cost N watch events
+        and no read. Never use it for a key that is written twice.
+
+        Raises:
+            StoreTimeoutError: the key did not appear in time.
+        """
+        deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+        cache = self._key_cache()
+        if cache is not None:
+            obj = self._arrival(cache, self._name(key), deadline)
+            if obj is not None:
+                return self._value_of(obj)
+            if cache.supported:
+                raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+        return self.get(key, max(0.0, deadline - time.monotonic()))
+
+    def _key_cache(self) -> WatchCache | None:
+        """The process's shared watch of this Rendezvous's keys, started on first use.
+
+        None when blocking calls must read and watch on their own (``shared_key_watch`` is False,
+        or the server refused to list or watch the keys).
+        """
+        if not self.shared_key_watch:
+            return None
+        if self._cache is None:
+            what = f"{KEY_PLURAL} of {self.namespace}/{self.rendezvous_name}"
+            self._cache = shared_watch(self._api, self._collection, {"labelSelector": self._selector}, what)
+        return self._cache if self._cache.supported else None
+
+    def start_watch(self) -> None:
+        """Start the process's watch of this Rendezvous's keys now, before the first blocking call needs it."""
+        self._key_cache()
+
+    def _installed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Show this store's own write on the shared watch at once, so a ``get`` that follows reads it."""
+        if self._cache is not None:
+            self._cache.install(obj)
+        return obj
+
+    def _arrival(self, cache: WatchCache, name: str, deadline: float) -> dict[str, Any] | None:
+        """The object ``name`` once the watch has listed and shows it; None at the deadline or if refused."""
+        arrived: list[dict[str, Any]] = []
+        shown = cache.get(name) if cache.healthy else None
+        if shown is not None:
+            return shown
+        self.stats["shared_waits"] += 1
+
+        def ready() -> bool:
+            obj = cache.get(name) if cache.healthy else None
+            if obj is not None:
+                arrived.append(obj)
+            return bool(arrived) or not cache.supported
+
+        cache.wait_for(ready, max(0.0, deadline - time.monotonic()))
+        if arrived:
+            self.stats["watch_wakeups"] += 1
+        return arrived[0] if arrived else None
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value."""
@@ -364,9 +495,22 @@ class KubernetesStore:
         return len(listed.get("items", []))
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
-        """Wait until every key exists; return False at the timeout (default ``self.timeout``)."""
+        """Wait until every key exists; return False at the timeout (default ``self.timeout``).
+
+        Answered from the process's watch of this Rendezvous's keys: no request of its own.
+        """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
-        return self._wait_for([self._name(key) for key in keys], deadline)
+        names = [self._name(key) for key in keys]
+        cache = self._key_cache()
+        if cache is not None:
+            self.stats["shared_waits"] += 1
+            present = cache.wait_for(
+                lambda: not cache.supported or (cache.healthy and all(cache.get(name) for name in names)),
+                max(0.0, deadline - time.monotonic()),
+            )
+            if cache.supported:
+                return present
+        return self._wait_for(names, deadline)
 
     def delete_rounds_except(self, keep: Iterable[int]) -> None:
         """Delete the keys written for rounds other than ``keep`` (keys without a round stay)."""
@@ -469,6 +613,9 @@ class KubernetesPrefixStore:
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get(self._k(key), timeout)
+
+    def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        return self.underlying_store.get_written_once(self._k(key), timeout)
 
     def add(self, key: str | bytes, amount: int) -> int:
         return self.underlying_store.add(self._k(key), amount, round_number=self.round_number)
