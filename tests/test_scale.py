@@ -8,6 +8,8 @@ Rendezvous written during a round is decoded and checked by a server-side watch.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ import pytest
 from kube_rendezvous.document import decode_document
 from kubernetes import client, watch
 
-from tests.helpers import REPO, create_rendezvous
+from tests.helpers import REPO, create_rendezvous, holds_for
 from tests.test_operator import running_operator
 from tests.testenv import ControlPlane, wait_until
 
@@ -241,3 +243,61 @@ def test_killing_the_operator_mid_round_still_completes_the_round(
     assert sorted(item["rank"] for item in results) == list(range(8))
     assert_every_state_valid(versions, 8)
     assert str(versions[-1]["status"].get("lastWriter")).startswith("agent/")
+
+
+def test_every_lease_of_a_rendezvous_goes_with_it(workers: Any, namespace: str, admin_api: client.ApiClient) -> None:
+    # The writer Lease too: an agent elected writer (no operator here) creates it owned by the Rendezvous.
+    objects = client.CustomObjectsApi(admin_api)
+    create_rendezvous(objects, namespace, "gone", minNodes=2, maxNodes=2)
+    group = workers("gone", 2)
+    group.start(2)
+    assert sorted(item["rank"] for item in group.results(120)) == [0, 1]
+    leases = client.CoordinationV1Api(admin_api)
+
+    def kinds() -> set[str]:
+        listed = leases.list_namespaced_lease(namespace, label_selector="kube-rendezvous.io/rendezvous=gone")
+        return {str((item.metadata.labels or {}).get("kube-rendezvous.io/lease")) for item in listed.items}
+
+    assert kinds() == {"node", "writer"}
+    objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
+    wait_until(lambda: kinds() == set(), 60, "the garbage collector to delete every Lease of the Rendezvous")
+
+
+def test_a_writer_frozen_past_the_expiry_mid_round_loses_no_join_and_removes_no_renewing_node(
+    workers: Any, namespace: str, admin_api: client.ApiClient, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    # Chaos of issue #12: the operator (the writer) is frozen (SIGSTOP) for 20 s mid-round, longer than
+    # the 15 s expiry. The agents fold without it; once it resumes, it must not take the renewals it
+    # has not seen yet for silence and remove live nodes.
+    objects = client.CustomObjectsApi(admin_api)
+    create_rendezvous(objects, namespace, "frozen", minNodes=8, maxNodes=8)
+    recorder = StateRecorder(admin_api, namespace, "frozen")
+    group = workers("frozen", 8)
+    log = tmp_path / "operator.log"
+
+    def status() -> dict[str, Any]:
+        return objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "frozen").get("status") or {}
+
+    with running_operator(control_plane, namespace, log) as operator:
+        assert operator.process is not None
+        group.start(4, hold=120)
+        wait_until(lambda: str(status().get("lastWriter")).startswith("operator/"), 60, "the operator to fold")
+        os.killpg(operator.process.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            group.start(4, hold=120)
+            results = group.results(120)  # the round forms while the writer is frozen
+            wait_until(lambda: time.monotonic() - frozen_at >= 20, 30, "20 s of freeze")
+        finally:
+            os.killpg(operator.process.pid, signal.SIGCONT)
+        assert sorted(item["rank"] for item in results) == list(range(8))
+        # Resumed: it renews its writer Lease and judges expiry again, and removes nobody.
+        wait_until(lambda: "judging expiry afresh" in log.read_text(), 30, "the operator to notice its freeze")
+        holds_for(
+            lambda: status().get("participantCount") == 8 and not status().get("evictedNodes"),
+            20,
+            "all 8 live nodes in the round",
+        )
+        assert "removing nodes whose Lease was not renewed" not in log.read_text()
+    versions = recorder.stop()
+    assert_every_state_valid(versions, 8)

@@ -75,6 +75,9 @@ BATCH_SECONDS = 0.03
 BATCH_NODES_PER_SECOND = 5000
 #: Seconds between the writer's checks for expired nodes when nothing else wakes it.
 TICK_SECONDS = 0.5
+#: Seconds between two of the writer's checks beyond which it was frozen or starved (SIGSTOP, a
+#: paused VM, no CPU): renewals may wait unseen in its watch, so every Lease clock starts again.
+STALL_SECONDS = 5.0
 
 
 class Stopped(Protocol):
@@ -169,6 +172,8 @@ class Folder:
         self.leases: WatchCache | None = None
         self.leader = False
         self._lease_epoch = 0
+        #: When the writer loop last checked (monotonic), to notice a freeze (``STALL_SECONDS``).
+        self._checked_at: float | None = None
         self._requests_seen: dict[str, tuple[object, ...]] = {}
         self._collected_at = time.monotonic()
         self._self_folded_at = -SELF_FOLD_SECONDS
@@ -317,6 +322,8 @@ class Folder:
     def run(self, stopped: Stopped, on_error: Callable[[Exception], None] | None = None) -> None:
         """Elect, and fold while holding the writer Lease, until ``stopped``."""
         while not stopped.is_set():
+            if self.elector.owner is None and (obj := self.rendezvous.get(self.rendezvous_name)) is not None:
+                self.elector.owner = owner_reference(obj)  # a writer Lease it creates goes with the Rendezvous
             try:
                 self.leader = self.elector.try_acquire_or_renew()
             except (ApiError, ApiUnavailableError) as exc:
@@ -337,6 +344,7 @@ class Folder:
                 woken = self._wake.wait(timeout)
                 if stopped.is_set():
                     break
+                self._notice_stall()
                 if not woken and timeout >= TICK_SECONDS and not self._expiry_due():
                     continue  # a quiet tick: nothing asked, no last call ending, nobody expired
                 self._wake.clear()
@@ -352,6 +360,22 @@ class Folder:
         if self.leader:
             self.elector.release()
         self._stop_lease_watch()
+
+    def _notice_stall(self) -> None:
+        """Start every Lease clock again when this loop did not run for ``STALL_SECONDS``.
+
+        A writer frozen for longer than an expiry would otherwise judge every node dead the moment
+        it resumes, before its watch delivers the renewals that arrived meanwhile.
+        """
+        now = time.monotonic()
+        if self._checked_at is not None and now - self._checked_at > STALL_SECONDS:
+            logger.warning(
+                "%s: the writer did not run for %.1f s (frozen or starved); judging expiry afresh",
+                self.where,
+                now - self._checked_at,
+            )
+            self.observations.restart(now)
+        self._checked_at = now
 
     def _collect_garbage(self) -> None:
         """Delete node Leases that stopped changing long ago and whose node the state no longer names."""
