@@ -15,7 +15,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -88,19 +90,28 @@ class Bench:
             time.sleep(1)
         log(f"the Leases of {name} were not all collected within {timeout:.0f} s; going on")
 
-    def round(self, backend: str, nodes: int, hold: float = 0.0, limit: float = 900.0) -> dict[str, Any]:
+    def round(
+        self,
+        backend: str,
+        nodes: int,
+        hold: float = 0.0,
+        limit: float = 900.0,
+        during: Callable[[str], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats.
 
         A k8s round's Rendezvous is retired afterwards (``retire``), so every round starts alone.
         """
         self.current = None
         try:
-            return self._round(backend, nodes, hold, limit)
+            return self._round(backend, nodes, hold, limit, during)
         finally:
             if self.current is not None:
                 self.retire(self.current)
 
-    def _round(self, backend: str, nodes: int, hold: float, limit: float) -> dict[str, Any]:
+    def _round(
+        self, backend: str, nodes: int, hold: float, limit: float, during: Callable[[str], dict[str, Any]] | None
+    ) -> dict[str, Any]:
         from tests.testenv import free_port
 
         processes = min(nodes, 8)
@@ -180,6 +191,11 @@ class Bench:
             assert worker.stdin is not None
             worker.stdin.write("go\n")
             worker.stdin.flush()
+        chaos: dict[str, Any] = {}
+        chaos_thread = None
+        if during is not None and name is not None:  # chaos alongside the round (``scale.freeze_writer``)
+            chaos_thread = threading.Thread(target=lambda: chaos.update(during(name)), daemon=True)
+            chaos_thread.start()
         deadline = time.monotonic() + limit + hold
         while any(not out.exists() for out in outs):
             if time.monotonic() > deadline or any(w.poll() not in (None, 0) for w in workers):
@@ -209,6 +225,9 @@ class Bench:
                 summary[f"{key}_per_agent"] = sum(item[key] for item in api) / nodes
         if shared_writes is not None:
             summary["shared_writes"] = shared_writes
+        if chaos_thread is not None:
+            chaos_thread.join(limit)
+            summary["chaos"] = chaos
         backend_stats = [stats for report in reports for stats in report.get("backend", [])]
         for key in ("renewals", "requests", "self_folds", "store_requests"):
             if backend_stats and key in backend_stats[0]:

@@ -18,14 +18,16 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import RESULTS, Bench, log, recovery, start_operator
+from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, recovery, start_operator
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -62,6 +64,54 @@ def rounds(bench: Bench, label: str, backend: str, nodes: int, repeats: int, lim
     return {"label": label, "nodes": nodes, **summarize(runs)}
 
 
+FREEZE_SECONDS = 20.0
+AFTER_SECONDS = 20.0
+
+
+def freeze_writer(bench: Bench, operator: subprocess.Popen[bytes], log_path: Path, nodes: int) -> Any:
+    """Chaos for ``Bench.round``: freeze the operator (SIGSTOP) for 20 s once it folded the first joins.
+
+    Then, for 20 s after it resumes, check every second that the round keeps all ``nodes`` and that
+    nothing was evicted or removed (the agents keep renewing: the round is held).
+    """
+
+    def during(name: str) -> dict[str, Any]:
+        def status() -> dict[str, Any]:
+            obj = bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
+            return dict(obj.get("status") or {})
+
+        deadline = time.monotonic() + 60
+        while not str(status().get("lastWriter")).startswith("operator/"):
+            if time.monotonic() > deadline:
+                return {"error": "the operator did not fold within 60 s"}
+            time.sleep(0.2)
+        os.kill(operator.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            time.sleep(FREEZE_SECONDS)
+        finally:
+            os.kill(operator.pid, signal.SIGCONT)
+        frozen = time.monotonic() - frozen_at
+        at_resume = status()
+        lost = 0
+        until = time.monotonic() + AFTER_SECONDS
+        while time.monotonic() < until:
+            now = status()
+            if now.get("participantCount") != nodes or now.get("evictedNodes"):
+                lost += 1
+            time.sleep(1)
+        removed = "removing nodes whose Lease was not renewed" in log_path.read_text(errors="replace")
+        return {
+            "frozen_seconds": frozen,
+            "formed_while_frozen": at_resume.get("phase") == "Complete",
+            "last_writer_at_resume": at_resume.get("lastWriter"),
+            "seconds_with_a_node_missing_after_resume": lost,
+            "operator_removed_nodes": removed,
+        }
+
+    return during
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128, 512, 1024])
@@ -71,6 +121,7 @@ def main() -> int:
     parser.add_argument("--steady-sizes", type=int, nargs="*", default=[128, 1024])
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--recovery-repeats", type=int, default=3)
+    parser.add_argument("--chaos-sizes", type=int, nargs="*", default=[128], help="rounds with the writer frozen")
     parser.add_argument("--round-limit", type=float, default=240.0)
     parser.add_argument(
         "--merge",
@@ -107,6 +158,32 @@ def main() -> int:
                 report["rounds"].append(entry)
                 p10d_failed_at = nodes if entry["failed"] else None
             report["rounds"].append(rounds(bench, "k8s", "k8s", nodes, args.repeats, args.round_limit))
+            save(report)
+        for nodes in args.chaos_sizes:
+            report["chaos"] = [entry for entry in report.get("chaos", []) if entry["nodes"] != nodes]
+            runs = []
+            for repeat in range(args.repeats):
+                log_path = workdir / "operator" / "operator.log"
+                try:
+                    run = bench.round(
+                        "k8s",
+                        nodes,
+                        hold=FREEZE_SECONDS + AFTER_SECONDS + 30,
+                        limit=args.round_limit,
+                        during=freeze_writer(bench, operator, log_path, nodes),
+                    )
+                    run.pop("steady", None)
+                except (RuntimeError, TimeoutError, AssertionError) as exc:  # AssertionError: a duplicate rank
+                    run = {"failed": str(exc)[:300]}
+                log(f"chaos N={nodes} repeat {repeat + 1}/{args.repeats}: {run}")
+                runs.append(run)
+                if "failed" in run:
+                    break
+                # the next repeat needs a fresh log: the check above reads it whole
+                operator.terminate()
+                operator.wait(30)
+                operator = start_operator(bench, workdir / "operator")
+            report.setdefault("chaos", []).append({"nodes": nodes, **summarize(runs)})
             save(report)
         for nodes in args.steady_sizes:
             log(f"steady state: {nodes} agents holding for {args.steady_seconds:.0f} s")
@@ -217,6 +294,29 @@ def write_report(report: dict[str, Any]) -> None:
             )
     for failure in report.get("steady_failed", []):
         lines.append(f"\nSteady state N={failure['nodes']} ({failure['date']}) not measured: `{failure['error']}`")
+    if report.get("chaos"):
+        lines += [
+            "",
+            f"Chaos: the operator (the writer) frozen with SIGSTOP for {FREEZE_SECONDS:.0f} s (the expiry is 15 s) "
+            "once it folded the first joins of a round; the agents fold without it. Then, for "
+            f"{AFTER_SECONDS:.0f} s after it resumed, the round checked every second (the agents hold it and "
+            "keep renewing). Every repeat:",
+            "",
+            "| N | round (s) | ranks 0..N-1, each once | formed while frozen | seconds with a node missing after "
+            "resume | operator removed a node |",
+            "|---|---|---|---|---|---|",
+        ]
+        for entry in report["chaos"]:
+            for run in entry["runs"]:
+                if "seconds" not in run:
+                    lines.append(f"| {entry['nodes']} | failed: {run.get('failed', '')[:120]} | | | | |")
+                    continue
+                chaos = run.get("chaos", {})
+                lines.append(
+                    f"| {entry['nodes']} | {run['seconds']:.2f} | yes | {chaos.get('formed_while_frozen')} "
+                    f"| {chaos.get('seconds_with_a_node_missing_after_resume')} "
+                    f"| {chaos.get('operator_removed_nodes')} |"
+                )
     if report["recovery"]:
         lines += [
             "",

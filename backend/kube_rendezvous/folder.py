@@ -322,8 +322,13 @@ class Folder:
     def run(self, stopped: Stopped, on_error: Callable[[Exception], None] | None = None) -> None:
         """Elect, and fold while holding the writer Lease, until ``stopped``."""
         while not stopped.is_set():
-            if self.elector.owner is None and (obj := self.rendezvous.get(self.rendezvous_name)) is not None:
-                self.elector.owner = owner_reference(obj)  # a writer Lease it creates goes with the Rendezvous
+            if self.elector.owner is None:  # a writer Lease it creates goes with the Rendezvous
+                try:
+                    obj = self._object()
+                except (ApiError, ApiUnavailableError):
+                    obj = None
+                if obj is not None:
+                    self.elector.owner = owner_reference(obj)
             try:
                 self.leader = self.elector.try_acquire_or_renew()
             except (ApiError, ApiUnavailableError) as exc:
