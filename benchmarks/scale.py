@@ -76,6 +76,8 @@ def freeze_writer(bench: Bench, operator: subprocess.Popen[bytes], log_path: Pat
     """
 
     def during(name: str) -> dict[str, Any]:
+        logged_before = log_path.stat().st_size if log_path.exists() else 0  # only this round's lines count
+
         def status() -> dict[str, Any]:
             obj = bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
             return dict(obj.get("status") or {})
@@ -100,7 +102,9 @@ def freeze_writer(bench: Bench, operator: subprocess.Popen[bytes], log_path: Pat
             if now.get("participantCount") != nodes or now.get("evictedNodes"):
                 lost += 1
             time.sleep(1)
-        removed = "removing nodes whose Lease was not renewed" in log_path.read_text(errors="replace")
+        with log_path.open("rb") as handle:
+            handle.seek(logged_before)
+            removed = b"removing nodes whose Lease was not renewed" in handle.read()
         return {
             "frozen_seconds": frozen,
             "formed_while_frozen": at_resume.get("phase") == "Complete",
@@ -179,10 +183,6 @@ def main() -> int:
                 runs.append(run)
                 if "failed" in run:
                     break
-                # the next repeat needs a fresh log: the check above reads it whole
-                operator.terminate()
-                operator.wait(30)
-                operator = start_operator(bench, workdir / "operator")
             report.setdefault("chaos", []).append({"nodes": nodes, **summarize(runs)})
             save(report)
         for nodes in args.steady_sizes:

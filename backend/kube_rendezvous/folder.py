@@ -335,6 +335,7 @@ class Folder:
                 self.leader = False
                 logger.info("writer election for %s failed this time: %s", self.where, exc)
             if not self.leader:
+                self._checked_at = None  # a new term starts without a stall (its watch lists afresh)
                 self._stop_lease_watch()
                 retry = WRITER_RENEW_SECONDS if self.preferred else CANDIDATE_RETRY_SECONDS
                 stopped.wait(retry * random.uniform(0.8, 1.2))
