@@ -48,6 +48,7 @@ from .leases import (
     ANNOTATION_ROUND,
     LABEL_LEASE,
     LEASE_PLURAL,
+    OBSERVER_GAP_SECONDS,
     LeaseObservations,
     NodeRecord,
     WriterLease,
@@ -77,7 +78,7 @@ BATCH_NODES_PER_SECOND = 5000
 TICK_SECONDS = 0.5
 #: Seconds between two of the writer's checks beyond which it was frozen or starved (SIGSTOP, a
 #: paused VM, no CPU): renewals may wait unseen in its watch, so every Lease clock starts again.
-STALL_SECONDS = 5.0
+STALL_SECONDS = OBSERVER_GAP_SECONDS
 
 
 class Stopped(Protocol):

@@ -54,6 +54,8 @@ ANNOTATION_ROUND = "kube-rendezvous.io/desired-round"
 ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
 #: Longest object name Kubernetes accepts.
 MAX_NAME = 253
+#: Seconds without a look after which a ``LeaseObservations`` starts every clock again.
+OBSERVER_GAP_SECONDS = 5.0
 #: Node Lease renewals one process keeps in flight at once (threads of its ``LeaseRenewer``).
 RENEWALS_IN_FLIGHT = 8
 
@@ -277,14 +279,36 @@ def list_node_records(api: KubernetesApi, namespace: str, rendezvous_name: str) 
 
 
 class LeaseObservations:
-    """When each Lease last changed, by this observer's own monotonic clock (skew-free expiry)."""
+    """When each Lease last changed, by this observer's own monotonic clock (skew-free expiry).
+
+    An observer that did not look for more than ``OBSERVER_GAP_SECONDS`` (its process frozen,
+    paused or starved, even between ``observe`` and ``expired``) starts every clock again: the
+    renewals of that gap may still wait unread in its watch, so silence proves nothing yet.
+    Not guaranteed: expiry is late by up to one gap plus the expiry when the observer keeps
+    stalling; it is never early.
+    """
 
     def __init__(self) -> None:
         self._seen: dict[NodeId, tuple[str, float]] = {}
         self._absent_since: dict[NodeId, float] = {}
+        #: When ``observe`` last ran (this observer's clock), or None before the first time.
+        self._looked_at: float | None = None
+        #: How many times a gap made every clock start again (tests and logs).
+        self.gaps = 0
+
+    def _continuous(self, clock: float) -> bool:
+        """False (and every clock restarted) when this observer did not look for a gap."""
+        if self._looked_at is not None and clock - self._looked_at > OBSERVER_GAP_SECONDS:
+            self.gaps += 1
+            self.restart(clock)
+            self._looked_at = clock
+            return False
+        return True
 
     def observe(self, records: list[NodeRecord], now: float | None = None) -> None:
         clock = time.monotonic() if now is None else now
+        self._continuous(clock)
+        self._looked_at = clock
         for record in records:
             previous = self._seen.get(record.node)
             if previous is None or previous[0] != record.version:
@@ -312,6 +336,8 @@ class LeaseObservations:
         """Nodes whose Lease has not changed for its expiry, and nodes ``named`` in the state with no
         Lease for ``default_expiry`` (both measured from when this observer first saw them)."""
         clock = time.monotonic() if now is None else now
+        if not self._continuous(clock):
+            return set()
         by_node = {record.node: record for record in records}
         dead = set()
         for node, (_, changed) in self._seen.items():
