@@ -181,6 +181,7 @@ def write_report(report: dict[str, Any]) -> None:
         "| lost CAS in all |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    failures: list[str] = []
     p90s: dict[tuple[str, int], float] = {}
     for row in report["rows"]:
         done = [run for run in row["runs"] if "seconds" in run]
@@ -202,10 +203,8 @@ def write_report(report: dict[str, Any]) -> None:
         lines.append(
             f"| {row['nodes']} | {name} | {every} | {p50} | {shown} | {ratio} | {requests} | {per} | {conflicts} |"
         )
-        for run in runs:
-            if "failed" in run:
-                lines.append(f"\n{name} N={row['nodes']} failed: `{run['failed'][:200]}`")
-    splice(DOCS / "benchmarks.md", "\n".join(lines), BEGIN, END)
+        failures += [f"\n{name} N={row['nodes']} failed: `{run['failed'][:200]}`" for run in runs if "failed" in run]
+    splice(DOCS / "benchmarks.md", "\n".join(lines + failures), BEGIN, END)
     plot(report)
 
 
