@@ -48,7 +48,6 @@ from .leases import (
     ANNOTATION_ROUND,
     LABEL_LEASE,
     LEASE_PLURAL,
-    OBSERVER_GAP_SECONDS,
     LeaseObservations,
     NodeRecord,
     WriterLease,
@@ -76,9 +75,6 @@ BATCH_SECONDS = 0.03
 BATCH_NODES_PER_SECOND = 5000
 #: Seconds between the writer's checks for expired nodes when nothing else wakes it.
 TICK_SECONDS = 0.5
-#: Seconds between two of the writer's checks beyond which it was frozen or starved (SIGSTOP, a
-#: paused VM, no CPU): renewals may wait unseen in its watch, so every Lease clock starts again.
-STALL_SECONDS = OBSERVER_GAP_SECONDS
 
 
 class Stopped(Protocol):
@@ -169,12 +165,10 @@ class Folder:
         self.elector = WriterLease(
             api, namespace, rendezvous_name, identity, preferred=preferred, duration=WRITER_LEASE_SECONDS
         )
-        self.observations = LeaseObservations()
+        self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
         self.leader = False
         self._lease_epoch = 0
-        #: When the writer loop last checked (monotonic), to notice a freeze (``STALL_SECONDS``).
-        self._checked_at: float | None = None
         self._requests_seen: dict[str, tuple[object, ...]] = {}
         self._collected_at = time.monotonic()
         self._self_folded_at = -SELF_FOLD_SECONDS
@@ -336,7 +330,6 @@ class Folder:
                 self.leader = False
                 logger.info("writer election for %s failed this time: %s", self.where, exc)
             if not self.leader:
-                self._checked_at = None  # a new term starts without a stall (its watch lists afresh)
                 self._stop_lease_watch()
                 retry = WRITER_RENEW_SECONDS if self.preferred else CANDIDATE_RETRY_SECONDS
                 stopped.wait(retry * random.uniform(0.8, 1.2))
@@ -351,7 +344,6 @@ class Folder:
                 woken = self._wake.wait(timeout)
                 if stopped.is_set():
                     break
-                self._notice_stall()
                 if not woken and timeout >= TICK_SECONDS and not self._expiry_due():
                     continue  # a quiet tick: nothing asked, no last call ending, nobody expired
                 self._wake.clear()
@@ -367,22 +359,6 @@ class Folder:
         if self.leader:
             self.elector.release()
         self._stop_lease_watch()
-
-    def _notice_stall(self) -> None:
-        """Start every Lease clock again when this loop did not run for ``STALL_SECONDS``.
-
-        A writer frozen for longer than an expiry would otherwise judge every node dead the moment
-        it resumes, before its watch delivers the renewals that arrived meanwhile.
-        """
-        now = time.monotonic()
-        if self._checked_at is not None and now - self._checked_at > STALL_SECONDS:
-            logger.warning(
-                "%s: the writer did not run for %.1f s (frozen or starved); judging expiry afresh",
-                self.where,
-                now - self._checked_at,
-            )
-            self.observations.restart(now)
-        self._checked_at = now
 
     def _collect_garbage(self) -> None:
         """Delete node Leases that stopped changing long ago and whose node the state no longer names."""

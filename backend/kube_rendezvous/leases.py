@@ -288,7 +288,9 @@ class LeaseObservations:
     stalling; it is never early.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, where: str = "") -> None:
+        #: What is observed (``namespace/name``), for the log line a gap writes.
+        self.where = where
         self._seen: dict[NodeId, tuple[str, float]] = {}
         self._absent_since: dict[NodeId, float] = {}
         #: When ``observe`` last ran (this observer's clock), or None before the first time.
@@ -299,6 +301,11 @@ class LeaseObservations:
     def _continuous(self, clock: float) -> bool:
         """False (and every clock restarted) when this observer did not look for a gap."""
         if self._looked_at is not None and clock - self._looked_at > OBSERVER_GAP_SECONDS:
+            logger.warning(
+                "%s: the writer did not look at the Leases for %.1f s (frozen or starved); judging expiry afresh",
+                self.where,
+                clock - self._looked_at,
+            )
             self.gaps += 1
             self.restart(clock)
             self._looked_at = clock
