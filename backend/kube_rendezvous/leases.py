@@ -397,6 +397,8 @@ class LeaseElector:
         self.owner = owner
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         self._observed: tuple[str, float] | None = None
+        #: The Lease as this identity's last successful write returned it, while it holds it.
+        self._held: dict[str, Any] | None = None
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
         self.holder: str | None = None
         self.holder_alive = False
@@ -437,16 +439,32 @@ class LeaseElector:
             ApiError, ApiUnavailableError: the API server refused or did not answer the read.
         """
         now = datetime.now(timezone.utc)
+        if self._held is not None:
+            # The holder renews on the version its own last write returned: one write, no quorum
+            # read (which waits behind every write etcd has not applied yet). A 409 means somebody
+            # else wrote the Lease: read it and decide as a candidate would.
+            try:
+                renewed: dict[str, Any] = self._api.request("PUT", self._path, body=self._body(self._held, now))
+            except (ConflictError, NotFoundError):
+                self._held = None
+            else:
+                self._held = renewed
+                self._observed = (renewed["metadata"]["resourceVersion"], time.monotonic())
+                self.holder, self.holder_alive = self.identity, True
+                return True
         try:
             lease: dict[str, Any] | None = self._api.request("GET", self._path)
         except NotFoundError:
             lease = None
         if lease is None:
             try:
-                self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
+                created = self._api.request(
+                    "POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now)
+                )
             except ConflictError:
                 self.holder_alive = True  # another candidate has just taken it
                 return False
+            self._held = created
             self.holder, self.holder_alive = self.identity, True
             self._took_over()
             return True
@@ -461,11 +479,13 @@ class LeaseElector:
         take = mine or not holder or stale or self._may_preempt(lease)
         self.holder, self.holder_alive = holder, bool(holder) and not stale
         if not take:
+            self._held = None
             return False
         try:
             updated = self._api.request("PUT", self._path, body=self._body(lease, now))
         except (ConflictError, NotFoundError):
             return False
+        self._held = updated
         self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
         if not mine:
             self._took_over()
@@ -474,6 +494,7 @@ class LeaseElector:
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
+        self._held = None
         try:
             lease = self._api.request("GET", self._path)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
@@ -574,8 +595,11 @@ class LeaseRenewer:
                     and (lease.renewed_at is None or (now - lease.renewed_at).total_seconds() >= self.interval)
                 ]
                 self._in_flight.update(key for key, _ in due)
-            for _, lease in due:
-                self._pool.submit(self._renew, lease)
+            try:
+                for _, lease in due:
+                    self._pool.submit(self._renew, lease)
+            except RuntimeError:  # the interpreter is exiting and has shut the pool down
+                return
 
 
 _RENEWERS: dict[tuple[str, float], LeaseRenewer] = {}

@@ -38,10 +38,21 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from .adds import (
+    ADDS_ANNOTATION,
+    ADDS_TO_LABEL,
+    FOLD_PATIENCE_SECONDS,
+    AddIndex,
+    counter_digest,
+    encode,
+    fold,
+    folded,
+    request_name,
+)
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -76,6 +87,10 @@ DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 CONFLICT_BACKOFF_BASE = 0.005
 CONFLICT_BACKOFF_MAX = 2.0
 
+#: One index of add requests per watch cache of keys (``KubernetesStore._add_index``).
+_ADD_INDEXES: dict[int, AddIndex] = {}
+_ADD_INDEXES_LOCK = threading.Lock()
+
 
 def _as_bytes(value: str | bytes | bytearray) -> bytes:
     return value.encode("utf-8") if isinstance(value, str) else bytes(value)
@@ -87,6 +102,10 @@ def _as_seconds(timeout: float | timedelta | None, default: timedelta) -> float:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
+
+
+def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
+    return lambda: cache.changes != changes
 
 
 def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
@@ -147,6 +166,7 @@ class KubernetesStore:
             "watch_wakeups": 0,
             "watch_gone": 0,
             "shared_waits": 0,
+            "folds": 0,
         }
 
     @property
@@ -236,12 +256,19 @@ class KubernetesStore:
             return {}
         return writes if isinstance(writes, dict) else {}
 
-    def _create(self, key: str | bytes, value: bytes, attempt: str, round_number: int | None) -> dict[str, Any] | None:
-        """Create the key object; None when it exists already or the outcome is unknown (read to learn it)."""
+    def _create(
+        self,
+        key: str | bytes,
+        value: bytes,
+        attempt: str,
+        round_number: int | None,
+        body: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """Create the key object (``body``, by default a new one holding ``value``); None when it
+        exists already or the outcome is unknown (read to learn it)."""
+        body = body if body is not None else self._new_object(key, value, attempt, round_number)
         try:
-            created: dict[str, Any] = self._call(
-                "POST", self._collection, body=self._new_object(key, value, attempt, round_number), retry=False
-            )
+            created: dict[str, Any] = self._call("POST", self._collection, body=body, retry=False)
             return self._installed(created)
         except ConflictError:
             return None
@@ -439,13 +466,148 @@ class KubernetesStore:
         return arrived[0] if arrived else None
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
-        """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value."""
+        """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value.
+
+        With the process's watch of the keys: a combining add (``adds``), whose request never
+        conflicts and which one fold writes together with every other pending add. Without it:
+        a compare-and-swap of the key, retried after a back-off.
+
+        Raises:
+            CounterValueError: the key holds something other than an integer.
+        """
         step = int(amount)
-        _, written = self._read_modify_write(
-            key, lambda current: str(int(current or b"0") + step).encode(), round_number
-        )
+        cache = self._key_cache()
+        if cache is not None and cache.healthy:
+            return self._combined_add(cache, key, step, round_number)
+
+        def added(current: bytes | None) -> bytes:
+            return str(fold(self._key(key), current, {}, [], ())[0] + step).encode()
+
+        _, written = self._read_modify_write(key, added, round_number)
         assert written is not None
         return int(written)
+
+    def _add_index(self, cache: WatchCache) -> AddIndex:
+        """The process's index of add requests and results for ``cache``, kept by its events."""
+        with _ADD_INDEXES_LOCK:
+            index = _ADD_INDEXES.get(id(cache))
+            if index is None:
+                index = _ADD_INDEXES[id(cache)] = AddIndex()
+
+                def changed(obj: dict[str, Any] | None) -> None:  # under the cache's lock
+                    if obj is None:
+                        index.changed(None, False, cache.objects().values())
+                    else:
+                        index.changed(obj, cache.get(obj["metadata"]["name"]) is not None)
+
+                cache.add_listener(changed)
+                index.changed(None, False, cache.objects().values())
+            return index
+
+    def _combined_add(self, cache: WatchCache, key: str | bytes, step: int, round_number: int | None) -> int:
+        """``add`` by an add request that one fold writes into the counter with all others pending."""
+        index = self._add_index(cache)
+        counter_name = self._name(key)
+        digest = counter_digest(counter_name)
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            request_id = uuid.uuid4().hex[:12]
+            index.expect(request_id, digest)
+            shown = cache.get(counter_name)
+            index.changed(shown if shown is not None else {"metadata": {"name": counter_name}}, shown is not None)
+            try:
+                self._create_add_request(key, counter_name, request_id, step, round_number)
+                result = self._await_fold(cache, index, key, request_id, deadline, round_number)
+            except BaseException:  # not a value at the key, or timed out: the request must not fold later
+                self._delete_add_request(counter_name, request_id)
+                raise
+            finally:
+                index.forget(request_id)
+            if result is not None:
+                self._delete_add_request(counter_name, request_id)
+                return result
+            # The request was deleted unfolded (``delete_key`` of the counter): add to the key as it is now.
+
+    def _create_add_request(
+        self, key: str | bytes, counter_name: str, request_id: str, step: int, round_number: int | None
+    ) -> None:
+        body = self._new_object(key, str(step).encode(), "", round_number)
+        body["metadata"]["name"] = request_name(counter_name, request_id)
+        body["metadata"]["labels"][ADDS_TO_LABEL] = counter_digest(counter_name)
+        del body["metadata"]["annotations"]
+        try:
+            created = self._call("POST", self._collection, body=body)
+        except ConflictError:  # ours: an earlier attempt whose answer was lost
+            return
+        except ApiError as exc:
+            raise self._failure(exc, "create") from exc
+        self._installed(created)
+
+    def _delete_add_request(self, counter_name: str, request_id: str) -> None:
+        try:
+            self._call("DELETE", f"{self._collection}/{request_name(counter_name, request_id)}")
+        except NotFoundError:
+            pass
+        except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
+            logger.info("could not delete the add request %s of %s: %s", request_id, self._key(counter_name), exc)
+
+    def _await_fold(
+        self,
+        cache: WatchCache,
+        index: AddIndex,
+        key: str | bytes,
+        request_id: str,
+        deadline: float,
+        round_number: int | None,
+    ) -> int | None:
+        """The counter's value after request ``request_id``, once folded (by this adder or another);
+        None if the request was deleted unfolded."""
+        counter_name = self._name(key)
+        digest = counter_digest(counter_name)
+        patience = time.monotonic() + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
+        lost = 0
+        while True:
+            gone = not index.shown(digest, request_id)
+            result = index.result(request_id)  # after ``gone``: a fold is recorded before the deletion
+            if result is not None:
+                return result
+            if gone and cache.healthy:
+                return None
+            now = time.monotonic()
+            if now > deadline:
+                raise self.timeout_error(f"KubernetesStore: add({self._key(key)!r}) was not folded in time")
+            if cache.healthy and (index.first_pending(digest) == request_id or now >= patience):
+                outcome = self._fold_adds(cache, index, key, round_number)
+                if outcome is False:  # another fold came first: wait for the watch to show it
+                    lost += 1
+                    self.stats["conflicts"] += 1
+                    patience = now + random.uniform(0, min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**lost))
+                elif outcome is None:
+                    patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
+            wait = min(deadline, patience) - time.monotonic()
+            cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else 0.5)
+
+    def _fold_adds(self, cache: WatchCache, index: AddIndex, key: str | bytes, round_number: int | None) -> bool | None:
+        """Fold every pending add request on ``key`` into it: True when written, False when another
+        write came first (or the outcome is unknown), None when nothing was pending."""
+        counter_name = self._name(key)
+        shown = cache.get(counter_name)
+        counter = copy.deepcopy(shown) if shown is not None else None
+        done = folded(counter)
+        pending, present = index.pending(counter_digest(counter_name), done)
+        if not pending:
+            return None
+        value, done = fold(self._key(key), None if counter is None else self._value_of(counter), done, pending, present)
+        self.stats["folds"] += 1
+        attempt = uuid.uuid4().hex[:12]
+        if counter is None:
+            body = self._new_object(key, str(value).encode(), attempt, round_number)
+            body["metadata"]["annotations"][ADDS_ANNOTATION] = encode(done)
+            written: dict[str, Any] | bool | None = self._create(key, str(value).encode(), attempt, round_number, body)
+        else:
+            counter["metadata"].setdefault("annotations", {})[ADDS_ANNOTATION] = encode(done)
+            written = self._replace(counter, str(value).encode(), attempt)
+        return isinstance(written, dict)
 
     def compare_and_swap(
         self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
@@ -481,8 +643,10 @@ class KubernetesStore:
         self._read_modify_write(key, lambda current: (current or b"") + data, round_number)
 
     def delete_key(self, key: str | bytes) -> None:
-        """Delete ``key``; deleting a missing key does nothing."""
+        """Delete ``key``; deleting a missing key does nothing. Adds still pending on it go first."""
         try:
+            selector = f"{self._selector},{ADDS_TO_LABEL}={counter_digest(self._name(key))}"
+            self._call("DELETE", self._collection, query={"labelSelector": selector})
             self._call("DELETE", f"{self._collection}/{self._name(key)}")
         except NotFoundError:
             pass
@@ -490,8 +654,8 @@ class KubernetesStore:
             raise self._failure(exc, "delete") from exc
 
     def num_keys(self) -> int:
-        """Return how many keys this Rendezvous's store holds."""
-        listed = self._call("GET", self._collection, query={"labelSelector": self._selector})
+        """Return how many keys this Rendezvous's store holds (add requests are not keys)."""
+        listed = self._call("GET", self._collection, query={"labelSelector": f"{self._selector},!{ADDS_TO_LABEL}"})
         return len(listed.get("items", []))
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
