@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import REPO, RESULTS, Bench, log
+from benchmarks.run import REPO, RESULTS, Bench, agent_env, log
 from benchmarks.scale import DOCS, percentile, splice
 
 PROCESSES = 8
@@ -72,6 +72,7 @@ def run_once(bench: Bench, backend: str, nodes: int, limit: float) -> dict[str, 
                 str(out),
             ],
             cwd=REPO,
+            env=agent_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -51,6 +51,9 @@ def main() -> None:
         help="while holding, call num_nodes_waiting on every handler this often, as the launcher's monitor loop does",
     )
     args = parser.parse_args()
+    from benchmarks.run import lower_priority
+
+    lower_priority()
     if os.environ.get("BENCH_LOG"):  # the handlers' own log lines, timestamped, on stderr
         import logging
 

@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--kubeconfig")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    from benchmarks.run import lower_priority
+
+    lower_priority()
     from tensorplay.distributed.elastic.agent.server.api import SimpleElasticAgent
     from tensorplay.distributed.elastic.utils.store import barrier
 
