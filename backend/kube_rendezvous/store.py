@@ -14,15 +14,21 @@ waiting for rank 0's address cost N watch events, not N reads plus N lists and w
 that watch (list/watch refused, or ``shared_key_watch`` set to False) a blocking call reads, then
 lists once and watches the keys it waits for, resuming a dropped watch from its last event.
 
-``set``, ``add`` and ``compare_and_swap`` are read-modify-write under the key object's
-resourceVersion, retried on conflict after a random back-off that doubles with each lost
-attempt (N agents adding to one counter, as the exit barrier does, cost O(N log N) requests,
-not O(N^2)), and exactly once: each attempt records its id on the key, and after an unclear
+``add`` combines (``adds``): it creates an add request of its own, which never conflicts, and
+one adder at a time folds every pending request into the counter in one write; the others read
+their result from the watch. N agents adding to one counter, as the exit barrier does, cost about
+2N requests plus a few folds. Without the watch it is a read-modify-write like the others.
+
+``set``, ``compare_and_swap`` (and ``add`` without the watch) are read-modify-write under the key
+object's resourceVersion, retried on conflict after a random back-off that doubles with each lost
+attempt, and exactly once: each attempt records its id on the key, and after an unclear
 answer (none, a 5xx, a 409) the next read shows whether one of the call's attempts committed
 before anything is re-sent. ``has``, ``check``, ``num_keys`` and the read inside every write go
 to the API server. Empty values are stored as "".
 
-Not guaranteed: ``wait`` may answer True for a key deleted a moment ago (for as long as the
+Not guaranteed: an add request whose adder died stays (folded) until its counter, its round or
+the Rendezvous goes; an add racing a ``delete_key`` of its counter while this process's watch is
+relisting may apply to the re-created counter as well. ``wait`` may answer True for a key deleted a moment ago (for as long as the
 watch takes to show the deletion, normally milliseconds). Values are visible to anyone who may
 read RendezvousKey objects in the namespace (use RBAC), and a value is limited to about 1 MiB.
 """
