@@ -486,9 +486,15 @@ def synthetic_state(nodes: int, name_length: int = 60) -> Any:
 
 
 def recovery(
-    bench: Bench, modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction")
+    bench: Bench,
+    modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"),
+    agents: int = 3,
 ) -> dict[str, Any]:
-    """Seconds from SIGKILL of one of 3 agents to the survivors training again."""
+    """Seconds from SIGKILL of one of ``agents`` agents to the survivors training again.
+
+    3 agents run 2 workers each; more agents run 1 each (so 32 agents are 64 processes, not 96).
+    """
+    nproc = 2 if agents <= 3 else 1
     from tests.e2e.harness import ElasticJob, training_in_world
     from tests.testenv import free_port, wait_until
 
@@ -499,29 +505,41 @@ def recovery(
         operator = None
         if mode == "p10d":
             job = ElasticJob(
-                workdir, "p10d", f"127.0.0.1:{free_port()}", "2:3", rdzv_conf=conf, steps=40, step_seconds=0.5
+                workdir,
+                "p10d",
+                f"127.0.0.1:{free_port()}",
+                f"{agents - 1}:{agents}",
+                rdzv_conf=conf,
+                nproc_per_node=nproc,
+                steps=40,
+                step_seconds=0.5,
             )
         else:
-            name = bench.new_rendezvous(3)
+            name = bench.new_rendezvous(agents)
             bench.objects.patch_namespaced_custom_object(
-                GROUP, VERSION, "bench", "rendezvouses", name, {"spec": {"minNodes": 2}}
+                GROUP, VERSION, "bench", "rendezvouses", name, {"spec": {"minNodes": agents - 1}}
             )
             job = ElasticJob(
                 workdir,
                 "k8s",
                 f"bench/{name}",
-                "2:3",
+                f"{agents - 1}:{agents}",
                 rdzv_conf={**conf, "kubeconfig": str(bench.trainer)},
+                nproc_per_node=nproc,
                 steps=40,
                 step_seconds=0.5,
             )
             if mode == "k8s-operator-eviction":
                 operator = start_operator(bench, workdir)
-                create_pods(bench, name)
-        addresses = [f"127.0.0.{31 + i}" for i in range(3)]
-        agents = [job.start_agent(f"pod-{i}", local_addr=addresses[i]) for i in range(3)]
+                create_pods(bench, name, agents)
+        addresses = [f"127.0.0.{31 + i}" for i in range(agents)]
+        started = [job.start_agent(f"pod-{i}", local_addr=addresses[i]) for i in range(agents)]
         try:
-            by_group = wait_until(lambda agents=agents: training_in_world(agents, 6), 120, "3 agents training")
+            by_group = wait_until(
+                lambda started=started: training_in_world(started, agents * nproc),
+                120 + 5 * agents,
+                f"{agents} agents training",
+            )
             # Never the p10d store host: that case does not recover at all (see the tests).
             victim = next(
                 a for g, a in sorted(by_group.items()) if g != 0 and "hosts the rendezvous TCP store" not in a.output()
@@ -533,9 +551,11 @@ def recovery(
 
                 core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
                 core.delete_namespaced_pod(victim.name, "bench", grace_period_seconds=0)
-            survivors = [a for a in agents if a is not victim]
+            survivors = [a for a in started if a is not victim]
             wait_until(
-                lambda survivors=survivors: training_in_world(survivors, 4, min_step=0), 120, "survivors training"
+                lambda survivors=survivors: training_in_world(survivors, (agents - 1) * nproc, min_step=0),
+                120,
+                "survivors training",
             )
             out[mode] = time.monotonic() - killed
             log(f"recovery {mode}: {out[mode]:.1f} s")
@@ -597,13 +617,13 @@ def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
     return process
 
 
-def create_pods(bench: Bench, name: str) -> None:
+def create_pods(bench: Bench, name: str, count: int = 3) -> None:
     from kubernetes import client, config
 
     from tests.e2e.operator_process import create_training_pod
 
     core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
-    for index in range(3):
+    for index in range(count):
         create_training_pod(core, "bench", f"pod-{index}", name, f"127.0.0.{31 + index}")
 
 

@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--steady-sizes", type=int, nargs="*", default=[128, 1024])
     parser.add_argument("--steady-seconds", type=float, default=120.0)
     parser.add_argument("--recovery-repeats", type=int, default=3)
+    parser.add_argument("--recovery-agents", type=int, default=32, help="agents of the recovery job (issue: N=32)")
     parser.add_argument("--chaos-sizes", type=int, nargs="*", default=[128], help="rounds with the writer frozen")
     parser.add_argument("--round-limit", type=float, default=240.0)
     parser.add_argument(
@@ -206,12 +207,15 @@ def main() -> int:
                 rounds(bench, "k8s, operator stopped", "k8s", nodes, args.repeats, args.round_limit)
             )
             save(report)
+        if args.recovery_repeats:
+            report["recovery"], report["recovery_agents"] = {}, args.recovery_agents
+            report.pop("recovery_failed", None)
         for repeat in range(args.recovery_repeats):
             for mode in ("k8s-heartbeat-expiry", "k8s-operator-eviction", "p10d"):
                 if mode == "p10d" and repeat:
                     continue  # tensorplay 1.0.0's own recovery with p10d: once, for reference
                 try:
-                    for name, seconds in recovery(bench, (mode,)).items():
+                    for name, seconds in recovery(bench, (mode,), args.recovery_agents).items():
                         report["recovery"].setdefault(name, []).append(seconds)
                 except (TimeoutError, RuntimeError) as exc:
                     log(f"recovery {mode}: FAILED {exc}")
@@ -318,9 +322,12 @@ def write_report(report: dict[str, Any]) -> None:
                     f"| {chaos.get('operator_removed_nodes')} |"
                 )
     if report["recovery"]:
+        agents = report.get("recovery_agents", 3)
+        workers = "2 workers" if agents <= 3 else "1 worker"
         lines += [
             "",
-            "Recovery: SIGKILL of one of 3 agents (2 workers each) to the survivors training again, every repeat.",
+            f"Recovery: SIGKILL of one of {agents} agents ({workers} each) to the survivors training again, "
+            "every repeat (the heartbeat expiry is 15 s: keep-alive 5 s x 3 attempts).",
             "",
             "| how | every repeat (s) | p50 | p90 |",
             "|---|---|---|---|",
