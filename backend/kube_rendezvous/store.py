@@ -29,8 +29,9 @@ to the API server. Empty values are stored as "".
 Not guaranteed: an add request whose adder died stays (folded) until its counter, its round or
 the Rendezvous goes; an add racing a ``delete_key`` of its counter while this process's watch is
 relisting may apply to the re-created counter as well. ``wait`` may answer True for a key
-deleted a moment ago (for as long as the watch takes to show the deletion, normally milliseconds). Values are visible to anyone who may
-read RendezvousKey objects in the namespace (use RBAC), and a value is limited to about 1 MiB.
+deleted a moment ago (for as long as the watch takes to show the deletion, normally
+milliseconds). Values are visible to anyone who may read RendezvousKey objects in the namespace
+(use RBAC), and a value is limited to about 1 MiB.
 """
 
 from __future__ import annotations
