@@ -183,6 +183,25 @@ class TestValidation:
             validate_document(RendezvousDocument(wait_list=frozenset({node})))
         assert error.value.field.endswith(field)
 
+    @pytest.mark.parametrize(
+        ("node", "field"),
+        [
+            (NodeId("a", True, 0), "pid"),  # type: ignore[arg-type]  # True == 1: equal to the node seen
+            (NodeId(type("Addr", (str,), {})("a"), 1, 0), "addr"),  # a str subclass equal to "a"
+        ],
+    )
+    def test_a_node_equal_to_one_validated_before_is_still_checked_field_by_field(
+        self, node: NodeId, field: str
+    ) -> None:
+        validate_document(RendezvousDocument(wait_list=frozenset({NodeId("a", 1, 0)})))  # remembered as valid
+        with pytest.raises(StateDocumentError, match=field):
+            validate_document(RendezvousDocument(wait_list=frozenset({node})))
+
+    def test_heartbeats_outside_1970_to_9999_are_refused(self) -> None:
+        early = datetime(1969, 12, 31, tzinfo=timezone.utc)
+        with pytest.raises(StateDocumentError, match="heartbeat of"):
+            validate_document(RendezvousDocument(last_heartbeats={NodeId("a", 1, 0): early}))
+
     def test_a_state_that_is_not_a_rendezvous_state_is_refused(self) -> None:
         with pytest.raises(StateDocumentError, match="not a rendezvous state"):
             document_from_state(object())
