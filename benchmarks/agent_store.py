@@ -3,7 +3,7 @@
 For each N: N agents (threads in 8 processes, ``benchmarks.store_worker``) run tensorplay's own
 ``_assign_worker_ranks`` and exit ``barrier`` against our store, and against p10d's TCPStore in
 the same run. Reports every repeat: seconds, store requests in all and per agent (each agent's
-own requests plus each process's one list and watch of the keys), and lost compare-and-swaps.
+own requests plus each process's one list and watch of the keys), folds of adds and lost compare-and-swaps.
 
 Writes benchmarks/results/agent_store.json, a section of docs/benchmarks.md and
 docs/agent-store.png. Usage: python -m benchmarks.agent_store [--sizes 128 1024] [--repeats 3]
@@ -122,6 +122,7 @@ def run_once(bench: Bench, backend: str, nodes: int, limit: float) -> dict[str, 
             requests_per_agent=(own + watch) / nodes,
             watch_requests=watch,
             conflicts=sum(item["conflicts"] for report in reports for item in report["store"]),
+            folds=sum(item.get("folds", 0) for report in reports for item in report["store"]),
         )
     return run
 
@@ -178,9 +179,9 @@ def write_report(report: dict[str, Any]) -> None:
         "its own, then every agent adds to one counter twice (arrive, depart). Requests: every store request of "
         "every agent plus each process's one list and watch of the keys.",
         "",
-        "| N | store | every repeat (s) | p50 | p90 | / p10d p90 | requests in all | requests / agent "
-        "| lost CAS in all |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| N | store | every repeat (s) | p50 | p90 | / p10d p90 | of which rank assignment (s) | requests in all "
+        "| requests / agent | folds of adds in all | lost compare-and-swaps in all |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     failures: list[str] = []
     p90s: dict[tuple[str, int], float] = {}
@@ -199,10 +200,13 @@ def write_report(report: dict[str, Any]) -> None:
         requests = ", ".join(str(run["requests"]) for run in done if "requests" in run)
         per = ", ".join(f"{run['requests_per_agent']:.1f}" for run in done if "requests_per_agent" in run)
         conflicts = ", ".join(str(run["conflicts"]) for run in done if "conflicts" in run)
+        folds = ", ".join(str(run["folds"]) for run in done if "folds" in run)
+        assigned = ", ".join(f"{run['assigned_seconds']:.2f}" for run in done if "assigned_seconds" in run)
         name = "ours (k8s)" if row["backend"] == "k8s" else "p10d TCPStore"
         shown = "n/a" if p90 is None else f"{p90:.2f}"
         lines.append(
-            f"| {row['nodes']} | {name} | {every} | {p50} | {shown} | {ratio} | {requests} | {per} | {conflicts} |"
+            f"| {row['nodes']} | {name} | {every} | {p50} | {shown} | {ratio} | {assigned} | {requests} | {per} "
+            f"| {folds} | {conflicts} |"
         )
         failures += [f"\n{name} N={row['nodes']} failed: `{run['failed'][:200]}`" for run in runs if "failed" in run]
     splice(DOCS / "benchmarks.md", "\n".join(lines + failures), BEGIN, END)
