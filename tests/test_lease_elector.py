@@ -39,3 +39,24 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_renewal(
     assert operator.try_acquire_or_renew()
     lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(operator.name, namespace)
     assert lease.spec.holder_identity == "operator"
+
+
+def test_an_agent_folder_stopped_at_exit_releases_the_writer_lease(admin_api: client.ApiClient, namespace: str) -> None:
+    # stop_agent_folders runs at interpreter exit: an agent that exits (done, failed or SIGTERMed)
+    # hands the writer role over at once, not after the writer Lease's 10 s without renewal.
+    from kube_rendezvous.folder import agent_folder, stop_agent_folders
+
+    from tests.testenv import wait_until
+
+    api = KubernetesApi(admin_api)
+    folder = agent_folder(api, namespace, "rdzv", "agent/a", 15.0)
+    leases = client.CoordinationV1Api(admin_api)
+
+    def holder() -> str:
+        return str(leases.read_namespaced_lease(folder.elector.name, namespace).spec.holder_identity or "")
+
+    wait_until(lambda: holder() == "agent/a", 30, "the agent folder to take the writer Lease")
+    stop_agent_folders(namespace)
+    assert holder() == ""
+    assert agent_folder(api, namespace, "rdzv", "agent/b", 15.0) is not folder  # a stopped folder is forgotten
+    stop_agent_folders(namespace)

@@ -5,17 +5,32 @@ the real API server, as pods with a ServiceAccount token would, and train over g
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_rendezvous.leases import writer_lease_name
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.test_elastic_job import assert_one_correct_world, rendezvous_status
 from tests.testenv import ControlPlane, wait_until
 
 MakeJob = Callable[..., ElasticJob]
+#: What the writer logs when it removes nodes because their heartbeats expired (not a leave).
+EXPIRY_LINE = "removing nodes whose Lease was not renewed"
+
+
+def participant_nodes(control_plane: ControlPlane, namespace: str) -> set[str]:
+    return {item["node"] for item in rendezvous_status(control_plane, namespace).get("participants", [])}
+
+
+def writer_node(control_plane: ControlPlane, namespace: str) -> str:
+    """The node whose agent holds the writer Lease of Rendezvous ``job`` ("" when none does)."""
+    shown = control_plane.kubectl("-n", namespace, "get", "lease", writer_lease_name("job"), "-o", "json").stdout
+    holder = str((json.loads(shown).get("spec") or {}).get("holderIdentity") or "")
+    return holder.removeprefix("agent/")
 
 
 @pytest.fixture
@@ -86,26 +101,39 @@ class TestTorchrun:
         assert_one_correct_world(job.last_results(), 4)
         assert rendezvous_status(control_plane, namespace)["round"] >= 1
 
+    @pytest.mark.parametrize("victim_role", ["writer", "not-writer"])
     def test_a_sigterm_pod_leaves_and_the_others_finish_every_step(
-        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_role: str
     ) -> None:
+        """torch's launcher never calls ``shutdown()`` after a signal: the handler leaves at exit.
+
+        The drained node must leave by its own request, not be removed when its heartbeats
+        expire, and when it was the writer it hands the writer Lease over on its way out.
+        """
         job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
         agents = [job.start_agent() for _ in range(3)]
-        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
-        victim = by_group[1]
+        wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        by_node = {agent.node_name: agent for agent in agents}
+        writer = wait_until(lambda: by_node.get(writer_node(control_plane, namespace)), 30, "an agent writer")
+        victim = writer if victim_role == "writer" else next(agent for agent in agents if agent is not writer)
         victim.terminate()
-        wait_until(
-            lambda: (
-                victim.node_name
-                not in {item["node"] for item in rendezvous_status(control_plane, namespace).get("participants", [])}
-            ),
-            30,
-            "the drained node to leave the participants",
-        )
+        try:
+            wait_until(
+                lambda: victim.node_name not in participant_nodes(control_plane, namespace),
+                30,
+                "the drained node to leave the participants",
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{job.logs()}") from None
         assert rendezvous_status(control_plane, namespace)["phase"] != "Closed"
         assert job.wait([victim], 60) != [0], victim.output()[-3000:]
+        # Read at once: without a release the survivors take the writer Lease only after it went
+        # unrenewed for its whole duration (10 s).
+        assert writer_node(control_plane, namespace) != victim.node_name, victim.output()[-3000:]
+        assert "left the rendezvous" in victim.output(), victim.output()[-3000:]
         survivors = [agent for agent in agents if agent is not victim]
         assert job.wait(survivors, 240) == [0, 0], job.logs()
+        assert not any(EXPIRY_LINE in agent.output() for agent in agents), job.logs()
         results = job.last_results()
         assert_one_correct_world(results, 4)
         assert all(len(item["sums"]) == 10 for item in results)

@@ -21,7 +21,9 @@ dead until one expiry after it first saw that node's Lease.
 
 from __future__ import annotations
 
+import atexit
 import collections
+import dataclasses
 import logging
 import random
 import threading
@@ -453,7 +455,18 @@ class Folder:
             self.leases = None
 
 
-_FOLDERS: dict[tuple[str, str, str], Folder] = {}
+#: Seconds ``stop_agent_folders`` waits, in all, for the folders to stop and release the writer Lease.
+FOLDER_STOP_SECONDS = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _AgentFolder:
+    folder: Folder
+    stopped: threading.Event
+    thread: threading.Thread
+
+
+_FOLDERS: dict[tuple[str, str, str], _AgentFolder] = {}
 _FOLDERS_LOCK = threading.Lock()
 
 
@@ -463,12 +476,38 @@ def agent_folder(
     """This process's folder for a Rendezvous, started on first use (one per process, like a pod)."""
     key = (str(api.api_client.configuration.host), namespace, rendezvous_name)
     with _FOLDERS_LOCK:
-        folder = _FOLDERS.get(key)
-        if folder is None:
-            folder = _FOLDERS[key] = Folder(
+        running = _FOLDERS.get(key)
+        if running is None:
+            folder = Folder(
                 api, namespace, rendezvous_name, identity=identity, preferred=False, default_expiry=default_expiry
             )
-            threading.Thread(
-                target=folder.run, args=(threading.Event(),), name=f"folder {namespace}/{rendezvous_name}", daemon=True
-            ).start()
-        return folder
+            stopped = threading.Event()
+            thread = threading.Thread(
+                target=folder.run, args=(stopped,), name=f"folder {namespace}/{rendezvous_name}", daemon=True
+            )
+            running = _FOLDERS[key] = _AgentFolder(folder, stopped, thread)
+            thread.start()
+        return running.folder
+
+
+def stop_agent_folders(namespace: str | None = None, timeout: float = FOLDER_STOP_SECONDS) -> None:
+    """Stop this process's agent folders (of ``namespace``, or all); one that holds the writer Lease releases it.
+
+    Runs at interpreter exit, so that an agent that exits (done, failed, or SIGTERMed) hands the
+    writer role to another agent at once rather than after the writer Lease's duration. Waits at
+    most ``timeout`` seconds in all; a folder still inside an API call then stops after it.
+    """
+    with _FOLDERS_LOCK:
+        keys = [key for key in _FOLDERS if namespace is None or key[1] == namespace]
+        stopping = [_FOLDERS.pop(key) for key in keys]
+    for running in stopping:
+        running.stopped.set()
+        running.folder.wake()
+    deadline = time.monotonic() + timeout
+    for running in stopping:
+        running.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# Registered at import, before any handler registers its leave (``rounds``): atexit runs the last
+# registered first, so a handler leaves while its process's folder can still fold the leave.
+atexit.register(stop_agent_folders)

@@ -7,9 +7,12 @@ a job from surviving the loss of a pod; ``RendezvousFixes`` mends them on either
   publish its address once, so after a membership change the new round's workers read the old
   round's keys and hang. Here rank 0 starts a fresh bootstrap store every round and publishes its
   address under this round's prefix of the rendezvous store.
-- **SIGTERM means leave.** Both close the rendezvous in ``shutdown()`` on every exit of the agent,
-  a SIGTERM included, which ends every other agent with exit code 0 mid-training. Here only an
-  agent whose workers succeeded closes it; any other leaves (drained, preempted, failed).
+- **SIGTERM means leave.** tensorplay's launcher closes the rendezvous in ``shutdown()`` on every
+  exit of the agent, a SIGTERM included, which ends every other agent with exit code 0
+  mid-training. Here only an agent whose workers succeeded closes it; any other leaves (drained,
+  preempted, failed). torch's launcher never calls ``shutdown()`` after a signal, so its node
+  would stay a participant until its heartbeats expired: a handler that joined a round and was
+  never shut down leaves at interpreter exit (``EXIT_LEAVE_SECONDS`` at most).
 - **Closed means a clean exit**, and the store of each round is labelled with the round so that
   rank 0 can delete the keys of finished rounds.
 
@@ -24,6 +27,7 @@ the stock behaviour (close) unless an exception is being handled.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -41,6 +45,9 @@ logger = logging.getLogger(__name__)
 #: Rounds whose store keys survive the cleanup that rank 0 runs when a round forms.
 ROUNDS_KEPT_BEHIND = 1
 ROUNDS_KEPT_AHEAD = 2
+#: Seconds a handler that was never shut down tries to leave at interpreter exit (a kubelet's
+#: default grace period after SIGTERM is 30 s; the writer Lease is released after this).
+EXIT_LEAVE_SECONDS = 10.0
 
 
 class WrittenOnceReads:
@@ -87,6 +94,8 @@ class RendezvousFixes:
 
     #: What the first ``shutdown()`` returned (None: not shut down yet).
     _shutdown_result: bool | None = None
+    #: Whether ``_leave_at_exit`` is registered with atexit (on the first join).
+    _leaves_at_exit = False
     #: Wall-clock time (``time.time()``) the last join saw its round formed, before the store's
     #: bootstrap step; benchmarks split a round's time into joining and bootstrapping with it.
     joined_at: float | None = None
@@ -161,6 +170,9 @@ class RendezvousFixes:
             return max(len(state.wait_list), 1 if state.closed and requested else 0)
 
     def _next_round(self) -> Any:
+        if not self._leaves_at_exit:
+            self._leaves_at_exit = True
+            atexit.register(self._leave_at_exit)
         self._stop_heartbeats()
         if self._state_holder.state.round == 0:
             self.framework.delay((0, 0.3))
@@ -227,10 +239,13 @@ class RendezvousFixes:
         finally:
             self._stop_bootstrap_store()
 
-    def leave(self) -> bool:
-        """Leave the rendezvous without closing it; return False when that could not be written."""
+    def leave(self, timeout: float | None = None) -> bool:
+        """Leave the rendezvous without closing it; return False when that could not be written.
+
+        Tries for ``timeout`` seconds (default: the close timeout).
+        """
         self._stop_heartbeats()
-        deadline = self._get_deadline(self._settings.timeout.close)
+        deadline = self._get_deadline(self._settings.timeout.close if timeout is None else timedelta(seconds=timeout))
         try:
             self._op_executor.run(self.framework.exit_op_class(), deadline)
         except self.framework.rendezvous_error as exc:
@@ -238,6 +253,19 @@ class RendezvousFixes:
             return False
         logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self._settings.run_id)
         return True
+
+    def _leave_at_exit(self) -> None:
+        """At interpreter exit: leave if ``shutdown()`` was never called (torch's launcher after a signal)."""
+        if self._shutdown_result is not None:
+            return
+        logger.info(
+            "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
+            self._settings.run_id,
+        )
+        try:
+            self._shutdown_result = self.leave(EXIT_LEAVE_SECONDS)
+        finally:
+            self._stop_bootstrap_store()
 
 
 def serve_node(backend: KubernetesRendezvousBackend, node: Any, min_nodes: int, max_nodes: int) -> None:
