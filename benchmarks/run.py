@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import pickle
+import re
 import select
 import statistics
 import subprocess
@@ -485,14 +486,59 @@ def synthetic_state(nodes: int, name_length: int = 60) -> Any:
     return state
 
 
+#: Python logging's default ``asctime`` at the start of a line, as tensorplay's agent and ours log.
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", re.MULTILINE)
+#: tensorplay's agent logs these when it starts to re-rendezvous, when its round formed, and when it starts workers.
+REJOINING, FORMED, STARTING = "Rendezvous'ing worker group", "Rendezvous complete", "Starting worker group"
+
+
+def logged_times(text: str, marker: str) -> list[float]:
+    """Wall-clock times (``time.time()``'s scale) of the lines of ``text`` that contain ``marker``."""
+    times = []
+    for line in text.splitlines():
+        found = LOG_TIME.match(line)
+        if found is not None and marker in line:
+            stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S")
+            times.append(stamp.timestamp() + int(found.group(2)) / 1000)
+    return times
+
+
+def recovery_phases(outputs: list[str], killed_at: float, training_at: float) -> dict[str, float | None]:
+    """Where a recovery's time went, in seconds after the kill, from the survivors' logs (``outputs``).
+
+    ``detected``: every survivor had started to re-rendezvous; ``formed``: every survivor had its new
+    round; ``training``: all trained again (``training_at``, polled). ``workers`` is ``training`` minus
+    ``formed``: starting the workers of the new round, which no rendezvous backend changes. None when a
+    survivor did not log the line.
+    """
+
+    def every(marker: str) -> float | None:
+        firsts = [min((t for t in logged_times(text, marker) if t >= killed_at), default=None) for text in outputs]
+        if not firsts or any(first is None for first in firsts):
+            return None
+        return max(first for first in firsts if first is not None) - killed_at
+
+    detected, formed = every(REJOINING), every(FORMED)
+    training = training_at - killed_at
+    return {
+        "detected": detected,
+        "formed": formed,
+        "training": training,
+        "workers": None if formed is None else training - formed,
+    }
+
+
 def recovery(
     bench: Bench,
     modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"),
     agents: int = 3,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Seconds from SIGKILL of one of ``agents`` agents to the survivors training again.
 
     3 agents run 2 workers each; more agents run 1 each (so 32 agents are 64 processes, not 96).
+    ``details``, when given, gets each mode's ``recovery_phases`` plus ``first_start``: seconds from
+    the last agent starting its workers to all training, the first time (before the kill).
     """
     nproc = 2 if agents <= 3 else 1
     from tests.e2e.harness import ElasticJob, training_in_world
@@ -544,7 +590,11 @@ def recovery(
             victim = next(
                 a for g, a in sorted(by_group.items()) if g != 0 and "hosts the rendezvous TCP store" not in a.output()
             )
-            killed = time.monotonic()
+            # The workers' first start, for comparison with their restart: the last agent's
+            # "Starting worker group" to all of them training.
+            first_started = max(max(logged_times(agent.output(), STARTING), default=0.0) for agent in started)
+            first_start = time.time() - first_started
+            killed, killed_at = time.monotonic(), time.time()
             victim.kill_pod()
             if operator is not None:
                 from kubernetes import client, config
@@ -558,7 +608,11 @@ def recovery(
                 "survivors training",
             )
             out[mode] = time.monotonic() - killed
-            log(f"recovery {mode}: {out[mode]:.1f} s")
+            phases = recovery_phases([agent.output() for agent in survivors], killed_at, time.time())
+            phases["first_start"] = first_start
+            if details is not None:
+                details[mode] = phases
+            log(f"recovery {mode}: {out[mode]:.1f} s; {phases}")
         finally:
             job.stop()
             if operator is not None:

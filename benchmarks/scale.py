@@ -209,14 +209,17 @@ def main() -> int:
             save(report)
         if args.recovery_repeats:
             report["recovery"], report["recovery_agents"] = {}, args.recovery_agents
+            report["recovery_phases"] = {}
             report.pop("recovery_failed", None)
         for repeat in range(args.recovery_repeats):
             for mode in ("k8s-heartbeat-expiry", "k8s-operator-eviction", "p10d"):
                 if mode == "p10d" and repeat:
                     continue  # tensorplay 1.0.0's own recovery with p10d: once, for reference
                 try:
-                    for name, seconds in recovery(bench, (mode,), args.recovery_agents).items():
+                    details: dict[str, Any] = {}
+                    for name, seconds in recovery(bench, (mode,), args.recovery_agents, details).items():
                         report["recovery"].setdefault(name, []).append(seconds)
+                        report["recovery_phases"].setdefault(name, []).append(details[name])
                 except (TimeoutError, RuntimeError) as exc:
                     log(f"recovery {mode}: FAILED {exc}")
                     report.setdefault("recovery_failed", {}).setdefault(mode, []).append(str(exc)[:200])
@@ -337,6 +340,23 @@ def write_report(report: dict[str, Any]) -> None:
         for mode, values in report["recovery"].items():
             every = ", ".join(f"{value:.1f}" for value in values)
             lines.append(f"| {mode} | {every} | {statistics.median(values):.1f} | {percentile(values, 0.9):.1f} |")
+        if report.get("recovery_phases"):
+            lines += [
+                "",
+                "Where each recovery's time went, seconds after the kill, from the survivors' own logs: every survivor "
+                "had started to re-rendezvous (*detected*), had its new round (*formed*), and all trained again "
+                "(*training*); *workers* is *training* minus *formed*, the start of the new round's workers, which no "
+                "rendezvous backend changes. *First start* is the same workers' start before the kill, for comparison.",
+                "",
+                "| how | detected | formed | workers | training | first start |",
+                "|---|---|---|---|---|---|",
+            ]
+            for mode, phases in report["recovery_phases"].items():
+                for run in phases:
+                    cells = " | ".join(
+                        _fmt(run.get(key), 1) for key in ("detected", "formed", "workers", "training", "first_start")
+                    )
+                    lines.append(f"| {mode} | {cells} |")
     (DOCS / "scale.md").write_text("\n".join(lines) + "\n")
     splice(DOCS / "benchmarks.md", (DOCS / "scale.md").read_text())
     plot(report)
