@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--backend", required=True, choices=["k8s", "p10d", "torch-k8s", "torch-c10d"])
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--nodes", type=int, required=True, help="max_nodes (and min_nodes unless --min-nodes)")
+    parser.add_argument("--min-nodes", type=int, help="min_nodes (default: --nodes)")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--kubeconfig")
     parser.add_argument("--out", required=True)
@@ -72,7 +73,7 @@ def main() -> None:
         params = {
             "endpoint": args.endpoint,
             "run_id": args.run_id,
-            "min_nodes": args.nodes,
+            "min_nodes": args.nodes if args.min_nodes is None else args.min_nodes,
             "max_nodes": args.nodes,
             "local_addr": "127.0.0.1",
             **{key: value for key, value in config.items()},

@@ -115,25 +115,41 @@ class Bench:
         hold: float = 0.0,
         limit: float = 900.0,
         during: Callable[[str], dict[str, Any]] | None = None,
+        kill_joiner: bool = False,
     ) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats.
 
         A k8s round's Rendezvous is retired afterwards (``retire``), so every round starts alone.
+        ``kill_joiner``: chaos, one of the ``nodes`` agents runs alone in a process that is SIGKILLed
+        the moment it logs its join request, so its request may or may not reach the API server.
+        The round then admits ``nodes - 1`` to ``nodes`` (a 1 s last call), and every live agent
+        must get a distinct rank of one world: no live join lost, no rank given twice.
         """
         self.current = None
         try:
-            return self._round(backend, nodes, hold, limit, during)
+            return self._round(backend, nodes, hold, limit, during, kill_joiner)
         finally:
             if self.current is not None:
                 self.retire(self.current)
 
     def _round(
-        self, backend: str, nodes: int, hold: float, limit: float, during: Callable[[str], dict[str, Any]] | None
+        self,
+        backend: str,
+        nodes: int,
+        hold: float,
+        limit: float,
+        during: Callable[[str], dict[str, Any]] | None,
+        kill_joiner: bool = False,
     ) -> dict[str, Any]:
         from tests.testenv import free_port
 
-        processes = min(nodes, 8)
-        per_process = [nodes // processes + (1 if i < nodes % processes else 0) for i in range(processes)]
+        live = nodes - 1 if kill_joiner else nodes
+        processes = min(live, 8)
+        per_process = [live // processes + (1 if i < live % processes else 0) for i in range(processes)]
+        least = nodes - 1 if kill_joiner else nodes
+        env = agent_env()
+        if kill_joiner:
+            env["BENCH_RDZV_CONF"] = json.dumps({"last_call_timeout": 1})
         host: Any = None
         if backend in ("p10d", "torch-c10d"):
             # The TCPStore host lives in the driver, so that every handler is a client (BRIEF fact 11).
@@ -159,42 +175,52 @@ class Bench:
         else:
             name = self.new_rendezvous(nodes)
             endpoint, run_id = f"bench/{name}", "none"
+            if kill_joiner:
+                self.objects.patch_namespaced_custom_object(
+                    GROUP, VERSION, "bench", "rendezvouses", name, {"spec": {"minNodes": least}}
+                )
         if backend == "torch-c10d":
             run_id = f"bench-{self.counter}-{time.time_ns()}"
         outs = [self.workdir / f"{backend}-{nodes}-{time.time_ns()}-{i}.json" for i in range(processes)]
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.round_worker",
-                    "--backend",
-                    backend,
-                    "--endpoint",
-                    endpoint,
-                    "--run-id",
-                    run_id,
-                    "--nodes",
-                    str(nodes),
-                    "--threads",
-                    str(count),
-                    "--out",
-                    str(out),
-                    "--kubeconfig",
-                    str(self.trainer),
-                    "--hold",
-                    str(hold),
-                    "--worker",
-                    str(i),
-                ],
-                cwd=REPO,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                env=agent_env(),
+
+        def start_worker(index: int, count: int, out: Path, **options: Any) -> subprocess.Popen[str]:
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.round_worker",
+                "--backend",
+                backend,
+                "--endpoint",
+                endpoint,
+                "--run-id",
+                run_id,
+                "--nodes",
+                str(nodes),
+                "--min-nodes",
+                str(least),
+                "--threads",
+                str(count),
+                "--out",
+                str(out),
+                "--kubeconfig",
+                str(self.trainer),
+                "--hold",
+                str(hold),
+                "--worker",
+                str(index),
+            ]
+            return subprocess.Popen(
+                command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **options
             )
-            for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
+
+        workers = [
+            start_worker(i, count, out, env=env) for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
         ]
+        victim = None
+        if kill_joiner:  # logs on stderr (BENCH_LOG), read below to kill it at its join request
+            victim_out = self.workdir / f"{backend}-{nodes}-{time.time_ns()}-victim.json"
+            victim = start_worker(processes, 1, victim_out, env={**env, "BENCH_LOG": "1"}, stderr=subprocess.PIPE)
+            workers.append(victim)
         ready_by = time.monotonic() + limit
         for worker in workers:
             assert worker.stdout is not None
@@ -214,9 +240,12 @@ class Bench:
         if during is not None and name is not None:  # chaos alongside the round (``scale.freeze_writer``)
             chaos_thread = threading.Thread(target=lambda: chaos.update(during(name)), daemon=True)
             chaos_thread.start()
+        if victim is not None:
+            chaos_thread = threading.Thread(target=lambda: chaos.update(kill_at_join_request(victim)), daemon=True)
+            chaos_thread.start()
         deadline = time.monotonic() + limit + hold
         while any(not out.exists() for out in outs):
-            if time.monotonic() > deadline or any(w.poll() not in (None, 0) for w in workers):
+            if time.monotonic() > deadline or any(w.poll() not in (None, 0) for w in workers if w is not victim):
                 for worker in workers:
                     worker.kill()
                 raise RuntimeError(f"{backend} round of {nodes} did not complete within {limit:.0f} s")
@@ -225,6 +254,8 @@ class Bench:
         steady = watcher.measure() if watcher else None
         for worker in workers:
             worker.wait(hold + 120)
+        if chaos_thread is not None and victim is not None:
+            chaos_thread.join(limit)
         reports = [json.loads(out.read_text()) for out in outs]
         if host is not None:
             host.communicate(timeout=30)  # closes its stdin: the store host exits
@@ -235,7 +266,11 @@ class Bench:
         start = min(report["started"] for report in reports)
         seconds = max(report["started"] - start + item["seconds"] for report in reports for item in report["results"])
         ranks = sorted(item["rank"] for item in results)
-        assert ranks == list(range(nodes)), f"ranks {ranks[:10]}..."
+        if victim is None:
+            assert ranks == list(range(nodes)), f"ranks {ranks[:10]}..."
+        else:
+            chaos["world"] = world_without_a_killed_joiner(results, nodes)
+            chaos["victim_in_round"] = chaos["world"] == nodes
         api = [stats for report in reports for stats in report["api"]]
         summary: dict[str, Any] = {"backend": backend, "nodes": nodes, "seconds": seconds}
         if api:
@@ -303,6 +338,37 @@ class Bench:
             if host.poll() is None:
                 host.kill()
         self.plane.stop()
+
+
+def world_without_a_killed_joiner(results: list[dict[str, Any]], nodes: int) -> int:
+    """The world size of a round of ``nodes`` agents whose one killed joiner reported nothing.
+
+    Raises AssertionError unless the ``nodes - 1`` live agents share one world of ``nodes - 1`` (the
+    victim's request never folded) or ``nodes`` (folded before it died), each with its own rank in it.
+    """
+    worlds = {item.get("world") for item in results}
+    assert len(results) == nodes - 1, f"{len(results)} live agents reported, not {nodes - 1}"
+    assert len(worlds) == 1 and worlds <= {nodes - 1, nodes}, f"live agents in worlds {sorted(map(str, worlds))}"
+    world = int(next(iter(worlds)))  # type: ignore[arg-type]
+    ranks = [item["rank"] for item in results]
+    assert len(set(ranks)) == len(ranks), f"a rank given twice: {sorted(ranks)[:10]}..."
+    assert set(ranks) <= set(range(world)), f"a rank outside 0..{world - 1}: {sorted(ranks)[-3:]}"
+    return world
+
+
+def kill_at_join_request(victim: subprocess.Popen[str], timeout: float = 120.0) -> dict[str, Any]:
+    """SIGKILL ``victim`` (a round worker with ``BENCH_LOG``) the moment it logs its join request."""
+    assert victim.stderr is not None
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        line = victim.stderr.readline()
+        if not line:
+            return {"error": "the victim exited before asking to join"}
+        if "asks to join" in line:
+            victim.kill()
+            return {"killed_mid_join": True, "killed_after_seconds": time.monotonic() - began}
+    victim.kill()
+    return {"error": f"the victim did not ask to join within {timeout:.0f} s"}
 
 
 def count_modified(

@@ -5,8 +5,9 @@ operator runs (the preferred writer), and with k8s while it is stopped (an agent
 writer), every repeat reported. Per round: the shared Rendezvous object's writes (counted by a
 server-side watch), API requests and 409s per agent. Then steady state (handlers holding the
 formed round, the launcher's monitor loop calling ``num_nodes_waiting`` every 0.1 s): writes
-per second to the Rendezvous and to the Leases, kube-apiserver and etcd CPU. Then recovery
-after a SIGKILL, repeated.
+per second to the Rendezvous and to the Leases, kube-apiserver and etcd CPU. Chaos: the writer
+(the operator) frozen for 20 s mid-round, and one agent SIGKILLed mid-join. Then recovery after a
+SIGKILL, repeated, split into the rendezvous and the workers' restart.
 
 Writes benchmarks/results/scale.json, docs/scale.md (spliced into docs/benchmarks.md) and
 docs/scale.png. Usage: python -m benchmarks.scale [--sizes 8 32 128 512 1024] [--repeats 3]
@@ -127,6 +128,9 @@ def main() -> int:
     parser.add_argument("--recovery-repeats", type=int, default=3)
     parser.add_argument("--recovery-agents", type=int, default=32, help="agents of the recovery job (issue: N=32)")
     parser.add_argument("--chaos-sizes", type=int, nargs="*", default=[128], help="rounds with the writer frozen")
+    parser.add_argument(
+        "--kill-joiner-sizes", type=int, nargs="*", default=[128], help="rounds with one agent SIGKILLed mid-join"
+    )
     parser.add_argument("--round-limit", type=float, default=240.0)
     parser.add_argument(
         "--merge",
@@ -149,6 +153,9 @@ def main() -> int:
     if args.merge and (RESULTS / "scale.json").exists():
         earlier = json.loads((RESULTS / "scale.json").read_text())
         earlier["steady"] = [item for item in earlier.get("steady", []) if item["nodes"] not in args.steady_sizes]
+        measured = {("p10d", n) for n in args.sizes if n <= args.p10d_max} | {("k8s", n) for n in args.sizes}
+        measured |= {("k8s, operator stopped", n) for n in args.solo_sizes}
+        earlier["rounds"] = [item for item in earlier.get("rounds", []) if (item["label"], item["nodes"]) not in measured]
         report = {**earlier, "merged": [*earlier.get("merged", []), {"date": report["date"], "argv": sys.argv[1:]}]}
     operator = None
     try:
@@ -185,6 +192,26 @@ def main() -> int:
                 if "failed" in run:
                     break
             report.setdefault("chaos", []).append({"nodes": nodes, **summarize(runs)})
+            save(report)
+        for nodes in args.kill_joiner_sizes:
+            report["chaos_kill_joiner"] = [
+                entry for entry in report.get("chaos_kill_joiner", []) if entry["nodes"] != nodes
+            ]
+            runs = []
+            for repeat in range(args.repeats):
+                try:
+                    run = bench.round("k8s", nodes, limit=args.round_limit, kill_joiner=True)
+                except (
+                    RuntimeError,
+                    TimeoutError,
+                    AssertionError,
+                ) as exc:  # AssertionError: a lost join or a duplicate rank
+                    run = {"failed": str(exc)[:300]}
+                log(f"kill mid-join N={nodes} repeat {repeat + 1}/{args.repeats}: {run}")
+                runs.append(run)
+                if "failed" in run:
+                    break
+            report["chaos_kill_joiner"].append({"nodes": nodes, **summarize(runs)})
             save(report)
         for nodes in args.steady_sizes:
             log(f"steady state: {nodes} agents holding for {args.steady_seconds:.0f} s")
@@ -323,6 +350,27 @@ def write_report(report: dict[str, Any]) -> None:
                     f"| {entry['nodes']} | {run['seconds']:.2f} | yes | {chaos.get('formed_while_frozen')} "
                     f"| {chaos.get('seconds_with_a_node_missing_after_resume')} "
                     f"| {chaos.get('operator_removed_nodes')} |"
+                )
+    if report.get("chaos_kill_joiner"):
+        lines += [
+            "",
+            "Chaos: one of the N agents runs alone in a process that is SIGKILLed the moment it logs its join "
+            "request, so the request may or may not have reached the API server (minNodes N-1, a 1 s last call). "
+            "Every live agent must get its own rank in one world: N-1 without the victim, N when its request was "
+            "folded before it died (its rank then goes unused until its heartbeats expire). Every repeat:",
+            "",
+            "| N | round (s) | killed after (s) | world | live agents, each its own rank |",
+            "|---|---|---|---|---|",
+        ]
+        for entry in report["chaos_kill_joiner"]:
+            for run in entry["runs"]:
+                if "seconds" not in run:
+                    lines.append(f"| {entry['nodes']} | failed: {run.get('failed', '')[:120]} | | | |")
+                    continue
+                chaos = run.get("chaos", {})
+                lines.append(
+                    f"| {entry['nodes']} | {run['seconds']:.2f} | {_fmt(chaos.get('killed_after_seconds'))} "
+                    f"| {chaos.get('world')} | yes ({entry['nodes'] - 1}) |"
                 )
     if report["recovery"]:
         agents = report.get("recovery_agents", 3)

@@ -49,3 +49,21 @@ def test_each_phase_is_the_last_survivor_to_reach_it_after_the_kill() -> None:
 def test_a_survivor_that_never_logged_the_phase_makes_it_unknown() -> None:
     phases = recovery_phases([SURVIVOR_A, "no timestamps here"], at("19:35:25.300"), at("19:35:37.000"))
     assert phases["formed"] is None and phases["workers"] is None
+
+
+def test_a_killed_joiner_leaves_one_world_with_every_live_agent_ranked_once() -> None:
+    import pytest
+
+    from benchmarks.run import world_without_a_killed_joiner
+
+    live = [{"rank": rank, "world": 4} for rank in (0, 1, 3)]  # the victim's request folded: its rank 2 unused
+    assert world_without_a_killed_joiner(live, 4) == 4
+    assert world_without_a_killed_joiner([{"rank": r, "world": 3} for r in range(3)], 4) == 3
+    with pytest.raises(AssertionError, match="twice"):
+        world_without_a_killed_joiner([{"rank": r, "world": 4} for r in (0, 1, 1)], 4)
+    with pytest.raises(AssertionError, match="worlds"):
+        world_without_a_killed_joiner([{"rank": 0, "world": 3}, {"rank": 1, "world": 4}, {"rank": 2, "world": 4}], 4)
+    with pytest.raises(AssertionError, match="live agents reported"):  # a live join lost
+        world_without_a_killed_joiner([{"rank": 0, "world": 3}, {"rank": 1, "world": 3}], 4)
+    with pytest.raises(AssertionError, match="outside"):
+        world_without_a_killed_joiner([{"rank": r, "world": 3} for r in (0, 1, 3)], 4)
