@@ -60,3 +60,32 @@ def test_an_agent_folder_stopped_at_exit_releases_the_writer_lease(admin_api: cl
     assert holder() == ""
     assert agent_folder(api, namespace, "rdzv", "agent/b", 15.0) is not folder  # a stopped folder is forgotten
     stop_agent_folders(namespace)
+
+
+def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_within_the_bound(
+    admin_api: client.ApiClient, namespace: str
+) -> None:
+    import time
+
+    from kube_rendezvous import folder as folders
+    from kube_rendezvous.folder import agent_folder, stop_agent_folders
+
+    from tests.testenv import wait_until
+
+    api = KubernetesApi(admin_api)
+    dead = elector(admin_api, namespace, "agent/dead", preferred=False)
+    assert dead.try_acquire_or_renew()  # its last renewal: it never renews again
+    last_renewal = time.monotonic()
+    leases = client.CoordinationV1Api(admin_api)
+    agent_folder(api, namespace, "rdzv", "agent/b", 15.0)
+    try:
+        wait_until(
+            lambda: leases.read_namespaced_lease(dead.name, namespace).spec.holder_identity == "agent/b",
+            30,
+            "an agent to take the writer Lease over",
+        )
+        took = time.monotonic() - last_renewal
+    finally:
+        stop_agent_folders(namespace)
+    bound = folders.CANDIDATE_RETRY_SECONDS + folders.WRITER_LEASE_SECONDS + folders.STALE_MARGIN_SECONDS
+    assert folders.WRITER_LEASE_SECONDS < took < bound + 1.0  # + 1 s: the requests and this test's polling

@@ -82,3 +82,37 @@ def test_failed_renewals_are_retried_and_count_as_no_renewal() -> None:
         assert elector.calls >= 3 and not renewal.lost
     finally:
         renewal.stop()
+
+
+class TestCandidateWait:
+    """When an agent looks at the writer Lease again: its failover bound (pure)."""
+
+    def test_a_candidate_that_has_not_seen_the_lease_waits_its_jittered_retry(self) -> None:
+        assert folder.candidate_wait(None, 0.8) == pytest.approx(0.8 * folder.CANDIDATE_RETRY_SECONDS)
+        assert folder.candidate_wait(None, 1.0) == folder.CANDIDATE_RETRY_SECONDS
+
+    def test_it_looks_again_just_after_the_lease_as_seen_would_turn_stale(self) -> None:
+        assert folder.candidate_wait(1.5, 1.0) == pytest.approx(1.5 + folder.STALE_MARGIN_SECONDS)
+        assert folder.candidate_wait(30.0, 0.9) == pytest.approx(0.9 * folder.CANDIDATE_RETRY_SECONDS)
+        assert folder.candidate_wait(-3.0, 1.0) == 0.05  # stale already: look (and take) now
+
+    def test_a_writer_that_died_is_replaced_within_the_bound_after_its_last_renewal(self) -> None:
+        # Simulate a candidate's looks on its own clock: the writer renews every 2 s until it dies
+        # at ``death``; a look sees the version of the last renewal before it, and the candidate
+        # takes the Lease at its first look after that version went unchanged for the duration.
+        bound = folder.CANDIDATE_RETRY_SECONDS + folder.WRITER_LEASE_SECONDS + folder.STALE_MARGIN_SECONDS
+        assert bound <= 15.0  # issue #12: failover of the writer is bounded (<= 15 s)
+        for phase in (0.0, 0.7, 1.3, 1.99):
+            for death in (0.0, 3.1, 5.0, 7.9):
+                for jitter in (0.8, 0.9, 1.0):
+                    last = max(t for t in (phase + 2.0 * k for k in range(-5, 10)) if t <= death)
+                    clock, seen, seen_at = 0.0, None, 0.0
+                    while True:
+                        version = max(t for t in (phase + 2.0 * k for k in range(-5, 10)) if t <= min(clock, death))
+                        if version != seen:
+                            seen, seen_at = version, clock
+                        elif clock - seen_at > folder.WRITER_LEASE_SECONDS:
+                            break  # stale on this clock: the candidate takes it now
+                        until_stale = seen_at + folder.WRITER_LEASE_SECONDS - clock
+                        clock += folder.candidate_wait(until_stale, jitter)
+                    assert folder.WRITER_LEASE_SECONDS < clock - last <= bound + 1e-9, (phase, death, jitter)

@@ -6,7 +6,8 @@ expired (unchanged for its expiry on this folder's clock), or a last call ended,
 pending request into the state document (``folding.fold``) and writes it with one
 compare-and-swap on the Rendezvous's resourceVersion. The operator runs a folder with
 ``preferred=True`` for every Rendezvous; every agent process runs one with ``preferred=False``,
-which takes over within the writer Lease's duration when no operator holds it.
+which takes over when no operator holds it: within one retry (4 s) when the writer released the
+Lease, and within ``candidate_wait``'s bound (14.2 s after its last renewal) when it died.
 
 Two folders at once cannot lose anything: the requests are durable on the Leases, each fold
 starts from the state it read, and the compare-and-swap admits one of them; the loser folds
@@ -62,15 +63,17 @@ from .watchcache import WatchCache, shared_watch
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-#: Seconds the writer Lease lasts without renewal; failover takes at most this plus one retry.
+#: Seconds the writer Lease lasts without renewal; failover takes at most this plus one retry (``candidate_wait``).
 WRITER_LEASE_SECONDS = 10.0
 #: Seconds between the holder's renewals of the writer Lease.
 WRITER_RENEW_SECONDS = 2.0
 #: Seconds after the start of its last successful renewal that the holder stops folding (client-go's
 #: renew deadline): below ``WRITER_LEASE_SECONDS``, so it has stopped before another candidate may take over.
 WRITER_RENEW_DEADLINE_SECONDS = 7.0
-#: Seconds between an agent's checks whether the writer Lease is free (with jitter).
-CANDIDATE_RETRY_SECONDS = 5.0
+#: Seconds between an agent's checks whether the writer Lease is free (80-100 % of it, jittered).
+CANDIDATE_RETRY_SECONDS = 4.0
+#: Seconds after the writer Lease as last seen would turn stale that a candidate looks again.
+STALE_MARGIN_SECONDS = 0.2
 #: Seconds between the writer's sweeps for idle node Leases (also the least idle time to delete one).
 GARBAGE_SECONDS = 60.0
 #: Seconds between two folds by the agents of one process while no writer folds.
@@ -125,6 +128,22 @@ class WriterRenewal:
                 self.lost = True
                 return
             self.renewed_at = sent
+
+
+def candidate_wait(until_stale: float | None, jitter: float) -> float:
+    """Seconds an agent waits before it looks at the writer Lease again.
+
+    ``jitter`` (0.8-1.0) of ``CANDIDATE_RETRY_SECONDS``, but no later than ``STALE_MARGIN_SECONDS``
+    after the Lease as last seen would turn stale (``until_stale``). So a writer that died is
+    replaced at most ``CANDIDATE_RETRY_SECONDS + WRITER_LEASE_SECONDS + STALE_MARGIN_SECONDS``
+    (14.2 s) plus one request after its last renewal: a candidate sees that renewal's version within
+    one retry, and takes the Lease at its first look after the version went unchanged for the
+    Lease's duration on its own clock.
+    """
+    wait = CANDIDATE_RETRY_SECONDS * jitter
+    if until_stale is None:
+        return wait
+    return min(wait, max(0.05, until_stale + STALE_MARGIN_SECONDS))
 
 
 class Stopped(Protocol):
@@ -381,8 +400,10 @@ class Folder:
                 logger.info("writer election for %s failed this time: %s", self.where, exc)
             if not self.leader:
                 self._stop_lease_watch()
-                retry = WRITER_RENEW_SECONDS if self.preferred else CANDIDATE_RETRY_SECONDS
-                stopped.wait(retry * random.uniform(0.8, 1.2))
+                if self.preferred:
+                    stopped.wait(WRITER_RENEW_SECONDS * random.uniform(0.8, 1.2))
+                else:
+                    stopped.wait(candidate_wait(self.elector.seconds_until_stale(), random.uniform(0.8, 1.0)))
                 continue
             self._start_lease_watch()
             renewal = WriterRenewal(self.elector, self.where).start()

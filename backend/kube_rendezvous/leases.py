@@ -396,7 +396,9 @@ class LeaseElector:
         self.annotations = dict(annotations or {})
         self.owner = owner
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
+        #: The resourceVersion last read or written, when this clock first saw it, and its duration.
         self._observed: tuple[str, float] | None = None
+        self._observed_duration = duration
         #: The Lease as this identity's last successful write returned it, while it holds it.
         self._held: dict[str, Any] | None = None
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
@@ -453,7 +455,10 @@ class LeaseElector:
                 self.holder, self.holder_alive = self.identity, True
                 return True
         try:
-            lease: dict[str, Any] | None = self._api.request("GET", self._path)
+            # From the API server's watch cache (resourceVersion=0), not a quorum read: N agents look
+            # every few seconds, and a version the cache shows late only delays a take, whose PUT
+            # is a compare-and-swap on the version it read.
+            lease: dict[str, Any] | None = self._api.request("GET", self._path, query={"resourceVersion": "0"})
         except NotFoundError:
             lease = None
         if lease is None:
@@ -474,7 +479,8 @@ class LeaseElector:
         clock = time.monotonic()
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, clock)
-        stale = clock - self._observed[1] > float(spec.get("leaseDurationSeconds") or self.duration)
+        self._observed_duration = float(spec.get("leaseDurationSeconds") or self.duration)
+        stale = clock - self._observed[1] > self._observed_duration
         mine = holder == self.identity
         take = mine or not holder or stale or self._may_preempt(lease)
         self.holder, self.holder_alive = holder, bool(holder) and not stale
@@ -491,6 +497,12 @@ class LeaseElector:
             self._took_over()
         self.holder, self.holder_alive = self.identity, True
         return True
+
+    def seconds_until_stale(self) -> float | None:
+        """Seconds until the Lease as last seen turns stale on this clock if nobody writes it (None: never seen)."""
+        if self._observed is None:
+            return None
+        return self._observed[1] + self._observed_duration - time.monotonic()
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
