@@ -155,7 +155,9 @@ def main() -> int:
         earlier["steady"] = [item for item in earlier.get("steady", []) if item["nodes"] not in args.steady_sizes]
         measured = {("p10d", n) for n in args.sizes if n <= args.p10d_max} | {("k8s", n) for n in args.sizes}
         measured |= {("k8s, operator stopped", n) for n in args.solo_sizes}
-        earlier["rounds"] = [item for item in earlier.get("rounds", []) if (item["label"], item["nodes"]) not in measured]
+        earlier["rounds"] = [
+            item for item in earlier.get("rounds", []) if (item["label"], item["nodes"]) not in measured
+        ]
         report = {**earlier, "merged": [*earlier.get("merged", []), {"date": report["date"], "argv": sys.argv[1:]}]}
     operator = None
     try:
