@@ -279,6 +279,11 @@ def write_report(report: dict[str, Any]) -> None:
         f"Measured {report['date']} on one {report['machine']} machine (control plane, operator and every "
         "agent on it). Command: `python -m benchmarks.scale`. Raw: "
         "[benchmarks/results/scale.json](../benchmarks/results/scale.json). Plot: ![scale](scale.png)",
+        *[
+            f"Re-measured {item['date']}, on a fresh control plane: `python -m benchmarks.scale "
+            f"{' '.join(item['argv'])}` (its rows are added to the first run's, or replace them)."
+            for item in report.get("merged", [])
+        ],
         "",
         "One round, min = max = N, tensorplay handlers in 8 processes. Every repeat is listed; "
         "writes = MODIFIED events of the shared Rendezvous seen by a server-side watch during the round. "
