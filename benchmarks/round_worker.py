@@ -94,6 +94,9 @@ def main() -> None:
             joined_at = getattr(handlers[index], "joined_at", None)
             if joined_at is not None:  # ours: the round formed here; the rest is the store's bootstrap step
                 results[index]["joined"] = joined_at - started
+            bootstrap = getattr(handlers[index], "bootstrap_seconds", None)
+            if bootstrap is not None:  # ours: rank 0 starting its TCPStore, then publishing (or reading) its address
+                results[index]["bootstrap"] = bootstrap
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
 

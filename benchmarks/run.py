@@ -293,6 +293,10 @@ class Bench:
         ]
         if joined:  # when the last agent saw the round formed; the rest of ``seconds`` is the store's step
             summary["joined_seconds"] = max(joined)
+        rank0 = [item for item in results if item.get("rank") == 0 and "bootstrap" in item]
+        if rank0:  # rank 0's bootstrap step: starting its TCPStore, then publishing the address
+            summary["rank0_server_seconds"] = rank0[0]["bootstrap"]["server"]
+            summary["rank0_address_seconds"] = rank0[0]["bootstrap"]["address"]
         if steady:
             holds = [
                 json.loads(Path(str(out) + ".hold").read_text()) for out in outs if Path(str(out) + ".hold").exists()

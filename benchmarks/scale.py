@@ -288,12 +288,13 @@ def write_report(report: dict[str, Any]) -> None:
         "One round, min = max = N, tensorplay handlers in 8 processes. Every repeat is listed; "
         "writes = MODIFIED events of the shared Rendezvous seen by a server-side watch during the round. "
         "A round ends when every handler's `next_rendezvous` returned, the bootstrap address included; the "
-        "last column is when the last handler saw the round formed (before the bootstrap step). Each round's "
+        "next column is when the last handler saw the round formed (before the bootstrap step), and the last "
+        "splits rank 0's bootstrap step (where measured). Each round's "
         "Rendezvous is deleted, and its Leases collected, before the next round starts.",
         "",
         "| N | backend | every repeat (s) | p50 | p90 | max | / p10d p90 | shared writes | requests / agent "
-        "| 409s / agent | last agent saw it formed (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| 409s / agent | last agent saw it formed (s) | rank 0's bootstrap: TCPStore + address (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in report["rounds"]:
         runs = entry["runs"]
@@ -305,11 +306,16 @@ def write_report(report: dict[str, Any]) -> None:
         requests = [run["requests_per_agent"] for run in done if "requests_per_agent" in run]
         conflicts = [run["conflicts_per_agent"] for run in done if "conflicts_per_agent" in run]
         joined = ", ".join(f"{run['joined_seconds']:.2f}" for run in done if "joined_seconds" in run)
+        bootstrap = ", ".join(
+            f"{run['rank0_server_seconds']:.2f} + {run['rank0_address_seconds']:.2f}"
+            for run in done
+            if "rank0_server_seconds" in run
+        )
         lines.append(
             f"| {entry['nodes']} | {entry['label']} | {every} | {_fmt(entry.get('p50'))} | {_fmt(entry.get('p90'))} "
             f"| {_fmt(entry.get('max'))} | {ratio} | {writes} "
             f"| {', '.join(f'{value:.1f}' for value in requests)} "
-            f"| {', '.join(f'{value:.2f}' for value in conflicts)} | {joined} |"
+            f"| {', '.join(f'{value:.2f}' for value in conflicts)} | {joined} | {bootstrap} |"
         )
     for entry in report["rounds"]:
         for failure in entry.get("failed", []):

@@ -209,6 +209,10 @@ def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_vali
     # The bootstrap address: rank 0 writes it (two keys), the 31 others read it from their watch.
     store_requests = sorted(item["store_requests"] for item in group.counters())
     assert store_requests[:31] == [0] * 31, store_requests
+    # Every handler times its bootstrap step (benchmark column); only rank 0 starts a TCPStore.
+    assert all(set(item["bootstrap"]) == {"server", "address"} for item in results), results[:2]
+    assert all(item["bootstrap"]["server"] == 0.0 for item in results if item["rank"] != 0)
+    assert [item["bootstrap"]["server"] > 0.0 for item in results if item["rank"] == 0] == [True]
     # Folded in batches: far fewer writes of the shared object than one per agent.
     assert len(versions) < 32, f"{len(versions)} writes of the shared Rendezvous for 32 joins"
     writers = {obj["status"].get("lastWriter") for obj in versions}

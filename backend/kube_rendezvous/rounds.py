@@ -99,6 +99,9 @@ class RendezvousFixes:
     #: Wall-clock time (``time.time()``) the last join saw its round formed, before the store's
     #: bootstrap step; benchmarks split a round's time into joining and bootstrapping with it.
     joined_at: float | None = None
+    #: The last round's bootstrap step, in seconds: ``server`` starting rank 0's bootstrap TCPStore
+    #: (0 on other ranks), ``address`` publishing its address (rank 0) or reading it (the others).
+    bootstrap_seconds: dict[str, float] | None = None
 
     # The framework handler's attributes this mixin uses.
     _state_holder: Any
@@ -193,9 +196,13 @@ class RendezvousFixes:
         round_store = self._get_store()
         self._stop_bootstrap_store()
         server_port = None
+        server_seconds = 0.0
         if rank == 0 and self.use_agent_store:
+            began = time.monotonic()
             self._shared_tcp_store_server = self._create_tcp_store_server(self._this_node.addr, 0)
             server_port = int(self._shared_tcp_store_server.port)
+            server_seconds = time.monotonic() - began
+        served = time.monotonic()
         # rank 0 publishes the bootstrap address; the others read it from their store's watch
         self._bootstrap_store_info = self.framework.store_info_class.build(
             rank,
@@ -203,6 +210,7 @@ class RendezvousFixes:
             local_addr=self._this_node.addr,
             server_port=server_port,
         )
+        self.bootstrap_seconds = {"server": server_seconds, "address": time.monotonic() - served}
         if rank == 0:  # after publishing: the cleanup is off the round's critical path
             self._store.delete_rounds_except(
                 range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
