@@ -33,6 +33,13 @@ def create_handler(backend: str, params: dict[str, Any]) -> Any:
     return get_registry().create_handler(RendezvousParameters(backend=backend, **params))
 
 
+def write_json(path: str, report: dict[str, Any]) -> None:
+    """Write ``report`` to ``path`` whole or not at all: the driver reads a file as soon as it exists."""
+    with open(path + ".part", "w") as handle:
+        json.dump(report, handle)
+    os.replace(path + ".part", path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", required=True, choices=["k8s", "p10d", "torch-k8s", "torch-c10d"])
@@ -128,8 +135,7 @@ def main() -> None:
         return api_stats, backend_stats
 
     api_stats, backend_stats = stats()
-    with open(args.out, "w") as handle:
-        json.dump({"started": started, "results": results, "api": api_stats, "backend": backend_stats}, handle)
+    write_json(args.out, {"started": started, "results": results, "api": api_stats, "backend": backend_stats})
     if args.hold:
         # The launcher's monitor loop: num_nodes_waiting on every agent, every monitor interval.
         until = time.monotonic() + args.hold
@@ -138,8 +144,7 @@ def main() -> None:
                 handler.num_nodes_waiting()
             time.sleep(args.monitor_interval)
         api_after, _ = stats()
-        with open(args.out + ".hold", "w") as handle:
-            json.dump({"api": api_after}, handle)
+        write_json(args.out + ".hold", {"api": api_after})
     os._exit(0)  # do not close the rendezvous or wait for tensorplay's threads
 
 
