@@ -135,7 +135,12 @@ def main() -> None:
         return api_stats, backend_stats
 
     api_stats, backend_stats = stats()
-    write_json(args.out, {"started": started, "results": results, "api": api_stats, "backend": backend_stats})
+    report = {"started": started, "results": results, "api": api_stats, "backend": backend_stats}
+    if args.backend.endswith("k8s"):  # the join loop's 1 s polls: slept, or skipped after a watch wait
+        from kube_rendezvous.frameworks import POLLS
+
+        report["polls"] = dict(POLLS)
+    write_json(args.out, report)
     if args.hold:
         # The launcher's monitor loop: num_nodes_waiting on every agent, every monitor interval.
         until = time.monotonic() + args.hold
@@ -143,8 +148,8 @@ def main() -> None:
             for handler in handlers:
                 handler.num_nodes_waiting()
             time.sleep(args.monitor_interval)
-        api_after, _ = stats()
-        write_json(args.out + ".hold", {"api": api_after})
+        api_after, backend_after = stats()
+        write_json(args.out + ".hold", {"api": api_after, "backend": backend_after})
     os._exit(0)  # do not close the rendezvous or wait for tensorplay's threads
 
 

@@ -268,6 +268,8 @@ class Bench:
         ranks = sorted(item["rank"] for item in results)
         if victim is None:
             assert ranks == list(range(nodes)), f"ranks {ranks[:10]}..."
+            worlds = sorted({item["world"] for item in results})
+            assert worlds == [nodes], f"world sizes {worlds}: every agent must be told the one world of {nodes}"
         else:
             chaos["world"] = world_without_a_killed_joiner(results, nodes)
             chaos["victim_in_round"] = chaos["world"] == nodes
@@ -297,6 +299,9 @@ class Bench:
         if rank0:  # rank 0's bootstrap step: starting its TCPStore, then publishing the address
             summary["rank0_server_seconds"] = rank0[0]["bootstrap"]["server"]
             summary["rank0_address_seconds"] = rank0[0]["bootstrap"]["address"]
+            for key in ("requests", "retries"):
+                if key in rank0[0]["bootstrap"]:
+                    summary[f"rank0_address_{key}"] = rank0[0]["bootstrap"][key]
         if steady:
             holds = [
                 json.loads(Path(str(out) + ".hold").read_text()) for out in outs if Path(str(out) + ".hold").exists()
@@ -598,6 +603,20 @@ def recovery_phases(outputs: list[str], killed_at: float, training_at: float) ->
     }
 
 
+#: Recovery through heartbeat expiry with the agent that folds (holds the writer Lease) as the victim.
+WRITER_VICTIM = "k8s-heartbeat-expiry, writer killed"
+
+
+def writer_holder(bench: Bench, rendezvous_name: str) -> str:
+    """The identity holding the writer Lease of ``rendezvous_name``."""
+    from kube_rendezvous.leases import writer_lease_name
+    from kubernetes import client, config
+
+    leases = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+    holder: str = leases.read_namespaced_lease(writer_lease_name(rendezvous_name), "bench").spec.holder_identity
+    return holder
+
+
 def recovery(
     bench: Bench,
     modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"),
@@ -660,6 +679,11 @@ def recovery(
             victim = next(
                 a for g, a in sorted(by_group.items()) if g != 0 and "hosts the rendezvous TCP store" not in a.output()
             )
+            if mode == WRITER_VICTIM:  # the agent that holds the writer Lease: failover, then its expiry
+                holder = writer_holder(bench, name)
+                victim = next(
+                    a for a, address in zip(started, addresses, strict=True) if holder.startswith(f"agent/{address}_")
+                )
             # The workers' first start, for comparison with their restart: the last agent's
             # "Starting worker group" to all of them training.
             first_started = max(max(logged_times(agent.output(), STARTING), default=0.0) for agent in started)

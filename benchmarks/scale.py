@@ -25,10 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, recovery, start_operator
+from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -115,6 +116,19 @@ def freeze_writer(bench: Bench, operator: subprocess.Popen[bytes], log_path: Pat
         }
 
     return during
+
+
+def chaos_rows(entries: list[dict[str, Any]], cells: Callable[[int, dict[str, Any]], list[Any]]) -> list[str]:
+    """One table row per chaos repeat: N, the round's seconds, then ``cells(N, chaos)``; a failed repeat says why."""
+    rows = []
+    for entry in entries:
+        for run in entry["runs"]:
+            if "seconds" not in run:
+                rows.append(f"| {entry['nodes']} | failed: {run.get('failed', '')[:120]} |")
+                continue
+            rest = " | ".join(str(cell) for cell in cells(entry["nodes"], run.get("chaos", {})))
+            rows.append(f"| {entry['nodes']} | {run['seconds']:.2f} | {rest} |")
+    return rows
 
 
 def main() -> int:
@@ -241,7 +255,7 @@ def main() -> int:
             report["recovery_phases"] = {}
             report.pop("recovery_failed", None)
         for repeat in range(args.recovery_repeats):
-            for mode in ("k8s-heartbeat-expiry", "k8s-operator-eviction", "p10d"):
+            for mode in ("k8s-heartbeat-expiry", WRITER_VICTIM, "k8s-operator-eviction", "p10d"):
                 if mode == "p10d" and repeat:
                     continue  # tensorplay 1.0.0's own recovery with p10d: once, for reference
                 try:
@@ -353,17 +367,15 @@ def write_report(report: dict[str, Any]) -> None:
             "resume | operator removed a node |",
             "|---|---|---|---|---|---|",
         ]
-        for entry in report["chaos"]:
-            for run in entry["runs"]:
-                if "seconds" not in run:
-                    lines.append(f"| {entry['nodes']} | failed: {run.get('failed', '')[:120]} | | | | |")
-                    continue
-                chaos = run.get("chaos", {})
-                lines.append(
-                    f"| {entry['nodes']} | {run['seconds']:.2f} | yes | {chaos.get('formed_while_frozen')} "
-                    f"| {chaos.get('seconds_with_a_node_missing_after_resume')} "
-                    f"| {chaos.get('operator_removed_nodes')} |"
-                )
+        lines += chaos_rows(
+            report["chaos"],
+            lambda nodes, chaos: [
+                "yes",
+                chaos.get("formed_while_frozen"),
+                chaos.get("seconds_with_a_node_missing_after_resume"),
+                chaos.get("operator_removed_nodes"),
+            ],
+        )
     if report.get("chaos_kill_joiner"):
         lines += [
             "",
@@ -375,16 +387,10 @@ def write_report(report: dict[str, Any]) -> None:
             "| N | round (s) | killed after (s) | world | live agents, each its own rank |",
             "|---|---|---|---|---|",
         ]
-        for entry in report["chaos_kill_joiner"]:
-            for run in entry["runs"]:
-                if "seconds" not in run:
-                    lines.append(f"| {entry['nodes']} | failed: {run.get('failed', '')[:120]} | | | |")
-                    continue
-                chaos = run.get("chaos", {})
-                lines.append(
-                    f"| {entry['nodes']} | {run['seconds']:.2f} | {_fmt(chaos.get('killed_after_seconds'))} "
-                    f"| {chaos.get('world')} | yes ({entry['nodes'] - 1}) |"
-                )
+        lines += chaos_rows(
+            report["chaos_kill_joiner"],
+            lambda nodes, chaos: [_fmt(chaos.get("killed_after_seconds")), chaos.get("world"), f"yes ({nodes - 1})"],
+        )
     if report["recovery"]:
         agents = report.get("recovery_agents", 3)
         workers = "2 workers" if agents <= 3 else "1 worker"

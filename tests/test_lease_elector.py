@@ -89,3 +89,28 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
         stop_agent_folders(namespace)
     bound = folders.CANDIDATE_RETRY_SECONDS + folders.WRITER_LEASE_SECONDS + folders.STALE_MARGIN_SECONDS
     assert folders.WRITER_LEASE_SECONDS < took < bound + 1.0  # + 1 s: the requests and this test's polling
+
+
+def test_a_candidate_that_takes_a_stale_lease_records_the_dead_holder_and_its_last_renewal(
+    admin_api: client.ApiClient, namespace: str
+) -> None:
+    import time
+
+    from tests.testenv import wait_until
+
+    dead = elector(admin_api, namespace, "agent/10.0.0.9_7_1", preferred=False)
+    assert dead.try_acquire_or_renew()
+    renew_time = client.CoordinationV1Api(admin_api).read_namespaced_lease(dead.name, namespace).spec.renew_time
+    candidate = elector(admin_api, namespace, "agent/10.0.0.8_7_1", preferred=False)
+    assert not candidate.try_acquire_or_renew()  # alive: first seen now
+    first_seen = time.monotonic()
+    assert candidate.taken_from_stale is None
+    wait_until(candidate.try_acquire_or_renew, 20, "the candidate to take the stale writer Lease", interval=0.5)
+    taken = candidate.taken_from_stale
+    assert taken is not None and taken.identity == "agent/10.0.0.9_7_1"
+    assert taken.renewed_at == renew_time
+    # The candidate's own clock: when it first saw that renewal, a whole duration before the take.
+    assert taken.seen_at <= first_seen <= time.monotonic() - candidate.duration
+    # Renewing its own Lease takes nothing from anybody: the record stays the one take's.
+    assert candidate.try_acquire_or_renew()
+    assert candidate.taken_from_stale is taken

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 from kube_rendezvous.document import NodeId
+from kube_rendezvous.folder import AGENT_IDENTITY_PREFIX
 from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.leases import OBSERVER_GAP_SECONDS, LeaseObservations, NodeRecord
+from kube_rendezvous.leases import (
+    OBSERVER_GAP_SECONDS,
+    LeaseObservations,
+    NodeRecord,
+    StaleHolder,
+    dead_writer_seeds,
+)
 
 NODE = NodeId("10.0.0.1", 7, 1)
 
@@ -58,3 +66,55 @@ def test_a_freeze_between_looking_and_judging_judges_nobody() -> None:
     frozen_until = 14.0 + OBSERVER_GAP_SECONDS + 10
     assert observations.expired([record("1")], [NODE], 15.0, now=frozen_until) == set()
     assert observations.gaps == 1
+
+
+# -- a dead agent writer: its node's expiry runs from the writer Lease's last renewal ----------
+
+WRITER_RENEWED = datetime(2026, 12, 4, 3, 0, 0, tzinfo=timezone.utc)
+OTHER = NodeId("10.0.0.2", 8, 1)
+
+
+def renewed(node: NodeId, at: datetime, version: str = "1") -> NodeRecord:
+    return dataclasses.replace(record(version), node=node, renewed_at=at)
+
+
+def test_a_dead_writers_node_lease_renewed_before_its_writer_lease_is_dated_from_that_renewal() -> None:
+    holder = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", WRITER_RENEWED, seen_at=100.0)
+    records = [renewed(NODE, WRITER_RENEWED - timedelta(seconds=3)), renewed(OTHER, WRITER_RENEWED)]
+    assert dead_writer_seeds(holder, records, AGENT_IDENTITY_PREFIX) == [(NODE, "1", 100.0)]
+
+
+def test_no_seed_when_the_writers_node_renewed_after_its_writer_lease_or_the_writer_was_not_an_agent() -> None:
+    later = [renewed(NODE, WRITER_RENEWED + timedelta(seconds=1))]
+    holder = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", WRITER_RENEWED, seen_at=100.0)
+    assert dead_writer_seeds(holder, later, AGENT_IDENTITY_PREFIX) == []  # its heartbeat outlived its writing
+    earlier = [renewed(NODE, WRITER_RENEWED - timedelta(seconds=1))]
+    operator = StaleHolder("operator/kube-rendezvous-0", WRITER_RENEWED, seen_at=100.0)
+    assert dead_writer_seeds(operator, earlier, AGENT_IDENTITY_PREFIX) == []
+    unknown = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", None, seen_at=100.0)
+    assert dead_writer_seeds(unknown, earlier, AGENT_IDENTITY_PREFIX) == []
+
+
+def test_a_seeded_node_expires_one_expiry_after_the_writer_was_last_seen_and_a_renewal_undoes_the_seed() -> None:
+    observations = LeaseObservations()
+    # Taken over at 112 s: the writer Lease was last seen changing at 100 s.
+    observations.observe([record("1")], now=112.0)
+    observations.seed(NODE, "1", 100.0)
+    observations.observe([record("1")], now=114.0)
+    assert observations.expired([record("1")], [NODE], 15.0, now=114.0) == set()
+    observations.observe([record("1")], now=115.5)
+    assert observations.expired([record("1")], [NODE], 15.0, now=115.5) == {NODE}  # not 127 s
+    renewing = LeaseObservations()
+    renewing.observe([record("1")], now=112.0)
+    renewing.seed(NODE, "1", 100.0)
+    renewing.observe([record("2")], now=113.0)  # it renewed after all: a live node
+    assert renewing.expired([record("2")], [NODE], 15.0, now=120.0) == set()
+
+
+def test_a_seed_never_makes_a_node_look_younger_nor_applies_to_another_version() -> None:
+    observations = LeaseObservations()
+    observations.observe([record("1")], now=50.0)
+    observations.seed(NODE, "1", 60.0)
+    assert observations.idle_for(NODE, now=70.0) == 20.0
+    observations.seed(NODE, "2", 10.0)
+    assert observations.idle_for(NODE, now=70.0) == 20.0

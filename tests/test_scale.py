@@ -190,6 +190,10 @@ def test_a_heartbeat_never_changes_the_rendezvous(
     during = sum(item["requests"] for item in json.loads(Path(str(out) + ".hold").read_text())["api"])
     during -= sum(item["requests"] for item in json.loads(out.read_text())["api"])
     assert during < 4 * 30, f"{during} requests in 30 s"
+    # ... and the monitor loop's num_nodes_waiting was answered from the watch's validated document
+    # (no unpickling of the state): about 300 calls per handler in 30 s.
+    held = json.loads(Path(str(out) + ".hold").read_text())["backend"]
+    assert all(item["waiting_from_watch"] > 100 for item in held), held
 
 
 def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_valid(
@@ -210,9 +214,13 @@ def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_vali
     store_requests = sorted(item["store_requests"] for item in group.counters())
     assert store_requests[:31] == [0] * 31, store_requests
     # Every handler times its bootstrap step (benchmark column); only rank 0 starts a TCPStore.
-    assert all(set(item["bootstrap"]) == {"server", "address"} for item in results), results[:2]
+    assert all({"server", "address", "requests", "retries"} <= set(item["bootstrap"]) for item in results), results[:2]
+    assert [item["bootstrap"]["requests"] for item in results if item["rank"] == 0] == [2]
     assert all(item["bootstrap"]["server"] == 0.0 for item in results if item["rank"] != 0)
     assert [item["bootstrap"]["server"] > 0.0 for item in results if item["rank"] == 0] == [True]
+    # The join loop never slept its 1 s poll: every wait for a change was on the watch.
+    polls = [json.loads(out.read_text())["polls"] for _, out in group.processes]
+    assert sum(item["skipped"] for item in polls) > 0 and sum(item["slept"] for item in polls) == 0, polls
     # Folded in batches: far fewer writes of the shared object than one per agent.
     assert len(versions) < 32, f"{len(versions)} writes of the shared Rendezvous for 32 joins"
     writers = {obj["status"].get("lastWriter") for obj in versions}

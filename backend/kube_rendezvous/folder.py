@@ -54,6 +54,7 @@ from .leases import (
     LeaseObservations,
     NodeRecord,
     WriterLease,
+    dead_writer_seeds,
     list_node_records,
     record_of,
 )
@@ -83,6 +84,8 @@ BATCH_SECONDS = 0.03
 BATCH_NODES_PER_SECOND = 5000
 #: Seconds between the writer's checks for expired nodes when nothing else wakes it.
 TICK_SECONDS = 0.5
+#: How an agent's folder names itself as writer: this prefix, then its node (``addr_pid_localid``).
+AGENT_IDENTITY_PREFIX = "agent/"
 
 
 class WriterRenewal:
@@ -333,7 +336,7 @@ class Folder:
             self._lease_epoch = leases.epoch
             self.observations.restart()
         if judge_expiry:
-            self.observations.observe(current)
+            self._observe(current)
             # Nodes without a Lease count only where nodes keep Leases: agents that heartbeat in the
             # state itself (compare-and-swap mode, the first release) are never expired from here.
             named = document.nodes() if document is not None and current else []
@@ -479,13 +482,27 @@ class Folder:
         if leases.epoch != self._lease_epoch:
             return True  # the fold restarts the observations
         records = [record for item in leases.objects().values() if (record := record_of(item)) is not None]
-        self.observations.observe(records)
+        self._observe(records)
         text = (obj.get("status") or {}).get("state")
         try:
             named = DECODED.decode(text).nodes() if text and records else []
         except StateDocumentError:
             return False
         return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
+
+    def _observe(self, records: list[NodeRecord]) -> None:
+        """Observe the node Leases; just after taking the writer Lease from a dead agent writer,
+        date that agent's node Lease from the writer Lease's last renewal (``dead_writer_seeds``)."""
+        self.observations.observe(records)
+        holder, self.elector.taken_from_stale = self.elector.taken_from_stale, None
+        if holder is not None:
+            for node, version, since in dead_writer_seeds(holder, records, AGENT_IDENTITY_PREFIX):
+                self.observations.seed(node, version, since)
+                logger.info(
+                    "%s: the writer %s stopped renewing; its node's Lease counts as unchanged since then",
+                    self.where,
+                    holder.identity,
+                )
 
     def _tick(self) -> float:
         """Seconds until the loop must look again: a last call ending, or the expiry check."""

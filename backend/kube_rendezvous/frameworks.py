@@ -8,11 +8,20 @@ alike, because tensorplay's elastic package is a clone of torch's.
 
 Nothing here imports a framework until a ``Framework`` is asked for, and never both: tensorplay and
 torch cannot share a process (their extensions register the same pybind types; the second aborts).
+
+**The join loop's poll.** Both frameworks' op executors sleep 1 s (``_delay(1)``) every time the
+state holds nothing for them to do (``SYNC``), then read the state again. Our backend's
+``get_state`` already blocks on the process's watch until something the loop decides on changes,
+so that sleep only adds up to 1 s to every round (an agent sees its round formed up to 1 s late).
+``Framework`` wraps the executor module's ``_delay``: the 1 s sleep is skipped in a thread whose
+last ``get_state`` waited on a watch (``waited_for_change``), and kept everywhere else (another
+backend, a watch that is down). Not guaranteed: it relies on the module name ``_delay``.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +62,37 @@ class Framework:
     record_failure: Callable[[str, str], None]
 
 
+#: Per thread: whether the last ``get_state`` blocked on a watch until the state changed.
+_WAITED = threading.local()
+#: The seconds of the framework's join-loop poll (``_delay(1)`` after a ``SYNC``).
+POLL_SECONDS = 1
+#: The join-loop polls of this process: ``slept`` (the framework's 1 s sleep) and ``skipped``.
+POLLS = {"slept": 0, "skipped": 0}
+
+
+def waited_for_change(waited: bool) -> None:
+    """Record whether this thread's next ``get_state`` waits on a watch for a change (the join loop skips one poll)."""
+    _WAITED.waited = waited
+
+
+def watch_aware_delay(delay: Callable[..., None]) -> Callable[..., None]:
+    """``delay`` without the join loop's 1 s poll in a thread whose last ``get_state`` waited on a watch."""
+    if getattr(delay, "watch_aware", False):
+        return delay
+
+    def wrapped(seconds: Any) -> None:
+        waited = getattr(_WAITED, "waited", False)
+        _WAITED.waited = False
+        if seconds == POLL_SECONDS:
+            POLLS["skipped" if waited else "slept"] += 1
+            if waited:
+                return
+        delay(seconds)
+
+    wrapped.watch_aware = True  # type: ignore[attr-defined]
+    return wrapped
+
+
 def _framework(name: str, package: str, store_timeout_error: type[Exception]) -> Framework:
     import importlib
 
@@ -60,6 +100,7 @@ def _framework(name: str, package: str, store_timeout_error: type[Exception]) ->
     dynamic: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.dynamic_rendezvous")
     events: Any = importlib.import_module(f"{package}.distributed.elastic.events")
     utils: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.utils")
+    dynamic._delay = watch_aware_delay(dynamic._delay)  # see the module docstring: the join loop's poll
 
     def record_failure(message: str, run_id: str) -> None:
         events.construct_and_record_rdzv_event(message=message, run_id=run_id, node_state=events.NodeState.FAILED)

@@ -114,6 +114,9 @@ class NodeRecord:
     expiry_seconds: float
     #: The round the node saw when it asked.
     round: int | None = None
+    #: ``spec.renewTime``: the node's own clock at its last renewal (compared only with the same
+    #: process's other stamps, never with the observer's clock).
+    renewed_at: datetime | None = None
 
     def request(self) -> Request:
         return Request(self.node, self.desire, self.settings, self.desired_at, self.round)
@@ -133,6 +136,7 @@ def record_of(lease: dict[str, Any]) -> NodeRecord | None:
             version=str(metadata.get("resourceVersion", "")),
             expiry_seconds=float((lease.get("spec") or {}).get("leaseDurationSeconds") or 15),
             round=int(annotations[ANNOTATION_ROUND]) if ANNOTATION_ROUND in annotations else None,
+            renewed_at=parse_micro_time(renewed) if (renewed := (lease.get("spec") or {}).get("renewTime")) else None,
         )
     except (KeyError, ValueError, TypeError) as exc:
         logger.warning("skipping malformed node Lease %s: %s", metadata.get("name"), exc)
@@ -328,6 +332,13 @@ class LeaseObservations:
         self._seen = {node: (version, clock) for node, (version, _) in self._seen.items()}
         self._absent_since = dict.fromkeys(self._absent_since, clock)
 
+    def seed(self, node: NodeId, version: str, since: float) -> None:
+        """Count ``node``'s Lease at ``version`` as unchanged since ``since`` (this observer's clock),
+        if that is earlier than this observer saw it change; a later version restarts it as usual."""
+        seen = self._seen.get(node)
+        if seen is not None and seen[0] == version and since < seen[1]:
+            self._seen[node] = (version, since)
+
     def forget(self, node: NodeId) -> None:
         self._seen.pop(node, None)
 
@@ -359,6 +370,38 @@ class LeaseObservations:
             if clock - since > default_expiry:
                 dead.add(node)
         return dead
+
+
+@dataclass(frozen=True)
+class StaleHolder:
+    """The holder a candidate took a stale Lease from, as that candidate last saw it."""
+
+    identity: str
+    #: ``spec.renewTime`` of its last renewal: the old holder's own clock.
+    renewed_at: datetime | None
+    #: When this candidate first saw that renewal, on its own monotonic clock.
+    seen_at: float
+
+
+def dead_writer_seeds(holder: StaleHolder, records: list[NodeRecord], prefix: str) -> list[tuple[NodeId, str, float]]:
+    """``(node, version, since)`` for the node of a writer that died: its node Lease unchanged since the writer Lease.
+
+    An agent writer (identity ``prefix`` + node) renews its node Lease and the writer Lease from one
+    process, so both ``renewTime`` stamps come from one clock: a node Lease renewed no later than
+    the writer Lease's last renewal has not changed since the candidate saw that renewal
+    (``seen_at``, the candidate's clock). Its expiry then runs from there, not from the takeover:
+    a dead writer's node is removed one expiry after its death, not after failover plus an expiry.
+    Never early: ``seen_at`` is at or after the renewal itself.
+    """
+    if holder.renewed_at is None or not holder.identity.startswith(prefix):
+        return []
+    return [
+        (record.node, record.version, holder.seen_at)
+        for record in records
+        if f"{prefix}{record.node}" == holder.identity
+        and record.renewed_at is not None
+        and record.renewed_at <= holder.renewed_at
+    ]
 
 
 class LeaseElector:
@@ -404,6 +447,8 @@ class LeaseElector:
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
         self.holder: str | None = None
         self.holder_alive = False
+        #: The holder of the last Lease this identity took because it was stale (None otherwise).
+        self.taken_from_stale: StaleHolder | None = None
 
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
@@ -492,6 +537,11 @@ class LeaseElector:
         except (ConflictError, NotFoundError):
             return False
         self._held = updated
+        if stale and holder and not mine:
+            renew_time = spec.get("renewTime")
+            self.taken_from_stale = StaleHolder(
+                holder, parse_micro_time(renew_time) if renew_time else None, self._observed[1]
+            )
         self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
         if not mine:
             self._took_over()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -63,6 +64,43 @@ class WrittenOnceReads:
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self._store.get_written_once(key, timeout)
+
+
+class ConcurrentWrites:
+    """The write side of a round's store for rank 0's ``RendezvousStoreInfo.build``: each ``set`` is sent at once.
+
+    The framework publishes the bootstrap address as two keys one after the other (address,
+    then port), and nobody reads either until both are there, so writing them side by side
+    halves rank 0's step: one round trip, not two. ``flush`` waits for every write and raises
+    the first failure; anything other than ``set`` flushes first, so reads see the writes.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._writes: list[threading.Thread] = []
+        self._failures: list[BaseException] = []
+
+    def set(self, key: str | bytes, value: str | bytes) -> None:
+        def write() -> None:
+            try:
+                self._store.set(key, value)
+            except BaseException as exc:  # noqa: BLE001 - raised by flush, in the caller's thread
+                self._failures.append(exc)
+
+        thread = threading.Thread(target=write, name="bootstrap address", daemon=True)
+        thread.start()
+        self._writes.append(thread)
+
+    def flush(self) -> None:
+        for thread in self._writes:
+            thread.join()
+        self._writes.clear()
+        if self._failures:
+            raise self._failures[0]
+
+    def __getattr__(self, name: str) -> Any:
+        self.flush()
+        return getattr(self._store, name)
 
 
 def agent_training_outcome() -> str | None:
@@ -166,10 +204,14 @@ class RendezvousFixes:
         A rendezvous closed by an agent whose training succeeded does not: the other agents' workers
         are finishing too, and restarting them now would kill them before they are done.
         """
+        backend = getattr(self._state_holder, "_backend", None)
+        waiting = getattr(backend, "nodes_waiting", None)
+        if waiting is not None and (answer := waiting()) is not None:
+            return int(answer)  # scale mode: from the process's watch, without the framework's state
         with self._heartbeat_lock:
             self._state_holder.sync()
             state = self._state_holder.state
-            requested = getattr(getattr(self._state_holder, "_backend", None), "close_requested", True)
+            requested = getattr(backend, "close_requested", True)
             return max(len(state.wait_list), 1 if state.closed and requested else 0)
 
     def _next_round(self) -> Any:
@@ -182,13 +224,20 @@ class RendezvousFixes:
         deadline = self._get_deadline(self._settings.timeout.join)
         self._op_executor.run(self.framework.exit_op_class(), deadline)
         backend = getattr(self._state_holder, "_backend", None)
+        cache_seconds = getattr(self._state_holder, "_cache_duration", None)
         if backend is not None:
             backend.joining = True  # its reads may wait for a change that matters to this loop
+            if cache_seconds is not None:
+                # Its reads wait on a watch, so the loop skips the framework's 1 s poll
+                # (``frameworks``); the state holder must then read, not answer from its 1 s cache.
+                self._state_holder._cache_duration = 0
         try:
             self._op_executor.run(self.framework.join_op_class(), deadline, self._get_deadline)
         finally:
             if backend is not None:
                 backend.joining = False
+                if cache_seconds is not None:
+                    self._state_holder._cache_duration = cache_seconds
         self.joined_at = time.time()
         self._start_heartbeats()
         rank, world_size = self._get_world()
@@ -203,14 +252,23 @@ class RendezvousFixes:
             server_port = int(self._shared_tcp_store_server.port)
             server_seconds = time.monotonic() - began
         served = time.monotonic()
+        stats = getattr(self._store, "stats", None)
+        before = dict(stats) if isinstance(stats, dict) else {}
         # rank 0 publishes the bootstrap address; the others read it from their store's watch
+        publish = ConcurrentWrites(round_store)
         self._bootstrap_store_info = self.framework.store_info_class.build(
             rank,
-            round_store if rank == 0 else WrittenOnceReads(self._round_store(self._store)),
+            publish if rank == 0 else WrittenOnceReads(self._round_store(self._store)),
             local_addr=self._this_node.addr,
             server_port=server_port,
         )
+        publish.flush()
         self.bootstrap_seconds = {"server": server_seconds, "address": time.monotonic() - served}
+        if isinstance(stats, dict):  # the store's requests and lost or unclear writes in this step
+            self.bootstrap_seconds.update(
+                requests=stats.get("requests", 0) - before.get("requests", 0),
+                retries=stats.get("conflicts", 0) - before.get("conflicts", 0),
+            )
         if rank == 0:  # after publishing: the cleanup is off the round's critical path
             self._store.delete_rounds_except(
                 range(max(0, state.round - ROUNDS_KEPT_BEHIND), state.round + ROUNDS_KEPT_AHEAD + 1)
