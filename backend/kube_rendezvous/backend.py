@@ -66,7 +66,7 @@ from .document import (
 )
 from .folder import AGENT_IDENTITY_PREFIX, DECODED, Folder, agent_folder, owner_reference, rendezvous_watch
 from .folding import Change, Desire, JoinSettings, classify, satisfied
-from .frameworks import Framework, waited_for_change
+from .frameworks import Framework, next_read_waits, poll_skipped
 from .frameworks import tensorplay as tensorplay_framework
 from .intents import fold_intents
 from .kubeapi import (
@@ -332,7 +332,7 @@ class KubernetesRendezvousBackend:
         self._last_signature = self._signature(document)
         # The next get_state of the join loop waits on the watch for a change of this signature,
         # so the framework's 1 s poll before it adds nothing (``frameworks`` module docstring).
-        waited_for_change(self.joining and self._watch is not None and self._watch.healthy)
+        next_read_waits(self.joining and self._watch is not None and self._watch.healthy)
         # In scale mode every handler of the process is shown the same state for a version:
         # pickle it once (waiting agents and the launcher's monitor loop read about once a second).
         key = (self.framework.name, token, self.run_id, self.close_requested)
@@ -376,10 +376,10 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
-        if self.joining and self._watch is not None and self._watch.healthy:
-            # Inside the join loop the framework polls about once a second; answer when something it
-            # decides on changed (or after one keep-alive), so N waiting agents do not each
-            # re-read every version of the state.
+        if poll_skipped() and self.joining and self._watch is not None and self._watch.healthy:
+            # The join loop had nothing to do and skipped its 1 s poll (``frameworks``): answer when
+            # something it decides on changed (or after one keep-alive), so N waiting agents do not
+            # each re-read every version of the state. A read no poll precedes answers at once.
             watch, name, last = self._watch, self.rendezvous_name, self._last_signature
 
             def changed() -> bool:
@@ -395,7 +395,7 @@ class KubernetesRendezvousBackend:
             waited = watch.wait_for(changed, self._keep_alive) or time.monotonic() - began >= 1
             current = self._state_of(self._current_object())
             if not waited:  # a watch that stopped returns at once: keep the framework's poll then
-                waited_for_change(False)
+                next_read_waits(False)
         else:
             current = self._state_of(self._current_object())
         self._log_progress()

@@ -10,12 +10,14 @@ Nothing here imports a framework until a ``Framework`` is asked for, and never b
 torch cannot share a process (their extensions register the same pybind types; the second aborts).
 
 **The join loop's poll.** Both frameworks' op executors sleep 1 s (``_delay(1)``) every time the
-state holds nothing for them to do (``SYNC``), then read the state again. Our backend's
-``get_state`` already blocks on the process's watch until something the loop decides on changes,
-so that sleep only adds up to 1 s to every round (an agent sees its round formed up to 1 s late).
-``Framework`` wraps the executor module's ``_delay``: the 1 s sleep is skipped in a thread whose
-last ``get_state`` waited on a watch (``waited_for_change``), and kept everywhere else (another
-backend, a watch that is down). Not guaranteed: it relies on the module name ``_delay``.
+state holds nothing for them to do (``SYNC``), then read the state again. Our backend can wait on
+the process's watch instead, until something the loop decides on changes, so that sleep only adds
+up to 1 s to every round (an agent sees its round formed up to 1 s late). ``Framework`` wraps the
+executor module's ``_delay``: in a thread whose backend said its reads can wait on a watch
+(``next_read_waits``) the 1 s sleep is skipped and the next read waits for a change instead
+(``poll_skipped``); everywhere else (another backend, a watch that is down) the sleep is kept.
+A read that no poll precedes (the first of an operation, one after a lost compare-and-swap) never
+waits. Not guaranteed: it relies on the executor module's name ``_delay``.
 """
 
 from __future__ import annotations
@@ -62,30 +64,39 @@ class Framework:
     record_failure: Callable[[str, str], None]
 
 
-#: Per thread: whether the last ``get_state`` blocked on a watch until the state changed.
-_WAITED = threading.local()
+#: Per thread: ``waits``, whether the backend's reads can wait on a watch; ``polled``, whether the
+#: join loop has just skipped its poll, so that the next read waits for a change.
+_THREAD = threading.local()
 #: The seconds of the framework's join-loop poll (``_delay(1)`` after a ``SYNC``).
 POLL_SECONDS = 1
 #: The join-loop polls of this process: ``slept`` (the framework's 1 s sleep) and ``skipped``.
 POLLS = {"slept": 0, "skipped": 0}
 
 
-def waited_for_change(waited: bool) -> None:
-    """Record whether this thread's next ``get_state`` waits on a watch for a change (the join loop skips one poll)."""
-    _WAITED.waited = waited
+def next_read_waits(waits: bool) -> None:
+    """Record whether this thread's backend can wait on a watch at its next read (the loop's poll is then skipped)."""
+    _THREAD.waits = waits
+
+
+def poll_skipped() -> bool:
+    """Whether this thread's join loop has just skipped its poll, so its read must wait for a change (cleared)."""
+    skipped = bool(getattr(_THREAD, "polled", False))
+    _THREAD.polled = False
+    return skipped
 
 
 def watch_aware_delay(delay: Callable[..., None]) -> Callable[..., None]:
-    """``delay`` without the join loop's 1 s poll in a thread whose last ``get_state`` waited on a watch."""
+    """``delay`` without the join loop's 1 s poll in a thread whose backend's next read waits on a watch."""
     if getattr(delay, "watch_aware", False):
         return delay
 
     def wrapped(seconds: Any) -> None:
-        waited = getattr(_WAITED, "waited", False)
-        _WAITED.waited = False
+        waits = bool(getattr(_THREAD, "waits", False))
+        _THREAD.waits = False
         if seconds == POLL_SECONDS:
-            POLLS["skipped" if waited else "slept"] += 1
-            if waited:
+            POLLS["skipped" if waits else "slept"] += 1
+            if waits:
+                _THREAD.polled = True
                 return
         delay(seconds)
 
