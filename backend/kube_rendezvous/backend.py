@@ -186,6 +186,8 @@ class KubernetesRendezvousBackend:
             "overtaken": 0,
             "waiting_from_watch": 0,
         }
+        #: ``nodes_waiting``'s last answer and the resourceVersion it was read from.
+        self._waiting: tuple[str | None, int] = (None, 0)
         # Scale mode (serve_node): this handler's node, its Lease, the process's watch and folder.
         self.node: NodeId | None = None
         self._lease: LeaseNodeLock | None = None
@@ -414,11 +416,18 @@ class KubernetesRendezvousBackend:
         obj = self._watch.get(self.rendezvous_name)
         if obj is None:
             return None  # deleted: the framework's read reports it
-        document = self.read_document(obj)
         self.stats["waiting_from_watch"] += 1
-        if document is None:
-            return 0
-        return max(len(document.wait_list), 1 if document.closed and self.close_requested else 0)
+        version = obj["metadata"]["resourceVersion"]
+        if self._waiting[0] == version:  # the monitor loop asks far more often than the object changes
+            return self._waiting[1]
+        document = self.read_document(obj)
+        answer = (
+            0
+            if document is None
+            else max(len(document.wait_list), 1 if document.closed and self.close_requested else 0)
+        )
+        self._waiting = (version, answer)
+        return answer
 
     def _log_progress(self) -> None:
         """While the join loop waits, log one line every ``PROGRESS_LOG_SECONDS``: who joined, who is missing."""
