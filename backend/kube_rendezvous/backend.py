@@ -104,6 +104,12 @@ PROGRESS_LOG_SECONDS = 10.0
 RECENT_WRITE_IDS = 8
 
 
+def waiting_count(waiting: int, closed: bool, close_requested: bool) -> int:
+    """``num_nodes_waiting``: the nodes on the wait list, and a close asked by a person counted as one
+    (running agents then stop and exit); a close by an agent whose training succeeded counts as none."""
+    return max(waiting, 1 if closed and close_requested else 0)
+
+
 class KubernetesRendezvousBackend:
     """Rendezvous state stored as a typed document in ``status.state`` of one Rendezvous object.
 
@@ -422,9 +428,7 @@ class KubernetesRendezvousBackend:
             return self._waiting[1]
         document = self.read_document(obj)
         answer = (
-            0
-            if document is None
-            else max(len(document.wait_list), 1 if document.closed and self.close_requested else 0)
+            0 if document is None else waiting_count(len(document.wait_list), document.closed, self.close_requested)
         )
         self._waiting = (version, answer)
         return answer

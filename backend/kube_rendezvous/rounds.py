@@ -35,7 +35,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .backend import KubernetesRendezvousBackend
+from .backend import KubernetesRendezvousBackend, waiting_count
 from .document import NodeId
 from .folding import JoinSettings
 from .frameworks import Framework
@@ -212,7 +212,7 @@ class RendezvousFixes:
             self._state_holder.sync()
             state = self._state_holder.state
             requested = getattr(backend, "close_requested", True)
-            return max(len(state.wait_list), 1 if state.closed and requested else 0)
+            return waiting_count(len(state.wait_list), state.closed, requested)
 
     def _next_round(self) -> Any:
         if not self._leaves_at_exit:
