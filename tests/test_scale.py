@@ -194,6 +194,11 @@ def test_a_heartbeat_never_changes_the_rendezvous(
     # (no unpickling of the state): about 300 calls per handler in 30 s.
     held = json.loads(Path(str(out) + ".hold").read_text())["backend"]
     assert all(item["waiting_from_watch"] > 100 for item in held), held
+    # The backend heartbeats, so the framework's keep-alive timer is off: over six keep-alives the
+    # framework never re-read (and unpickled) the state. At N=1024 those reads took most of the
+    # agents' CPU and their Lease renewals fell behind.
+    formed = json.loads(out.read_text())["backend"]
+    assert [item["state_reads"] for item in held] == [item["state_reads"] for item in formed], (formed, held)
 
 
 def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_valid(

@@ -180,12 +180,13 @@ class KubernetesRendezvousBackend:
         self.close_requested = False
         #: The handler's timings, resolved once from rdzv-conf, the spec and the defaults.
         self.timings = RendezvousTimings()
-        #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads,
-        #: Lease renewals, requests and the folds this agent did itself.
+        #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads (GETs),
+        #: the framework's ``get_state`` calls, Lease renewals, requests and the folds this agent did itself.
         self.stats = {
             "writes": 0,
             "conflicts": 0,
             "reads": 0,
+            "state_reads": 0,
             "renewals": 0,
             "requests": 0,
             "self_folds": 0,
@@ -384,6 +385,7 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
+        self.stats["state_reads"] += 1
         if poll_skipped() and self.joining and self._watch is not None and self._watch.healthy:
             # The join loop had nothing to do and skipped its 1 s poll (``frameworks``): answer when
             # something it decides on changed (or after one keep-alive), so N waiting agents do not

@@ -16,6 +16,12 @@ a job from surviving the loss of a pod; ``RendezvousFixes`` mends them on either
 - **Closed means a clean exit**, and the store of each round is labelled with the round so that
   rank 0 can delete the keys of finished rounds.
 
+It also keeps the framework's keep-alive timer off in scale mode: the backend renews the node's
+Lease itself (``leases.LeaseRenewer``) and shows the framework no heartbeat to renew, so every tick
+of that timer would only re-read and unpickle the whole state. At N=1024, 128 agents of one
+process spent most of its CPU there, and their Lease renewals fell behind until the folder
+expired live nodes.
+
 The adapter (``handler`` for tensorplay, ``torchrun`` for torch) puts the mixin first in the
 bases, before the framework's handler, and sets ``framework`` (``frameworks.tensorplay()`` or
 ``frameworks.torch()``) and ``round_prefix``. Nothing here imports a framework.
@@ -151,7 +157,6 @@ class RendezvousFixes:
     _shared_tcp_store_server: Any
     _bootstrap_store_info: Any
     _stop_heartbeats: Any
-    _start_heartbeats: Any
     _get_deadline: Any
     _get_world: Any
     _get_store: Any
@@ -197,6 +202,14 @@ class RendezvousFixes:
                     self._state_holder.sync()
         except Exception as exc:  # noqa: BLE001 - the object may be gone already; the exit stays clean
             logger.info("could not record the closed state: %s", exc)
+
+    def _start_heartbeats(self) -> None:
+        """The framework's keep-alive timer, except in scale mode, where the backend heartbeats (module docstring)."""
+        backend = getattr(self._state_holder, "_backend", None)
+        if isinstance(backend, KubernetesRendezvousBackend) and backend.lease is not None:
+            self._stop_heartbeats()
+            return
+        super()._start_heartbeats()  # type: ignore[misc]
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join; a close requested by a person counts as one, so running agents stop and exit.
