@@ -84,15 +84,31 @@ def test_a_dead_writers_node_lease_renewed_before_its_writer_lease_is_dated_from
     assert dead_writer_seeds(holder, records, AGENT_IDENTITY_PREFIX) == [(NODE, "1", 100.0)]
 
 
-def test_no_seed_when_the_writers_node_renewed_after_its_writer_lease_or_the_writer_was_not_an_agent() -> None:
-    later = [renewed(NODE, WRITER_RENEWED + timedelta(seconds=1))]
+def test_a_dead_writers_node_lease_renewed_after_its_writer_lease_is_dated_that_much_later() -> None:
+    # Both stamps come from the dead process's clock: 2.5 s after the writer renewal the candidate saw
+    # at 100 s on its own clock. (The old rule left this node unseeded: failover plus a whole expiry.)
+    later = [renewed(NODE, WRITER_RENEWED + timedelta(seconds=2.5))]
     holder = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", WRITER_RENEWED, seen_at=100.0)
-    assert dead_writer_seeds(holder, later, AGENT_IDENTITY_PREFIX) == []  # its heartbeat outlived its writing
+    assert dead_writer_seeds(holder, later, AGENT_IDENTITY_PREFIX) == [(NODE, "1", 102.5)]
+    observations = LeaseObservations()
+    observations.observe(later, now=112.0)
+    observations.seed(NODE, "1", 102.5)
+    for second in range(113, 118):
+        observations.observe(later, now=float(second))
+    assert observations.expired(later, [NODE], 15.0, now=117.0) == set()
+    observations.observe(later, now=117.6)
+    assert observations.expired(later, [NODE], 15.0, now=117.6) == {NODE}  # not 127 s
+
+
+def test_no_seed_when_the_writer_was_not_an_agent_or_its_renewal_is_unknown() -> None:
     earlier = [renewed(NODE, WRITER_RENEWED - timedelta(seconds=1))]
     operator = StaleHolder("operator/kube-rendezvous-0", WRITER_RENEWED, seen_at=100.0)
     assert dead_writer_seeds(operator, earlier, AGENT_IDENTITY_PREFIX) == []
     unknown = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", None, seen_at=100.0)
     assert dead_writer_seeds(unknown, earlier, AGENT_IDENTITY_PREFIX) == []
+    unrenewed = [dataclasses.replace(record("1"), node=NODE, renewed_at=None)]
+    holder = StaleHolder(f"{AGENT_IDENTITY_PREFIX}{NODE}", WRITER_RENEWED, seen_at=100.0)
+    assert dead_writer_seeds(holder, unrenewed, AGENT_IDENTITY_PREFIX) == []
 
 
 def test_a_seeded_node_expires_one_expiry_after_the_writer_was_last_seen_and_a_renewal_undoes_the_seed() -> None:

@@ -384,23 +384,24 @@ class StaleHolder:
 
 
 def dead_writer_seeds(holder: StaleHolder, records: list[NodeRecord], prefix: str) -> list[tuple[NodeId, str, float]]:
-    """``(node, version, since)`` for the node of a writer that died: its node Lease unchanged since the writer Lease.
+    """``(node, version, since)`` for the node of a writer that died, dated from its writer Lease.
 
     An agent writer (identity ``prefix`` + node) renews its node Lease and the writer Lease from one
-    process, so both ``renewTime`` stamps come from one clock: a node Lease renewed no later than
-    the writer Lease's last renewal has not changed since the candidate saw that renewal
-    (``seen_at``, the candidate's clock). Its expiry then runs from there, not from the takeover:
-    a dead writer's node is removed one expiry after its death, not after failover plus an expiry.
-    Never early: ``seen_at`` is at or after the renewal itself.
+    process, so both ``renewTime`` stamps come from one clock. A node Lease renewed ``d`` seconds
+    after the writer Lease's last renewal (``d`` <= 0: before it) has not changed since
+    ``seen_at + max(d, 0)``, where ``seen_at`` is when the candidate saw that writer renewal, on
+    its own clock. Its expiry then runs from there, not from the takeover: a dead writer's node is
+    removed one expiry after its death, not after failover plus an expiry. Never early: ``seen_at``
+    is at or after the writer renewal itself, and ``d`` is measured on the dead process's one clock.
+    ``LeaseObservations.seed`` ignores a date later than the candidate's own observation.
     """
     if holder.renewed_at is None or not holder.identity.startswith(prefix):
         return []
+    writer_renewed = holder.renewed_at
     return [
-        (record.node, record.version, holder.seen_at)
+        (record.node, record.version, holder.seen_at + max(0.0, (record.renewed_at - writer_renewed).total_seconds()))
         for record in records
-        if f"{prefix}{record.node}" == holder.identity
-        and record.renewed_at is not None
-        and record.renewed_at <= holder.renewed_at
+        if f"{prefix}{record.node}" == holder.identity and record.renewed_at is not None
     ]
 
 
