@@ -34,8 +34,10 @@ Lease and writes nothing else; a join or a leave of this node becomes the node's
 Lease, which the folder (the operator, else an elected agent, else this agent after a grace
 period) folds into the state with the framework's own rules; ``set_state`` then answers with the
 folded state. Reads come from a watch of the Rendezvous shared by the process. The framework is
-shown every other node's heartbeat as fresh (expiry is the folder's to judge, by its own clock)
-and this node's as its last renewal, so the framework renews on time and never prunes anyone.
+shown every node's heartbeat far in the future (expiry is the folder's to judge, by its own clock),
+so it never prunes anyone and has nothing to renew: the process's ``leases.LeaseRenewer`` renews
+this node's Lease from its join request to its leave, and the handler mixin (``rounds``) keeps the
+framework's keep-alive timer off.
 
 Not guaranteed: fencing (an agent paused past its heartbeat expiry can still write with a
 token it read before the pause, as with every backend of this handler), and agreement of
