@@ -113,33 +113,20 @@ def main() -> None:
     for thread in threads:
         thread.join()
 
-    def backend_of(handler: Any) -> Any:
-        backend = getattr(handler, "_backend", None)
-        if backend is None:  # torch's handler keeps it in its state holder
-            backend = getattr(getattr(handler, "_state_holder", None), "_backend", None)
-        return backend
-
     def stats() -> tuple[list[dict[str, int]], list[dict[str, int]]]:
-        api_stats, backend_stats = [], []
+        """Per handler of ours: its API client's counters, and its own and its store's counters."""
+        api_stats, handler_stats = [], []
         for handler in handlers:
-            backend = backend_of(handler)
-            if getattr(backend, "_api", None) is not None:
-                api_stats.append(dict(backend._api.stats))
-            if isinstance(getattr(backend, "stats", None), dict):
-                counts = dict(backend.stats)
-                store = getattr(handler, "_store", None)
-                store = getattr(store, "_store", store)  # a prefix store wraps the KubernetesStore
-                if isinstance(getattr(store, "stats", None), dict):
-                    counts.update({f"store_{key}": value for key, value in store.stats.items()})
-                backend_stats.append(counts)
-        return api_stats, backend_stats
+            if not isinstance(getattr(handler, "stats", None), dict):
+                continue  # p10d's and c10d's handlers count nothing
+            api_stats.append(dict(handler._api.stats))
+            counts = dict(handler.stats)
+            counts.update({f"store_{key}": value for key, value in handler._store.stats.items()})
+            handler_stats.append(counts)
+        return api_stats, handler_stats
 
     api_stats, backend_stats = stats()
     report = {"started": started, "results": results, "api": api_stats, "backend": backend_stats}
-    if args.backend.endswith("k8s"):  # the join loop's 1 s polls: slept, or skipped after a watch wait
-        from kube_rendezvous.frameworks import POLLS
-
-        report["polls"] = dict(POLLS)
     write_json(args.out, report)
     if args.hold:
         # The launcher's monitor loop: num_nodes_waiting on every agent, every monitor interval.

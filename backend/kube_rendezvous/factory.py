@@ -1,4 +1,4 @@
-"""``create_backend(params) -> (backend, store)`` for the ``k8s`` rendezvous backend."""
+"""Reach the API server and the Rendezvous from the launcher's parameters: ``connect`` and ``create_backend``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,94 @@ def pod_workload(api: KubernetesApi, namespace: str, framework: Framework) -> Ow
     return owner
 
 
+@dataclass(frozen=True)
+class Connection:
+    """What every ``k8s`` creator starts from: the API client, the Rendezvous, the run id and the timings."""
+
+    api: KubernetesApi
+    namespace: str
+    rendezvous_name: str
+    #: The Rendezvous object as read (or created).
+    rendezvous: dict[str, Any]
+    run_id: str
+    timings: RendezvousTimings
+    config: KubernetesRendezvousConfig
+
+    def store(self, framework: Framework) -> KubernetesStore:
+        """The rendezvous store of this Rendezvous, its key watch started (waiting costs no request)."""
+        store = KubernetesStore(
+            self.api,
+            self.namespace,
+            self.rendezvous_name,
+            self.rendezvous["metadata"]["uid"],
+            timeout=self.config.store_timeout,
+            retry_timeout=self.config.retry_timeout,
+        )
+        store.timeout_error = framework.store_timeout_error
+        store.start_watch()
+        return store
+
+
+def connect(params: Any, framework: Framework) -> Connection:
+    """Resolve the launcher's parameters, reach the API server and read (or create) the Rendezvous.
+
+    An empty or ``none`` run id (the launcher's default) is replaced by the Rendezvous object's UID
+    (or with ``owner=pod``, the workload's), so a new Rendezvous never inherits an old job's state.
+
+    Raises:
+        ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
+        RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
+    """
+    try:
+        config = KubernetesRendezvousConfig.from_parameters(params.endpoint, params)
+        api_client, context_namespace = load_api_client(config.kubeconfig, config.context)
+        namespace = resolve_namespace(config.namespace, context_namespace)
+        api = KubernetesApi(api_client, config.request_timeout)
+        owner = pod_workload(api, namespace, framework) if config.owner_from_pod else config.owner
+        obj = ensure_rendezvous(
+            api,
+            namespace,
+            config.name,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            create=config.create,
+            owner=owner,
+            retry_timeout=config.retry_timeout,
+            framework=framework,
+        )
+        uid = obj["metadata"]["uid"]
+        run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
+        if params.run_id in UNSET_RUN_IDS and config.owner_from_pod and owner is not None:
+            run_id = owner.uid  # the workload's: a new Job or JobSet is a new run
+            logger.info("run id %r is unset; using %s %s's UID %s", params.run_id, owner.kind, owner.name, owner.uid)
+        elif params.run_id in UNSET_RUN_IDS:
+            logger.info(
+                "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, config.name, uid
+            )
+        if len(run_id) > 253:
+            raise ValueError(f"--rdzv-id {run_id[:40]!r}...: at most 253 characters")
+        spec = obj.get("spec") or {}
+        if (spec.get("minNodes"), spec.get("maxNodes")) != (params.min_nodes, params.max_nodes):
+            logger.warning(
+                "Rendezvous %s/%s says minNodes=%s maxNodes=%s but --nnodes=%s:%s; the agents follow --nnodes",
+                namespace,
+                config.name,
+                spec.get("minNodes"),
+                spec.get("maxNodes"),
+                params.min_nodes,
+                params.max_nodes,
+            )
+        timings = RendezvousTimings.resolve(params, spec)
+    except Exception as exc:
+        framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
+        raise
+    return Connection(api, namespace, config.name, obj, run_id, timings, config)
+
+
 def create_backend(
     params: Any, framework: Framework | None = None
 ) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
-    """Create the ``k8s`` rendezvous backend and its store from the launcher's parameters.
-
-    An empty or ``none`` run id (the launcher's default) is replaced by the Rendezvous
-    object's UID, so a new Rendezvous never inherits an old job's state.
+    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``.
 
     Args:
         params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
@@ -166,67 +248,20 @@ def create_backend(
         RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
     """
     framework = framework or tensorplay_framework()
-    try:
-        settings = KubernetesRendezvousConfig.from_parameters(params.endpoint, params)
-        api_client, context_namespace = load_api_client(settings.kubeconfig, settings.context)
-        namespace = resolve_namespace(settings.namespace, context_namespace)
-        api = KubernetesApi(api_client, settings.request_timeout)
-        owner = pod_workload(api, namespace, framework) if settings.owner_from_pod else settings.owner
-        obj = ensure_rendezvous(
-            api,
-            namespace,
-            settings.name,
-            min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes,
-            create=settings.create,
-            owner=owner,
-            retry_timeout=settings.retry_timeout,
-            framework=framework,
-        )
-        uid = obj["metadata"]["uid"]
-        run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
-        if params.run_id in UNSET_RUN_IDS and settings.owner_from_pod and owner is not None:
-            run_id = owner.uid  # the workload's: a new Job or JobSet is a new run
-            logger.info("run id %r is unset; using %s %s's UID %s", params.run_id, owner.kind, owner.name, owner.uid)
-        elif params.run_id in UNSET_RUN_IDS:
-            logger.info(
-                "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, settings.name, uid
-            )
-        if len(run_id) > 253:
-            raise ValueError(f"--rdzv-id {run_id[:40]!r}...: at most 253 characters")
-        spec = obj.get("spec") or {}
-        if (spec.get("minNodes"), spec.get("maxNodes")) != (params.min_nodes, params.max_nodes):
-            logger.warning(
-                "Rendezvous %s/%s says minNodes=%s maxNodes=%s but --nnodes=%s:%s; the agents follow --nnodes",
-                namespace,
-                settings.name,
-                spec.get("minNodes"),
-                spec.get("maxNodes"),
-                params.min_nodes,
-                params.max_nodes,
-            )
-        timings = RendezvousTimings.resolve(params, spec)
-        backend = KubernetesRendezvousBackend(
-            api,
-            namespace,
-            settings.name,
-            run_id,
-            node_name=params.local_addr or socket.getfqdn(),
-            retry_timeout=settings.retry_timeout,
-            conflict_backoff=settings.conflict_backoff,
-            max_conflict_backoff=max(2.0, settings.conflict_backoff),
-            max_participants=params.max_nodes,
-            heartbeat_expiry=timings.heartbeat_expiry,
-            framework=framework,
-        )
-        backend.spec = spec
-        backend.timings = timings
-        store = KubernetesStore(
-            api, namespace, settings.name, uid, timeout=settings.store_timeout, retry_timeout=settings.retry_timeout
-        )
-        store.timeout_error = framework.store_timeout_error
-        store.start_watch()  # listed before the round: waiting for the bootstrap address costs no request
-    except Exception as exc:
-        framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
-        raise
-    return backend, store
+    connection = connect(params, framework)
+    backend = KubernetesRendezvousBackend(
+        connection.api,
+        connection.namespace,
+        connection.rendezvous_name,
+        connection.run_id,
+        node_name=params.local_addr or socket.getfqdn(),
+        retry_timeout=connection.config.retry_timeout,
+        conflict_backoff=connection.config.conflict_backoff,
+        max_conflict_backoff=max(2.0, connection.config.conflict_backoff),
+        max_participants=params.max_nodes,
+        heartbeat_expiry=connection.timings.heartbeat_expiry,
+        framework=framework,
+    )
+    backend.spec = connection.rendezvous.get("spec") or {}
+    backend.timings = connection.timings
+    return backend, connection.store(framework)

@@ -34,9 +34,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .folding import JoinSettings, fold
+from .folding import Desire, JoinSettings, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
+    MERGE_PATCH,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -58,12 +59,11 @@ from .leases import (
     list_node_records,
     record_of,
 )
-from .summary import summarize_document
+from .summary import departure_of, summarize_document
 from .watchcache import WatchCache, shared_watch
 
 logger = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 #: Seconds the writer Lease lasts without renewal; failover takes at most this plus one retry (``candidate_wait``).
 WRITER_LEASE_SECONDS = 10.0
 #: Seconds between the holder's renewals of the writer Lease.
@@ -288,8 +288,8 @@ class Folder:
             self._self_folded_at = now
         return self.fold_once()
 
-    def fold_once(self, *, judge_expiry: bool = False) -> bool:
-        """Fold every pending request into the current state; True when a new state was written.
+    def fold_once(self, *, judge_expiry: bool = False, close: bool = False) -> bool:
+        """Fold every pending request (and ``close`` the rendezvous) into the current state; True when written.
 
         Raises:
             ApiError, ApiUnavailableError: the API server refused or did not answer (nothing lost:
@@ -300,9 +300,9 @@ class Folder:
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 return False
             records = self._records()
-            return self._fold(obj, records, judge_expiry=judge_expiry)
+            return self._fold(obj, records, judge_expiry=judge_expiry, close=close)
 
-    def _fold(self, obj: dict[str, Any], records: list[NodeRecord], *, judge_expiry: bool) -> bool:
+    def _fold(self, obj: dict[str, Any], records: list[NodeRecord], *, judge_expiry: bool, close: bool) -> bool:
         self.stats["folds"] += 1
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
@@ -322,12 +322,14 @@ class Folder:
             except StateDocumentError as exc:
                 logger.warning("not folding into %s: its state is invalid (%s)", self.where, exc)
                 return False
-        close = bool(spec.get("closed"))
+        stored = document
+        close = close or bool(spec.get("closed"))
         document = fold_intents(document, close=close, evicted=status.get("evictedNodes") or [])
         current = [record for record in records if record.run_id == run_id]
         dead: set[NodeId] = set()
         if document is not None:
             dead |= {node for node, beat in document.last_heartbeats.items() if beat == EVICTED_HEARTBEAT}
+        reasons = dict.fromkeys(dead, "Evicted")
         leases = self.leases
         if judge_expiry and (leases is None or not leases.healthy):
             judge_expiry = False  # no expiry from a view that may be missing renewals
@@ -348,15 +350,15 @@ class Folder:
                     self.where,
                     ", ".join(sorted(str(node) for node in expired & set(named))),
                 )
+            reasons.update(dict.fromkeys(expired - dead, "Expired"))
             dead |= expired
         requests = [record.request() for record in current if record.node not in dead]
+        reasons.update({request.node: "Left" for request in requests if request.desire is Desire.LEAVE})
         settings = self._settings(spec, current)
         folded = fold(document, requests, dead=dead, now=now, settings=settings)
-        if document is not None and folded == document and stored_run == run_id:
-            return False
-        if document is None and folded == RendezvousDocument():
-            return False
-        return self._write(obj, folded, run_id, now)
+        if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
+            return False  # nothing to change in what is stored
+        return self._write(obj, folded, run_id, now, departure_of(stored, folded, reasons, now))
 
     @staticmethod
     def _settings(spec: dict[str, Any], records: list[NodeRecord]) -> JoinSettings:
@@ -365,13 +367,22 @@ class Folder:
         low = int(spec.get("minNodes") or 1)
         return JoinSettings(low, max(low, int(spec.get("maxNodes") or low)), timedelta(seconds=30))
 
-    def _write(self, obj: dict[str, Any], document: RendezvousDocument, run_id: str, now: datetime) -> bool:
+    def _write(
+        self,
+        obj: dict[str, Any],
+        document: RendezvousDocument,
+        run_id: str,
+        now: datetime,
+        departure: dict[str, Any] | None,
+    ) -> bool:
         encoded = encode_document(document)
         status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id}
         status.update(summarize_document(document, now=now, writer=self.identity, previous=obj.get("status")))
+        if departure is not None:
+            status["lastDeparture"] = departure
         if (obj.get("status") or {}).get("runId") not in (None, run_id):
-            status["evictedNodes"] = None  # a new run starts without the old run's evictions
-            status["recentWriteIds"] = []
+            # A new run starts without the old run's evictions and departures.
+            status.update(evictedNodes=None, recentWriteIds=[], lastDeparture=departure)
         body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status}
         try:
             written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
@@ -608,6 +619,6 @@ def stop_agent_folders(namespace: str | None = None, timeout: float = FOLDER_STO
         running.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-# Registered at import, before any handler registers its leave (``rounds``): atexit runs the last
+# Registered at import, before any handler registers its leave (``native``): atexit runs the last
 # registered first, so a handler leaves while its process's folder can still fold the leave.
 atexit.register(stop_agent_folders)

@@ -1,31 +1,48 @@
-"""Fold the nodes' join and leave requests into the rendezvous state document (pure, no I/O).
+"""The join rules, in one place: fold the nodes' requests into the rendezvous state document (pure, no I/O).
 
-In the scale design the shared Rendezvous object is written only when membership changes, by
-one *folder* (the operator when it runs, else an agent). Each node states what it wants on its
-own Lease: ``join`` (be in the rendezvous) or ``leave`` (be out of it). The folder applies every
-pending request to the document in one compare-and-swap, using the framework's own transition
-rules (tensorplay's and torch's ``_RendezvousJoinOp`` / ``_RendezvousExitOp`` and the
-executor's actions, which are the same in both), so the result is a serial order that the
-framework could itself have produced: participants up to max, the wait list, the redundancy
-list, the last-call deadline, completion with ranks by sorted node.
+The shared Rendezvous is written only when membership changes, by one *folder* (the operator when it
+runs, else an agent). Each node states what it wants on its own Lease: ``join`` (be in the rendezvous,
+scoped to the round it saw) or ``leave`` (be out of it). The folder applies every pending request to
+the document in one compare-and-swap with ``fold``, so the result is a serial order of the
+framework's own operations (tensorplay's and torch's ``_RendezvousJoinOp``/``_RendezvousExitOp`` and
+their executor's actions, which are the same in both; ``tests/test_folding.py`` drives the
+framework's own ``DynamicRendezvousHandler`` through the same sequences and compares).
 
-``classify`` works out what a framework's ``set_state`` meant, by comparing the state it wants to
-write with the one it was given: only this node's heartbeat (renew its Lease), this node's join
-or leave (a request), a completion that is due (fold now), or something else (a plain
-compare-and-swap).
+The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the participants:
 
-A join is scoped to the round the node saw when it asked (and to its time on the wait or
-redundancy list), so a node that died after its round completed is never carried into the next.
+| state                         | N asks ``join``                                   | N asks ``leave``          |
+|-------------------------------|---------------------------------------------------|---------------------------|
+| closed                        | nothing (the node exits cleanly)                  | nothing                   |
+| N redundant, len(P) == max    | stays redundant                                   | leaves the list           |
+| N redundant, len(P) < max     | leaves the list, then as below                    | leaves the list           |
+| complete, N in P              | nothing (it is in the round)                      | out of P; if P is empty,  |
+|                               |                                                   | round + 1, not complete   |
+| complete, N not in P          | wait list if len(P) < max, else redundancy list   | leaves its list           |
+| forming, N not in P           | into P (off the wait list); len(P) == min starts  | leaves its list           |
+|                               | the last call (deadline = now + last_call);       |                           |
+|                               | len(P) == max completes the round                 |                           |
+| forming, N in P               | nothing                                           | out of P; below min the   |
+|                               |                                                   | last call is cancelled    |
 
-Not guaranteed: a request is a standing wish within that scope. A node whose Lease says
-``join`` for the current round and that is removed while its Lease keeps renewing (a false
-eviction) is put back by the next fold.
+- **Completion** assigns ranks 0..n-1 by sorted node, and happens when len(P) reaches max, or once
+  the last call's deadline is past with min <= len(P) <= max.
+- **Dead nodes** (evicted by the operator, or their Lease not renewed within its expiry on the
+  folder's clock) are removed first, all at once, as the framework's pruning does.
+- **Scope:** a join applies in the round it was asked in, or while N is on the wait or redundancy list,
+  so a node that died after its round completed is never carried into the next round.
+- **Order:** requests of one fold apply by the time they were asked, then node.
+
+``lost_members`` is the rule the handler adds on top (no framework has it): a complete round that
+lost a member is broken, and its other members restart at once.
+
+Not guaranteed: a request is a standing wish within its scope. A node whose Lease says ``join`` for
+the current round and that is removed while its Lease keeps renewing (a false eviction) is put back
+by the next fold.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -84,17 +101,6 @@ class Request:
     #: the node waits (wait or redundancy list): a node that died after its round completed is
     #: never carried into the next round by its last request.
     round: int | None = None
-
-
-class Change(Enum):
-    """What a framework's ``set_state`` meant (``classify``)."""
-
-    NOTHING = "nothing"
-    HEARTBEAT = "heartbeat"
-    JOIN = "join"
-    LEAVE = "leave"
-    FOLD = "fold"
-    OTHER = "other"
 
 
 class _Working:
@@ -237,17 +243,13 @@ def satisfied(document: RendezvousDocument | None, node: NodeId, desire: Desire)
     """Whether ``document`` already reflects ``node``'s ``desire`` (a fold has taken it in)."""
     if document is None:
         return False
-    present = node in document.participants or node in document.wait_list or node in document.redundancy_list
     if desire is Desire.JOIN:
-        return present or document.closed
+        return role_of(document, node) is not None or document.closed
     return node not in document.participants and node not in document.wait_list
 
 
-def _membership(document: RendezvousDocument) -> tuple[object, ...]:
-    return (document.round, document.complete, document.closed, document.deadline)
-
-
-def _role(document: RendezvousDocument, node: NodeId) -> str | None:
+def role_of(document: RendezvousDocument, node: NodeId) -> str | None:
+    """``participant``, ``waiting``, ``redundant``, or None when ``document`` does not name ``node`` in a role."""
     if node in document.participants:
         return "participant"
     if node in document.wait_list:
@@ -257,52 +259,15 @@ def _role(document: RendezvousDocument, node: NodeId) -> str | None:
     return None
 
 
-def _changed_nodes(base: RendezvousDocument, candidate: RendezvousDocument) -> set[NodeId]:
-    nodes = set(base.participants) | set(candidate.participants)
-    nodes |= base.wait_list ^ candidate.wait_list
-    nodes |= base.redundancy_list ^ candidate.redundancy_list
-    return {node for node in nodes if _role(base, node) != _role(candidate, node)}
+def lost_members(document: RendezvousDocument | None, members: frozenset[NodeId]) -> frozenset[NodeId]:
+    """The members of a round that formed with ``members`` that ``document`` no longer shows as participants.
 
-
-def classify(base: RendezvousDocument | None, candidate: RendezvousDocument, node: NodeId) -> Change:
-    """What writing ``candidate`` over ``base`` means for ``node``'s handler.
-
-    ``HEARTBEAT``: only this node's heartbeat moved. ``JOIN`` / ``LEAVE``: only this node's role
-    changed (the round, completion and deadline changes that follow from it are the folder's to
-    make). ``FOLD``: the last call is over and the handler completes the round. ``NOTHING``: equal.
-    ``OTHER``: anything else (closing, another node's removal): a plain compare-and-swap.
+    A member leaves (SIGTERM), is evicted (its pod is gone) or expires; the fold then removes it
+    from the participants and the round stays complete with the others, whose workers may wait
+    for it forever (in ``init_process_group``, until the process group timeout). Any loss breaks
+    the round, so every member still in it must re-rendezvous. Empty when ``document`` is closed
+    (a finished job is not broken) or missing.
     """
-    if base is None:
-        return Change.OTHER
-    changed = _changed_nodes(base, candidate)
-    if not changed:
-        if candidate.closed != base.closed:
-            return Change.OTHER
-        if candidate.complete and not base.complete and candidate.round == base.round:
-            return Change.FOLD
-        if _membership(base) != _membership(candidate):
-            return Change.OTHER
-        if dict(base.participants) != dict(candidate.participants):
-            return Change.OTHER
-        moved = _moved_heartbeats(base.last_heartbeats, candidate.last_heartbeats)
-        if not moved:
-            return Change.NOTHING
-        return Change.HEARTBEAT if moved == {node} else Change.OTHER
-    if changed != {node} or candidate.closed != base.closed:
-        return Change.OTHER
-    if _role(candidate, node) is not None or _role(base, node) == "redundant":
-        return Change.JOIN
-    return Change.LEAVE
-
-
-def _moved_heartbeats(base: Mapping[NodeId, datetime], candidate: Mapping[NodeId, datetime]) -> set[NodeId]:
-    nodes = set(base) | set(candidate)
-    return {node for node in nodes if base.get(node) != candidate.get(node)}
-
-
-def with_heartbeats(document: RendezvousDocument, heartbeats: Mapping[NodeId, datetime]) -> RendezvousDocument:
-    """``document`` with its heartbeats replaced (only for nodes it names)."""
-    named = set(document.nodes())
-    return dataclasses.replace(
-        document, last_heartbeats={node: beat for node, beat in heartbeats.items() if node in named}
-    )
+    if document is None or document.closed:
+        return frozenset()
+    return members - document.participants.keys()

@@ -1,22 +1,24 @@
-"""Fold the operator's and the user's intents into a rendezvous state document (pure, no I/O).
+"""Read a Rendezvous object as the agents see it: this run's document with the intents folded in (pure, no I/O).
 
-The operator never writes the state. It records intents on the Rendezvous object
-(``spec.closed``, a deletion, ``status.evictedNodes``) and the agents' backend folds them into
-the document it reads, so the framework's own code acts on them: a closed state ends the job,
-and an evicted node's heartbeat is made ancient so that the framework's dead-node pruning
-removes it at once instead of after the heartbeat timeout.
+Besides the state document, a Rendezvous carries intents that any writer folds in:
+``spec.closed`` or a deletion (a person asked to close: the agents stop and exit 0) and
+``status.evictedNodes`` (the operator saw those nodes' pods gone). ``fold_intents`` applies them to a
+document: closed, and the evicted nodes' heartbeats made ancient, which the folder treats as dead
+(and the framework's own pruning too, for the CAS backend's users).
 
 Not guaranteed: an eviction names a node by ``addr_pid_localid`` only, so it also matches a
-later incarnation with the same name until the intent is gone.
+later incarnation with the same name until the intent is gone (a new run clears it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
-from .document import RendezvousDocument
+from .document import RendezvousDocument, decode_document
 
 #: The heartbeat time given to evicted nodes: long expired on every clock.
 EVICTED_HEARTBEAT = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -43,3 +45,41 @@ def fold_intents(
                 heartbeats[node] = EVICTED_HEARTBEAT
                 changes["last_heartbeats"] = heartbeats
     return dataclasses.replace(document, **changes) if changes else document  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RendezvousReading:
+    """One version of a Rendezvous, as the agents of run ``run_id`` read it."""
+
+    #: Its resourceVersion (the compare-and-swap token).
+    version: str
+    #: This run's document with the intents folded in (None: no state of this run yet).
+    document: RendezvousDocument | None
+    #: Whether a person asked to close (``spec.closed``, a deletion); a close by an agent whose
+    #: training succeeded is not such a request.
+    close_requested: bool
+    #: The run id of a state that belongs to another run (it counts as no state), else None.
+    foreign_run: str | None = None
+
+
+def read_rendezvous(
+    obj: dict[str, Any], run_id: str, decode: Callable[[str], RendezvousDocument] = decode_document
+) -> RendezvousReading:
+    """Read ``obj`` (a Rendezvous) for run ``run_id``.
+
+    Raises:
+        StateDocumentError: ``status.state`` is not a valid state document (naming the field).
+    """
+    status = obj.get("status") or {}
+    metadata = obj.get("metadata") or {}
+    encoded = status.get("state")
+    stored_run = status.get("runId")
+    foreign = stored_run not in (None, run_id)
+    document = decode(encoded) if encoded and not foreign else None
+    close = bool((obj.get("spec") or {}).get("closed")) or bool(metadata.get("deletionTimestamp"))
+    return RendezvousReading(
+        version=str(metadata.get("resourceVersion", "")),
+        document=fold_intents(document, close=close, evicted=status.get("evictedNodes") or []),
+        close_requested=close,
+        foreign_run=str(stored_run) if foreign and encoded else None,
+    )

@@ -31,6 +31,8 @@ RENDEZVOUS_PLURAL = "rendezvouses"
 #: Seconds after an outage during which a 401/403 counts as the restarted server's unsynced RBAC.
 RBAC_SYNC_SECONDS = 60
 KEY_PLURAL = "rendezvouskeys"
+#: The content type of a JSON merge patch (RFC 7386).
+MERGE_PATCH = "application/merge-patch+json"
 #: The label that names the Rendezvous an object belongs to: its Leases, its store keys, and
 #: optionally its training pods (always honoured besides ``spec.podSelector``).
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"

@@ -54,6 +54,7 @@ from kubernetes import config as k8s_config
 from .document import RendezvousDocument, StateDocumentError, decode_document
 from .kubeapi import (
     GROUP,
+    MERGE_PATCH,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
@@ -70,7 +71,6 @@ from .kubeapi import (
 from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE, RendezvousTimings
 from .summary import format_time, rendezvous_phase
 
-MERGE_PATCH = "application/merge-patch+json"
 #: Labels and annotation of the per-node and writer Leases (the backend's contract).
 LEASE_KIND_LABEL = "kube-rendezvous.io/lease"
 NODE_ANNOTATION = "kube-rendezvous.io/node"

@@ -38,12 +38,11 @@ from typing import Any, Protocol
 
 from .document import NodeId
 from .folding import Desire, JoinSettings, Request
-from .kubeapi import RENDEZVOUS_LABEL, ConflictError, KubernetesApi, NotFoundError, resource_path
+from .kubeapi import MERGE_PATCH, RENDEZVOUS_LABEL, ConflictError, KubernetesApi, NotFoundError, resource_path
 
 logger = logging.getLogger(__name__)
 
 LEASE_PLURAL = "leases"
-MERGE_PATCH = "application/merge-patch+json"
 LABEL_LEASE = "kube-rendezvous.io/lease"
 ANNOTATION_NODE = "kube-rendezvous.io/node"
 ANNOTATION_DESIRE = "kube-rendezvous.io/desire"

@@ -763,13 +763,24 @@ class KubernetesPrefixStore:
     store delete the keys of finished rounds.
     """
 
-    def __init__(self, prefix: str, store: KubernetesStore, round_number: int | None = None) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        store: KubernetesStore,
+        round_number: int | None = None,
+        on_write: Callable[[str], None] | None = None,
+    ) -> None:
         self.prefix = prefix
         self.underlying_store = store
         self.round_number = round_number
+        #: Called with the key (without the prefix) of every write, before it is sent.
+        self.on_write = on_write
 
-    def _k(self, key: str | bytes) -> str:
-        return f"{self.prefix}/{key if isinstance(key, str) else key.decode('utf-8')}"
+    def _k(self, key: str | bytes, written: bool = False) -> str:
+        name = key if isinstance(key, str) else key.decode("utf-8")
+        if written and self.on_write is not None:
+            self.on_write(name)
+        return f"{self.prefix}/{name}"
 
     @property
     def timeout(self) -> timedelta:
@@ -780,7 +791,7 @@ class KubernetesPrefixStore:
         self.underlying_store.timeout = value
 
     def set(self, key: str | bytes, value: str | bytes) -> None:
-        self.underlying_store.set(self._k(key), value, round_number=self.round_number)
+        self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get(self._k(key), timeout)
@@ -789,13 +800,15 @@ class KubernetesPrefixStore:
         return self.underlying_store.get_written_once(self._k(key), timeout)
 
     def add(self, key: str | bytes, amount: int) -> int:
-        return self.underlying_store.add(self._k(key), amount, round_number=self.round_number)
+        return self.underlying_store.add(self._k(key, True), amount, round_number=self.round_number)
 
     def compare_and_swap(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> tuple[bool, bytes]:
-        return self.underlying_store.compare_and_swap(self._k(key), expected, desired, round_number=self.round_number)
+        return self.underlying_store.compare_and_swap(
+            self._k(key, True), expected, desired, round_number=self.round_number
+        )
 
     def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:
-        return self.underlying_store.compare_set(self._k(key), expected, desired, round_number=self.round_number)
+        return self.underlying_store.compare_set(self._k(key, True), expected, desired, round_number=self.round_number)
 
     def has(self, key: str | bytes) -> bool:
         return self.underlying_store.has(self._k(key))
@@ -804,7 +817,7 @@ class KubernetesPrefixStore:
         return self.underlying_store.check([self._k(key) for key in keys])
 
     def append(self, key: str | bytes, value: str | bytes) -> None:
-        self.underlying_store.append(self._k(key), value, round_number=self.round_number)
+        self.underlying_store.append(self._k(key, True), value, round_number=self.round_number)
 
     def delete_key(self, key: str | bytes) -> None:
         self.underlying_store.delete_key(self._k(key))

@@ -98,6 +98,39 @@ def summarize_document(
     }
 
 
+def departure_of(
+    before: RendezvousDocument | None, after: RendezvousDocument, reasons: Mapping[NodeId, str], now: datetime
+) -> dict[str, Any] | None:
+    """``status.lastDeparture`` when going from ``before`` to ``after`` broke a formed round, else None.
+
+    A formed round (complete, not closed) that loses participants is broken: its other members
+    restart (``folding.lost_members``). ``reasons`` says why each node went (``Left``, ``Evicted``,
+    ``Expired``; ``Removed`` when unknown). Lists at most ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
+    """
+    if before is None or not before.complete or before.closed or after.closed:
+        return None
+    gone = sorted(set(before.participants) - set(after.participants))
+    if not gone:
+        return None
+    return {
+        "round": before.round,
+        "time": format_time(now),
+        "count": len(gone),
+        "nodes": [{"node": str(node), "reason": reasons.get(node, "Removed")} for node in gone[:SUMMARY_LIST_LIMIT]],
+    }
+
+
+def departure_line(departure: Mapping[str, Any]) -> str:
+    """``node X left round 3`` (or evicted from, expired in) for a ``status.lastDeparture``."""
+    verbs = {"Left": "left", "Evicted": "was evicted from", "Expired": "expired in", "Removed": "was removed from"}
+    parts = [
+        f"{item.get('node')} {verbs.get(str(item.get('reason')), 'left')}" for item in departure.get("nodes") or []
+    ]
+    more = int(departure.get("count") or 0) - len(parts)
+    listed = ", ".join(parts) + (f" and {more} more" if more > 0 else "")
+    return f"node {listed} round {departure.get('round')}"
+
+
 def forming_line(
     document: RendezvousDocument, *, min_nodes: int, waited: float, last_members: frozenset[NodeId] | None = None
 ) -> str | None:

@@ -8,11 +8,10 @@ variables select it::
     torchrun --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=k8s \\
         --rdzv-endpoint=team-a/llama-train --rdzv-id=$JOB_UID train.py
 
-A thin adapter over the framework-neutral core: the state document and backend
-(``backend``, with torch's state classes and errors), the store (``store``, wrapped here in a
-``torch.distributed.Store`` so that torch's C++ ``PrefixStore`` and barriers can use it), and the
-handler fixes (``rounds.RendezvousFixes``: a fresh bootstrap store every round, SIGTERM means
-leave, closed means a clean exit). torchrun passes ``--rdzv-timeout`` as ``timeout``.
+A thin adapter over the framework-neutral handler (``native``: a fresh bootstrap store every round,
+SIGTERM means leave, closed means a clean exit, a broken round restarts): each round's store is
+wrapped here in a ``torch.distributed.Store``, so that torch's C++ ``PrefixStore`` and barriers can
+use it. torchrun passes ``--rdzv-timeout`` as ``timeout``.
 
 Not guaranteed: torch's ``Store`` API beyond what its agent, rank assignment and barriers call
 (``queue_*``, ``list_keys`` and ``clone`` are not implemented), and ``delete_key``/``num_keys``
@@ -24,32 +23,18 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.elastic.rendezvous.api import (
-    RendezvousParameters,
-)
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    DynamicRendezvousHandler,
-    RendezvousSettings,
-    RendezvousTimeout,
-    _BackendRendezvousStateHolder,
-    _NodeDesc,
-)
+from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 from . import frameworks
-from .factory import create_backend
-from .rounds import RendezvousFixes, serve_node
+from .native import NativeHandler
 from .store import KubernetesPrefixStore, KubernetesStore
 
 logger = logging.getLogger(__name__)
-
-BACKEND_NAME = "k8s"
 
 
 def _seconds(timeout: Any) -> float | None:
@@ -110,14 +95,11 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
         self._kv.append(key, value)
 
 
-class TorchKubernetesRendezvousHandler(RendezvousFixes, DynamicRendezvousHandler):
-    """torch's DynamicRendezvousHandler with this project's fixes (``rounds.RendezvousFixes``)."""
+class TorchKubernetesRendezvousHandler(NativeHandler, RendezvousHandler):
+    """The ``k8s`` handler for torch's elastic agent (``native.NativeHandler``); each round's store is a torch Store."""
 
-    framework = frameworks.torch()
-    round_prefix = "torch.rendezvous/{run_id}/{round}"
-
-    def _wrap_store(self, store: Any) -> TorchKubernetesStore:
-        return TorchKubernetesStore(self._round_store(store))
+    def wrap_store(self, store: KubernetesPrefixStore) -> TorchKubernetesStore:
+        return TorchKubernetesStore(store)
 
 
 def _log_like_torchrun() -> None:
@@ -134,28 +116,7 @@ def _log_like_torchrun() -> None:
 def create_torch_handler(params: RendezvousParameters) -> TorchKubernetesRendezvousHandler:
     """Create the ``k8s`` handler for torchrun from its parameters (the creator torch's registry calls)."""
     _log_like_torchrun()
-    backend, store = create_backend(params, frameworks.torch())
-    timings = backend.timings
-    settings = RendezvousSettings(
-        backend.run_id,
-        params.min_nodes,
-        params.max_nodes,
-        RendezvousTimeout(
-            join=timedelta(seconds=timings.join),
-            last_call=timedelta(seconds=timings.last_call),
-            close=timedelta(seconds=timings.close),
-            heartbeat=timedelta(seconds=timings.heartbeat),
-        ),
-        keep_alive_interval=timedelta(seconds=timings.keep_alive_interval),
-        keep_alive_max_attempt=timings.keep_alive_max_attempt,
-    )
-    # A random local id makes the node unique per incarnation (in a pod the agent is PID 1).
-    node = _NodeDesc(params.local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))
-    logger.info("this agent is rendezvous node %s", node)
-    serve_node(backend, node, params.min_nodes, params.max_nodes)
-    state_holder = _BackendRendezvousStateHolder(backend, settings)  # type: ignore[arg-type]
-    # torch keeps the store it is given; the handler's _wrap_store hands torch a torch Store per round.
-    return TorchKubernetesRendezvousHandler(node, settings, BACKEND_NAME, cast(Any, store), state_holder)
+    return TorchKubernetesRendezvousHandler.from_parameters(params, frameworks.torch())
 
 
 def handler_creator() -> Callable[[RendezvousParameters], TorchKubernetesRendezvousHandler]:

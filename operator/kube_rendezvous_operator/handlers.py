@@ -27,6 +27,7 @@ import kopf
 from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.kubeapi import (
     GROUP,
+    MERGE_PATCH,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
@@ -47,7 +48,6 @@ from . import logic, metrics
 logger = logging.getLogger(__name__)
 
 FINALIZER = "kube-rendezvous.io/close-before-delete"
-MERGE_PATCH = "application/merge-patch+json"
 
 Key = tuple[str, str]
 

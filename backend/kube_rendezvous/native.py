@@ -1,0 +1,656 @@
+"""The ``k8s`` rendezvous handler on its own protocol: ask on the node's Lease, wait on the watch, confirm.
+
+Framework-neutral; the adapters (``handler`` for tensorplay, ``torchrun`` for torch) add the
+framework's ``RendezvousHandler`` base and its classes. The protocol, as torch's etcd handler has
+join / wait / confirm:
+
+- **Ask.** A node states what it wants on its own Lease (``leases.LeaseNodeLock``): ``join``, scoped
+  to the round it saw, or ``leave``. From its first join to its leave the process's
+  ``leases.LeaseRenewer`` renews that Lease every keep-alive: that is its heartbeat.
+- **Wait.** The folder (the operator; else the agent process that holds the writer Lease; else, after
+  a grace period, this agent itself) folds every pending request into the state document with
+  ``folding.fold``, the only copy of the join rules. The handler waits on the process's watch of the
+  Rendezvous until the state shows its request taken in. A join overtaken by a new round (the state
+  moved past the round it asked in and does not name it) is asked again in the open round.
+- **Confirm.** Once the round is complete with this node in it, rank 0 starts a fresh bootstrap
+  TCPStore and publishes its address under this round's prefix of the store; the others read it
+  from their store's watch. (Both frameworks reuse one bootstrap store across rounds and publish it
+  once, so a new round's workers would read the old round's keys and hang.)
+
+What the launcher asks of the handler, answered from the watch (no request):
+
+- ``num_nodes_waiting``: the wait list; a close asked by a person counts as one (running agents stop
+  and exit 0); and the members this node's round has lost (``folding.lost_members``: a member left,
+  was evicted or expired). The launcher's monitor loop restarts its workers when the answer is above
+  0, so the survivors of a broken round re-rendezvous at once instead of waiting in
+  ``init_process_group`` for a peer that is gone.
+- ``shutdown``: closes the rendezvous when this agent's workers succeeded, and otherwise leaves it
+  (a drain, a preemption, a failure: the others re-form without it). Success is the launcher's own
+  signal: both agents enter their exit barrier on this round's store only after their workers
+  succeeded. torch's launcher never shuts its handler down after a signal, so a node that joined and
+  was never shut down leaves at interpreter exit (``EXIT_LEAVE_SECONDS`` at most).
+- ``set_closed``: closes it (one fold with the close, by compare-and-swap).
+
+No framework state is pickled or unpickled here, and nothing of the framework's handler is used.
+
+Not guaranteed: fencing (an agent paused past its heartbeat expiry still holds its last answer);
+freshness of what ``num_nodes_waiting`` and ``is_closed`` say (the watch's delay, normally
+milliseconds); success seen by an agent that skips its exit barrier (it then leaves, never closes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from .document import NodeId, RendezvousDocument, StateDocumentError
+from .factory import connect
+from .folder import AGENT_IDENTITY_PREFIX, DECODED, agent_folder, owner_reference, rendezvous_watch
+from .folding import Desire, JoinSettings, lost_members, role_of, satisfied
+from .frameworks import Framework
+from .intents import RendezvousReading, read_rendezvous
+from .kubeapi import (
+    RENDEZVOUS_PLURAL,
+    ApiError,
+    ApiUnavailableError,
+    KubernetesApi,
+    NotFoundError,
+    call_with_retries,
+    describe_api_error,
+    resource_path,
+)
+from .leases import LeaseNodeLock, renewer
+from .settings import RendezvousTimings
+from .store import KubernetesPrefixStore, KubernetesStore
+from .summary import forming_line
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "k8s"
+#: Rounds whose store keys survive the cleanup that rank 0 runs when a round forms.
+ROUNDS_KEPT_BEHIND = 1
+ROUNDS_KEPT_AHEAD = 2
+#: Seconds a handler that was never shut down tries to leave at interpreter exit (a kubelet's
+#: default grace period after SIGTERM is 30 s; the writer Lease is released after this).
+EXIT_LEAVE_SECONDS = 10.0
+#: Seconds between two log lines of an agent whose round does not form (who joined, who is missing).
+PROGRESS_LOG_SECONDS = 10.0
+
+HandlerT = TypeVar("HandlerT", bound="NativeHandler")
+
+
+def incarnation_node(local_addr: str | None) -> NodeId:
+    """This agent's node: its address and pid, and a random local id unique to this incarnation.
+
+    In a pod the agent is PID 1 and an Indexed Job's replacement pod keeps the hostname (and may
+    get the IP) of the pod it replaces, so ``addr_pid_0`` would name both. The random local id
+    tells them apart: an eviction of the old node never matches the new one.
+    """
+    return NodeId(local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))
+
+
+class WrittenOnceReads:
+    """The read side of a round's store for ``RendezvousStoreInfo.build`` on ranks above 0.
+
+    Rank 0 writes the bootstrap address once per round under the round's prefix, and nobody
+    changes it, so the other ranks read it from their store's watch (``get_written_once``): no
+    request each, where a GET each would be N reads at the same instant.
+    """
+
+    def __init__(self, store: KubernetesPrefixStore) -> None:
+        self._store = store
+
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        return self._store.get_written_once(key, timeout)
+
+
+class ConcurrentWrites:
+    """The write side of a round's store for rank 0's ``RendezvousStoreInfo.build``: each ``set`` is sent at once.
+
+    The framework publishes the bootstrap address as two keys one after the other (address,
+    then port), and nobody reads either until both are there, so writing them side by side
+    halves rank 0's step. ``flush`` waits for every write and raises the first failure; anything
+    other than ``set`` flushes first, so reads see the writes.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._writes: list[threading.Thread] = []
+        self._failures: list[BaseException] = []
+
+    def set(self, key: str | bytes, value: str | bytes) -> None:
+        def write() -> None:
+            try:
+                self._store.set(key, value)
+            except BaseException as exc:  # noqa: BLE001 - raised by flush, in the caller's thread
+                self._failures.append(exc)
+
+        thread = threading.Thread(target=write, name="bootstrap address", daemon=True)
+        thread.start()
+        self._writes.append(thread)
+
+    def flush(self) -> None:
+        for thread in self._writes:
+            thread.join()
+        self._writes.clear()
+        if self._failures:
+            raise self._failures[0]
+
+    def __getattr__(self, name: str) -> Any:
+        self.flush()
+        return getattr(self._store, name)
+
+
+class NativeHandler:
+    """The ``k8s`` handler's protocol (module docstring); an adapter adds the framework's base class.
+
+    Args:
+        api: the API client.
+        namespace, rendezvous_name: the Rendezvous object.
+        rendezvous: the object as read when the handler was made (owner of this node's Lease).
+        run_id: the job's run id; a state written by another run counts as none.
+        node: this agent incarnation (``incarnation_node``).
+        min_nodes, max_nodes: the launcher's ``--nnodes``.
+        timings: the resolved timings (``RendezvousTimings.resolve``).
+        store: the rendezvous store; each round gets a prefixed view of it.
+        framework: whose classes and errors to use.
+        retry_timeout: seconds to retry a request while the API server is unreachable.
+    """
+
+    def __init__(
+        self,
+        *,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        rendezvous: dict[str, Any],
+        run_id: str,
+        node: NodeId,
+        min_nodes: int,
+        max_nodes: int,
+        timings: RendezvousTimings,
+        store: KubernetesStore,
+        framework: Framework,
+        retry_timeout: float = 60.0,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.rendezvous_name = rendezvous_name
+        self.run_id = run_id
+        self.node = node
+        self.timings = timings
+        self.framework = framework
+        self._store = store
+        self._retry_timeout = retry_timeout
+        self._join_settings = JoinSettings(min_nodes, max_nodes, timedelta(seconds=timings.last_call))
+        self._watch = rendezvous_watch(api, namespace, rendezvous_name)
+        self._lease = LeaseNodeLock(
+            api,
+            namespace,
+            rendezvous_name,
+            node,
+            run_id=run_id,
+            settings=self._join_settings,
+            expiry_seconds=timings.heartbeat_expiry,
+            owner=owner_reference(rendezvous),
+        )
+        self._folder = agent_folder(
+            api, namespace, rendezvous_name, f"{AGENT_IDENTITY_PREFIX}{node}", timings.heartbeat_expiry
+        )
+        self._renewer = renewer(api, timings.keep_alive_interval)
+        #: The round this node last formed and its members (``num_nodes_waiting``'s lost-member rule).
+        self._round: tuple[int, frozenset[NodeId]] | None = None
+        #: ``num_nodes_waiting``'s last answer and the resourceVersion it was computed from.
+        self._waiting: tuple[str | None, int] = (None, 0)
+        #: Whether this agent entered its exit barrier (its workers succeeded).
+        self.succeeded = False
+        self._shutdown_result: bool | None = None
+        self._leaves_at_exit = False
+        self._bootstrap_server: Any = None
+        self._bootstrap_store_info: Any = None
+        #: Wall-clock time (``time.time()``) the last join saw its round formed, before the bootstrap step.
+        self.joined_at: float | None = None
+        #: The last round's bootstrap step, in seconds: ``server`` (rank 0's TCPStore), ``address``
+        #: (publishing or reading it), and the store's ``requests`` and ``retries`` in it.
+        self.bootstrap_seconds: dict[str, float] | None = None
+        #: Counters for tests and benchmarks.
+        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "waiting_answers": 0, "renewals": 0}
+
+    @classmethod
+    def from_parameters(cls: type[HandlerT], params: Any, framework: Framework) -> HandlerT:
+        """The handler for the launcher's ``RendezvousParameters`` (what each framework's registry calls).
+
+        Raises:
+            ValueError: bad parameters, naming the field and the fix.
+            RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
+        """
+        connection = connect(params, framework)
+        node = incarnation_node(params.local_addr)
+        logger.info("this agent is rendezvous node %s", node)
+        return cls(
+            api=connection.api,
+            namespace=connection.namespace,
+            rendezvous_name=connection.rendezvous_name,
+            rendezvous=connection.rendezvous,
+            run_id=connection.run_id,
+            node=node,
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            timings=connection.timings,
+            store=connection.store(framework),
+            framework=framework,
+            retry_timeout=connection.config.retry_timeout,
+        )
+
+    @property
+    def _where(self) -> str:
+        return f"{self.namespace}/{self.rendezvous_name}"
+
+    # -- the framework's RendezvousHandler interface ------------------------------------------
+
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Whether the workers use rank 0's bootstrap store (the frameworks' own switch)."""
+        return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+
+    def next_rendezvous(self) -> Any:
+        """Leave the round this node is in, join the next, and return its rank, world size and bootstrap store.
+
+        Raises:
+            RendezvousGracefulExitError: the rendezvous is closed (``spec.closed``, the object
+                deleted, or the job done): the agent stops its workers and exits cleanly.
+            RendezvousTimeoutError: no round formed within the join timeout.
+            RendezvousConnectionError: the API server could not be reached for ``retry_timeout``.
+            RendezvousStateError: the stored state is not a valid state document.
+        """
+        if not self._leaves_at_exit:
+            self._leaves_at_exit = True
+            atexit.register(self._leave_at_exit)
+        previous, self._round = self._round, None
+        deadline = time.monotonic() + self.timings.join
+        try:
+            reading = self._read(deadline)
+            if reading.document is not None and self.node in reading.document.participants:
+                self._settle(Desire.LEAVE, deadline)
+            reading = self._settle(Desire.JOIN, deadline, previous[1] if previous else None)
+        except self.framework.closed_error as exc:
+            self._record_closed()
+            raise self.framework.graceful_exit_error(f"the rendezvous {self.run_id} is closed: {exc}") from exc
+        document = reading.document
+        assert document is not None
+        self.joined_at = time.time()
+        self._round = (document.round, frozenset(document.participants))
+        return self._confirm(document)
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join, a close asked by a person as one, and the members this node's round lost.
+
+        A rendezvous closed by an agent whose training succeeded counts as none: the other agents'
+        workers are finishing too, and restarting them now would kill them before they are done.
+        """
+        obj = self._watch.get(self.rendezvous_name)
+        if obj is None:
+            return 1 if self._watch.healthy else 0  # deleted: the next rendezvous exits cleanly
+        self.stats["waiting_answers"] += 1
+        version = obj["metadata"]["resourceVersion"]
+        if self._waiting[0] == version:  # the monitor loop asks far more often than the object changes
+            return self._waiting[1]
+        reading = self._reading_of(obj)
+        answer = waiting_count(reading)
+        if answer == 0 and self._round is not None:
+            lost = lost_members(reading.document, self._round[1])
+            if lost:
+                logger.warning(
+                    "round %d lost %s: restarting to re-rendezvous (Rendezvous %s)",
+                    self._round[0],
+                    ", ".join(sorted(str(node) for node in lost)[:8]),
+                    self._where,
+                )
+                answer = len(lost)
+        self._waiting = (version, answer)
+        return answer
+
+    def is_closed(self) -> bool:
+        try:
+            reading = self._read()
+        except self.framework.closed_error:
+            return True  # deleted
+        return reading.document is not None and reading.document.closed
+
+    def set_closed(self) -> None:
+        """Close the rendezvous: every agent stops at its next rendezvous, and no node joins any more."""
+        if not self._close(time.monotonic() + self.timings.close):
+            raise self.framework.timeout_error(f"the rendezvous {self.run_id} could not be closed in time")
+
+    def shutdown(self) -> bool:
+        """Close the rendezvous if this agent's workers succeeded, otherwise leave it; only the first call decides.
+
+        The elastic agent calls it on every exit path: after its workers succeeded, after they
+        failed for good, and (tensorplay) on a SIGTERM. Only success closes; otherwise this node
+        leaves and the survivors re-form. Returns False when that could not be written in the
+        close timeout.
+        """
+        if self._shutdown_result is not None:
+            return self._shutdown_result
+        try:
+            deadline = time.monotonic() + self.timings.close
+            self._shutdown_result = self._close(deadline) if self.succeeded else self._leave(deadline)
+            return self._shutdown_result
+        finally:
+            self._stop_bootstrap_store()
+
+    def pre_shutdown(self) -> None:
+        """tensorplay's optional hook before ``shutdown`` (nothing calls it in 1.0.0): nothing to do."""
+
+    # -- asking and waiting -------------------------------------------------------------------
+
+    def _reading_of(self, obj: dict[str, Any]) -> RendezvousReading:
+        try:
+            return read_rendezvous(obj, self.run_id, DECODED.decode)
+        except StateDocumentError as exc:
+            raise self.framework.state_error(
+                f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
+            ) from exc
+
+    def _retry_until(self, deadline: float | None) -> float:
+        """When retries of one call end: ``retry_timeout`` from now, but never past the caller's ``deadline``."""
+        until = time.monotonic() + self._retry_timeout
+        return until if deadline is None else min(until, deadline)
+
+    def _read(self, deadline: float | None = None) -> RendezvousReading:
+        """The Rendezvous from the process's watch (no request), or a GET while the watch is down (until ``deadline``).
+
+        Raises:
+            RendezvousClosedError: the Rendezvous was deleted.
+        """
+        if self._watch.healthy:
+            obj = self._watch.get(self.rendezvous_name)
+        else:
+            try:
+                obj = call_with_retries(
+                    lambda: self._api.request(
+                        "GET", resource_path(RENDEZVOUS_PLURAL, self.namespace, self.rendezvous_name)
+                    ),
+                    deadline=self._retry_until(deadline),
+                    what=f"GET rendezvous {self._where}",
+                )
+            except NotFoundError:
+                obj = None
+            except ApiError as exc:
+                raise self.framework.connection_error(
+                    describe_api_error(exc, "get", RENDEZVOUS_PLURAL, self.namespace)
+                ) from exc
+            except ApiUnavailableError as exc:
+                raise self.framework.connection_error(
+                    f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
+                    "See the inner exception for details."
+                ) from exc
+        if obj is None:
+            raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).")
+        return self._reading_of(obj)
+
+    def _ask(self, desire: Desire, round_number: int, deadline: float | None = None) -> None:
+        """Write ``desire`` for ``round_number`` on this node's Lease until ``deadline`` (a merge patch)."""
+        lease = self._lease
+        lease.round = round_number
+        try:
+            call_with_retries(
+                lambda: lease.update(desire),
+                deadline=self._retry_until(deadline),
+                what=f"ask to {desire.value} on {lease.describe()}",
+            )
+        except ApiError as exc:
+            raise self.framework.connection_error(describe_api_error(exc, "patch", "leases", self.namespace)) from exc
+        except ApiUnavailableError as exc:
+            raise self.framework.connection_error(
+                f"The Kubernetes API server did not take this node's {desire.value} request. "
+                "See the inner exception for details."
+            ) from exc
+        if desire is Desire.JOIN:
+            self._renewer.add(lease)
+        else:
+            self._renewer.remove(lease)
+        self.stats["requests"] += 1
+        logger.info("node %s asks to %s (round %d)", self.node, desire.value, round_number)
+        self._folder.wake()
+
+    def _settle(
+        self, desire: Desire, deadline: float, last_members: frozenset[NodeId] | None = None
+    ) -> RendezvousReading:
+        """Ask for ``desire`` and wait until the state shows it taken in (a join: a complete round with this node).
+
+        Raises:
+            RendezvousClosedError: the rendezvous is closed.
+            RendezvousTimeoutError: not taken in by ``deadline``.
+        """
+        reading = self._read(deadline)
+        asked = reading.document.round if reading.document is not None else 0
+        self._ask(desire, asked, deadline)
+        waiting_since = progress_logged = time.monotonic()
+        last_change = waiting_since
+        while True:
+            document = reading.document
+            if reading.close_requested or (document is not None and document.closed):
+                raise self.framework.closed_error(f"the Rendezvous {self._where} is closed")
+            if desire is Desire.LEAVE and satisfied(document, self.node, desire):
+                return reading
+            if desire is Desire.JOIN and document is not None:
+                if document.complete and self.node in document.participants:
+                    return reading
+                if document.round != asked and role_of(document, self.node) is None:
+                    # Overtaken: the fold dropped a join asked on a round that has ended. Ask in the open one.
+                    self.stats["overtaken"] += 1
+                    asked = document.round
+                    self._ask(desire, asked, deadline)
+                    last_change = time.monotonic()
+                if document.complete:
+                    last_members = frozenset(document.participants)
+            now = time.monotonic()
+            if now > deadline:
+                if desire is Desire.JOIN:
+                    self._give_up()
+                raise self.framework.timeout_error(
+                    f"node {self.node} was not taken into a round of {self._where} within "
+                    f"{self.timings.join if desire is Desire.JOIN else self.timings.close:g} s"
+                )
+            if desire is Desire.JOIN and document is not None and now - progress_logged >= PROGRESS_LOG_SECONDS:
+                progress_logged = now
+                line = forming_line(
+                    document,
+                    min_nodes=self._join_settings.min_nodes,
+                    waited=now - waiting_since,
+                    last_members=last_members,
+                )
+                if line is not None:
+                    logger.info("%s (Rendezvous %s)", line, self._where)
+            grace = self._grace()
+            if now - last_change >= grace and self._needs_fold(document, desire):
+                self._fold_myself()
+                last_change = time.monotonic()
+            if self._changed_since(reading.version, min(grace, max(0.0, deadline - now) + 0.01)):
+                last_change = time.monotonic()
+            reading = self._read(deadline)
+
+    def _changed_since(self, version: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the watch to show a version other than ``version`` (or the object gone)."""
+
+        def changed() -> bool:
+            obj = self._watch.get(self.rendezvous_name)
+            return obj is None or obj["metadata"]["resourceVersion"] != version
+
+        return self._watch.wait_for(changed, timeout)
+
+    def _grace(self) -> float:
+        """Seconds to wait for a writer before folding itself: longer while a writer is alive."""
+        if self._folder.leader:
+            return 1.0
+        if self._folder.elector.holder_alive:
+            return 2.0
+        return random.uniform(0.3, 0.8)
+
+    def _needs_fold(self, document: RendezvousDocument | None, desire: Desire) -> bool:
+        """Whether a fold is due: this node's request is not taken in, or a last call has ended."""
+        if not satisfied(document, self.node, desire):
+            return True
+        if document is None or document.complete or document.deadline is None:
+            return False
+        return document.deadline.timestamp() < time.time()
+
+    def _fold_myself(self) -> None:
+        try:
+            if self._folder.fold_pending():
+                self.stats["self_folds"] += 1
+        except (ApiError, ApiUnavailableError) as exc:
+            logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
+
+    def _give_up(self) -> None:
+        """At the join timeout: ask to leave (as the framework removes itself), without waiting."""
+        try:
+            self._ask(Desire.LEAVE, self._lease.round, time.monotonic() + self.timings.heartbeat)
+        except self.framework.rendezvous_error as exc:
+            logger.info("could not withdraw the join of %s: %s", self.node, exc)
+
+    # -- confirming a round -------------------------------------------------------------------
+
+    def _round_store(self, round_number: int) -> KubernetesPrefixStore:
+        prefix = self.framework.round_prefix.format(run_id=self.run_id, round=round_number)
+        return KubernetesPrefixStore(prefix, self._store, round_number=round_number, on_write=self._saw_write)
+
+    def _saw_write(self, key: str) -> None:
+        if key.startswith(self.framework.exit_barrier_prefix):
+            self.succeeded = True  # the agent enters its exit barrier only after its workers succeeded
+
+    def wrap_store(self, store: KubernetesPrefixStore) -> Any:
+        """The round's store as the framework's agent wants it (an adapter may wrap it)."""
+        return store
+
+    def _confirm(self, document: RendezvousDocument) -> Any:
+        """Rank 0 hosts a fresh bootstrap store and publishes it under the round's prefix; the others read it."""
+        rank, world_size = document.participants[self.node], len(document.participants)
+        round_store = self._round_store(document.round)
+        self._stop_bootstrap_store()
+        server_port = None
+        server_seconds = 0.0
+        if rank == 0 and self.use_agent_store:
+            began = time.monotonic()
+            self._bootstrap_server = self.framework.create_store_server(self.node.addr)
+            server_port = int(self._bootstrap_server.port)
+            server_seconds = time.monotonic() - began
+        served = time.monotonic()
+        before = dict(self._store.stats)
+        publish = ConcurrentWrites(round_store)
+        self._bootstrap_store_info = self.framework.store_info_class.build(
+            rank,
+            publish if rank == 0 else WrittenOnceReads(round_store),
+            local_addr=self.node.addr,
+            server_port=server_port,
+        )
+        publish.flush()
+        self.bootstrap_seconds = {
+            "server": server_seconds,
+            "address": time.monotonic() - served,
+            "requests": self._store.stats["requests"] - before["requests"],
+            "retries": self._store.stats["conflicts"] - before["conflicts"],
+        }
+        if rank == 0:  # after publishing: the cleanup is off the round's critical path
+            kept = range(max(0, document.round - ROUNDS_KEPT_BEHIND), document.round + ROUNDS_KEPT_AHEAD + 1)
+            self._store.delete_rounds_except(kept)
+        logger.info(
+            "round %d formed: rank %d of %d, bootstrap store %s:%s",
+            document.round,
+            rank,
+            world_size,
+            self._bootstrap_store_info.master_addr,
+            self._bootstrap_store_info.master_port,
+        )
+        return self.framework.info_class(self.wrap_store(round_store), rank, world_size, self._bootstrap_store_info)
+
+    def _stop_bootstrap_store(self) -> None:
+        server, self._bootstrap_server = self._bootstrap_server, None
+        if server is not None and hasattr(server, "stop"):
+            try:
+                server.stop()
+            except Exception as exc:  # noqa: BLE001 - an old server that will not stop is harmless
+                logger.debug("stopping the previous bootstrap store failed: %s", exc)
+
+    # -- leaving and closing ------------------------------------------------------------------
+
+    def _leave(self, deadline: float) -> bool:
+        """Leave without closing; False when that could not be written by ``deadline``."""
+        try:
+            reading = self._read(deadline)
+            if reading.document is None or reading.document.closed or reading.close_requested:
+                self._renewer.remove(self._lease)
+                return True  # nothing to leave: no state, or a closed rendezvous takes no one
+            self._settle(Desire.LEAVE, deadline)
+        except self.framework.closed_error:
+            self._renewer.remove(self._lease)
+            return True
+        except self.framework.rendezvous_error as exc:
+            logger.warning("could not leave the rendezvous %s: %s", self.run_id, exc)
+            return False
+        logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self.run_id)
+        return True
+
+    def _close(self, deadline: float) -> bool:
+        """Fold a close into the state (with whatever is pending); False when not written by ``deadline``."""
+        self._renewer.remove(self._lease)
+        while time.monotonic() < deadline:
+            try:
+                reading = self._read(deadline)
+                if reading.document is not None and reading.document.closed:
+                    return True  # closed by this fold, by another agent's, or by a person (an intent)
+                if not self._folder.fold_once(close=True):
+                    self._changed_since(reading.version, 1.0)
+            except self.framework.closed_error:
+                return True
+            except (ApiError, ApiUnavailableError, self.framework.rendezvous_error) as exc:
+                logger.info("closing the rendezvous %s failed this time: %s", self.run_id, exc)
+                time.sleep(0.5)
+        logger.warning("could not close the rendezvous %s in time", self.run_id)
+        return False
+
+    def _record_closed(self) -> None:
+        """Write the closed state a person's close produced (best effort), so the summary and kubectl say Closed."""
+        try:
+            self._folder.fold_pending()
+        except Exception as exc:  # noqa: BLE001 - the object may be gone already; the exit stays clean
+            logger.info("could not record the closed state: %s", exc)
+
+    def _leave_at_exit(self) -> None:
+        """At interpreter exit: leave if ``shutdown()`` was never called (torch's launcher after a signal)."""
+        if self._shutdown_result is not None:
+            return
+        logger.info(
+            "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
+            self.run_id,
+        )
+        try:
+            self._shutdown_result = self._leave(time.monotonic() + EXIT_LEAVE_SECONDS)
+        finally:
+            self._stop_bootstrap_store()
+
+
+def waiting_count(reading: RendezvousReading) -> int:
+    """The wait list, and a close asked by a person counted as one (a close by an agent that succeeded: none)."""
+    document = reading.document
+    if document is None:
+        return 1 if reading.close_requested else 0
+    return max(len(document.wait_list), 1 if document.closed and reading.close_requested else 0)
+
+
+__all__ = ["BACKEND_NAME", "NativeHandler", "incarnation_node", "waiting_count"]
