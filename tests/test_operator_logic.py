@@ -23,6 +23,7 @@ from kube_rendezvous.document import (
     document_to_json,
     encode_document,
 )
+from kube_rendezvous.intents import EVICTED_NODES_KEPT, with_evicted
 from kube_rendezvous.settings import RendezvousTimings
 from kube_rendezvous_operator import logic
 
@@ -377,15 +378,15 @@ class TestPods:
 
 class TestEvictionAndLiveness:
     def test_with_evicted_adds_only_new_nodes(self) -> None:
-        assert logic.with_evicted({}, ["a", "b"]) == ["a", "b"]
-        assert logic.with_evicted({"evictedNodes": ["a"]}, ["a", "b"]) == ["a", "b"]
-        assert logic.with_evicted({"evictedNodes": ["a", "b"]}, ["b"]) is None
-        assert logic.with_evicted({"evictedNodes": ["a"]}, []) is None
+        assert with_evicted({}, ["a", "b"]) == ["a", "b"]
+        assert with_evicted({"evictedNodes": ["a"]}, ["a", "b"]) == ["a", "b"]
+        assert with_evicted({"evictedNodes": ["a", "b"]}, ["b"]) is None
+        assert with_evicted({"evictedNodes": ["a"]}, []) is None
 
     def test_with_evicted_keeps_the_newest_names(self) -> None:
-        current = [f"n{index}" for index in range(logic.EVICTED_NODES_KEPT)]
-        result = logic.with_evicted({"evictedNodes": current}, ["new"])
-        assert result is not None and len(result) == logic.EVICTED_NODES_KEPT
+        current = [f"n{index}" for index in range(EVICTED_NODES_KEPT)]
+        result = with_evicted({"evictedNodes": current}, ["new"])
+        assert result is not None and len(result) == EVICTED_NODES_KEPT
         assert result[0] == "n1" and result[-1] == "new"
 
     def test_live_agents_are_those_with_a_heartbeat_within_the_expiry(self) -> None:

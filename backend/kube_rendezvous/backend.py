@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
-import random
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -55,7 +54,6 @@ from .frameworks import Framework
 from .frameworks import tensorplay as tensorplay_framework
 from .intents import read_rendezvous
 from .kubeapi import (
-    MERGE_PATCH,
     RENDEZVOUS_PLURAL,
     ApiError,
     ApiUnavailableError,
@@ -63,12 +61,14 @@ from .kubeapi import (
     InvalidError,
     KubernetesApi,
     NotFoundError,
+    backoff,
     call_with_retries,
     describe_api_error,
     resource_path,
 )
 from .settings import RendezvousTimings
 from .statecheck import load_own_state
+from .status import write_status
 from .summary import summarize_document
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,6 @@ class KubernetesRendezvousBackend:
         #: The token of the last object seen, its status, and the run id its state belongs to.
         self._remembered: tuple[str, dict[str, Any]] = ("", {})
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
-        self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
         self.spec: dict[str, Any] = {}
         #: Whether a person asked to close the rendezvous (``spec.closed`` or a deletion), as last read.
@@ -301,13 +300,13 @@ class KubernetesRendezvousBackend:
         remembered_token, previous = self._remembered
         known_ids = [str(item) for item in previous.get("recentWriteIds") or []] if remembered_token == token else []
         write_ids = [*known_ids[-(RECENT_WRITE_IDS - 1) :], write_id]
-        body = {"metadata": {"resourceVersion": token}, "status": self._status_for(document, encoded, write_ids, token)}
+        status = self._status_for(document, encoded, write_ids, token)
         deadline = time.monotonic() + self._retry_timeout
         unclear = False
-        delay = 0.1
+        attempt = 0
         while True:
             try:
-                written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
+                written = write_status(self._api, self.namespace, self.rendezvous_name, status, token=token)
                 break
             except ConflictError:
                 if not unclear:
@@ -333,14 +332,15 @@ class KubernetesRendezvousBackend:
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
                 # No clear answer: read what is stored to learn the outcome.
+                attempt += 1
+                delay = backoff(attempt, 0.1, 2.0, floor=0.5)
                 if time.monotonic() + delay > deadline:
                     raise self.framework.connection_error(
                         "The Kubernetes API server gave no clear answer to a state write for "
                         f"{self._retry_timeout:.0f} s. See the inner exception for details."
                     ) from exc
                 logger.info("state write had no clear answer (%s); reading the outcome", exc)
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 2.0)
+                time.sleep(delay)
                 obj = self._read_object()
                 if (committed := self._committed(obj, write_id)) is not None:
                     return committed
@@ -370,8 +370,7 @@ class KubernetesRendezvousBackend:
         """
         self._conflict_streak += 1
         if self._conflict_backoff > 0:
-            limit = min(self._max_conflict_backoff, self._conflict_backoff * 2 ** min(self._conflict_streak - 1, 16))
-            time.sleep(random.uniform(0, limit))
+            time.sleep(backoff(self._conflict_streak, self._conflict_backoff, self._max_conflict_backoff))
 
     def _lost(self, current: tuple[bytes, Token] | None) -> tuple[bytes, Token, bool] | None:
         self.stats["conflicts"] += 1

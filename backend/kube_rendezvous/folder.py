@@ -37,7 +37,6 @@ from .document import NodeId, RendezvousDocument, StateDocumentError, decode_doc
 from .folding import Desire, JoinSettings, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
-    MERGE_PATCH,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -59,6 +58,7 @@ from .leases import (
     list_node_records,
     record_of,
 )
+from .status import write_status
 from .summary import departure_of, summarize_document
 from .watchcache import WatchCache, shared_watch
 
@@ -246,7 +246,6 @@ class Folder:
         self._self_folded_at = -SELF_FOLD_SECONDS
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
-        self._status_path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
         #: Counters for tests and benchmarks.
         self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0}
         self.rendezvous.add_listener(lambda _: self._wake.set())
@@ -383,9 +382,10 @@ class Folder:
         if (obj.get("status") or {}).get("runId") not in (None, run_id):
             # A new run starts without the old run's evictions and departures.
             status.update(evictedNodes=None, recentWriteIds=[], lastDeparture=departure)
-        body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": status}
         try:
-            written = self._api.request("PATCH", self._status_path, body=body, content_type=MERGE_PATCH)
+            written = write_status(
+                self._api, self.namespace, self.rendezvous_name, status, token=obj["metadata"]["resourceVersion"]
+            )
         except ConflictError:
             self.stats["conflicts"] += 1
             return False

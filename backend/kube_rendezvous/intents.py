@@ -22,6 +22,17 @@ from .document import RendezvousDocument, decode_document
 
 #: The heartbeat time given to evicted nodes: long expired on every clock.
 EVICTED_HEARTBEAT = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: Evictions kept in ``status.evictedNodes`` (the oldest dropped first; the CRD's maxItems).
+EVICTED_NODES_KEPT = 256
+
+
+def with_evicted(status: dict[str, Any], nodes: list[str]) -> list[str] | None:
+    """``status.evictedNodes`` with ``nodes`` added (bounded), or None when all are there already."""
+    current = list(status.get("evictedNodes") or [])
+    added = [node for node in nodes if node not in current]
+    if not added:
+        return None
+    return (current + added)[-EVICTED_NODES_KEPT:]
 
 
 def fold_intents(

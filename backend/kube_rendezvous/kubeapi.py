@@ -322,6 +322,16 @@ class KubernetesApi:
             response.release_conn()
 
 
+def backoff(attempt: int, base: float, cap: float, floor: float = 0.0) -> float:
+    """Seconds to wait before retry ``attempt`` (1: the first): ``base`` doubled per attempt, capped at ``cap``.
+
+    Jittered between ``floor`` (a fraction) and 1 of that: full jitter by default, which spreads N
+    writers that lost one compare-and-swap at once; ``floor=0.5`` for retries of an unavailable server.
+    """
+    limit = min(cap, base * 2 ** min(max(attempt - 1, 0), 30))
+    return random.uniform(floor * limit, limit)
+
+
 def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T:
     """Run ``call`` until it succeeds, retrying unavailability and transient statuses until ``deadline``.
 
@@ -332,7 +342,7 @@ def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T
         ApiError: a status that is not retryable, or the last one at the deadline.
         ApiUnavailableError: still unreachable at the deadline.
     """
-    delay = 0.1
+    attempt = 0
     while True:
         try:
             return call()
@@ -342,11 +352,12 @@ def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T
             if not exc.transient:
                 raise
             failure = exc
+        attempt += 1
+        delay = backoff(attempt, 0.1, 2.0, floor=0.5)
         if time.monotonic() + delay > deadline:
             raise failure
         logger.info("%s failed (%s); retrying in %.1f s", what, failure, delay)
-        time.sleep(delay * random.uniform(0.5, 1.0))
-        delay = min(delay * 2, 2.0)
+        time.sleep(delay)
 
 
 def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:

@@ -70,6 +70,7 @@ from .kubeapi import (
     GoneError,
     KubernetesApi,
     NotFoundError,
+    backoff,
     call_with_retries,
     describe_api_error,
     resource_path,
@@ -337,7 +338,7 @@ class KubernetesStore:
             if conflicts:
                 # Many writers on one key (the exit barrier: every agent adds to one counter) take
                 # turns instead of all re-reading at once: O(N log N) requests in all, not O(N^2).
-                time.sleep(random.uniform(0, min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**conflicts)))
+                time.sleep(backoff(conflicts + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX))
             if read:
                 # After a lost compare-and-swap the watch usually shows the winner's version already:
                 # no GET then. After an unclear answer, the API server decides.
@@ -588,7 +589,7 @@ class KubernetesStore:
                 if outcome is False:  # another fold came first: wait for the watch to show it
                     lost += 1
                     self.stats["conflicts"] += 1
-                    patience = now + random.uniform(0, min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**lost))
+                    patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
                 elif outcome is None:
                     patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
             wait = min(deadline, patience) - time.monotonic()

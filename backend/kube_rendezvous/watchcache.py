@@ -18,13 +18,12 @@ permission, repeated errors) ``healthy`` is False and callers read from the API 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .kubeapi import ApiError, ApiUnavailableError, ForbiddenError, GoneError, KubernetesApi, NotFoundError
+from .kubeapi import ApiError, ApiUnavailableError, ForbiddenError, GoneError, KubernetesApi, NotFoundError, backoff
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +188,7 @@ class WatchCache:
             if failures:
                 with self._condition:
                     self.healthy = False  # events may be missing until the next list
-                self._stopped.wait(min(5.0, 0.2 * 2 ** min(failures, 5)) * random.uniform(0.5, 1.0))
+                self._stopped.wait(backoff(failures + 1, 0.2, 5.0, floor=0.5))
 
 
 _SHARED: dict[tuple[str, str, str], WatchCache] = {}

@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 from kube_rendezvous.document import NodeId, RendezvousDocument
+from kube_rendezvous.intents import with_evicted
 from kube_rendezvous.kubeapi import (
     GROUP,
-    MERGE_PATCH,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
@@ -41,6 +42,8 @@ from kube_rendezvous.kubeapi import (
     load_api_client,
     resource_path,
 )
+from kube_rendezvous.status import add_evictions as evict
+from kube_rendezvous.status import write_status
 from kube_rendezvous.summary import parse_time
 
 from . import logic, metrics
@@ -89,12 +92,11 @@ def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -
 
     Raises:
         kopf.PermanentError: the server refused the write for good (forbidden, invalid).
-        kopf.TemporaryError: it may succeed later (conflict, throttled, unready, unreachable).
+        kopf.TemporaryError: it may succeed later (throttled, unready, unreachable).
     """
-    path = resource_path(RENDEZVOUS_PLURAL, namespace, name, "status")
     what = f"status ({kind}) of {namespace}/{name}"
     try:
-        api().request("PATCH", path, body={"status": status}, content_type=MERGE_PATCH)
+        write_status(api(), namespace, name, status)
     except NotFoundError:
         logger.info("did not write the %s: the Rendezvous is gone", what)
         return False
@@ -104,45 +106,35 @@ def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -
             raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
         raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
     except (ApiError, ApiUnavailableError) as exc:
-        if isinstance(exc, ConflictError):
-            metrics.WRITE_CONFLICTS.inc()
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
         raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
     metrics.OPERATOR_WRITES.labels(kind=kind).inc()
     return True
 
 
-def add_evictions(namespace: str, name: str, nodes: list[str], attempts: int = 20) -> list[str] | None:
-    """Add ``nodes`` to ``status.evictedNodes`` by compare-and-swap, so concurrent evictions are never lost.
+#: Seconds an eviction keeps trying while the API server does not answer.
+EVICT_SECONDS = 30.0
+
+
+def add_evictions(namespace: str, name: str, nodes: list[str]) -> list[str] | None:
+    """Add ``nodes`` to ``status.evictedNodes`` (``status.add_evictions``: compare-and-swap with backoff).
 
     Returns the list written, or None when there was nothing to add, the Rendezvous is gone, or
     the write failed (logged; the event handler is not retried, so it must not raise).
     """
-    path = resource_path(RENDEZVOUS_PLURAL, namespace, name)
-    for _ in range(attempts):
-        try:
-            current = api().request("GET", path)
-            evicted = logic.with_evicted(current.get("status") or {}, nodes)
-            if evicted is None:
-                return None
-            body = {
-                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                "status": {"evictedNodes": evicted},
-            }
-            api().request("PATCH", f"{path}/status", body=body, content_type=MERGE_PATCH)
-        except ConflictError:
+    try:
+        _, evicted = evict(api(), namespace, name, nodes, deadline=time.monotonic() + EVICT_SECONDS)
+    except NotFoundError:
+        return None
+    except (ApiError, ApiUnavailableError) as exc:
+        if isinstance(exc, ConflictError):
             metrics.WRITE_CONFLICTS.inc()
-            continue
-        except NotFoundError:
-            return None
-        except (ApiError, ApiUnavailableError) as exc:
-            metrics.RECONCILE_ERRORS.labels(handler="evict").inc()
-            logger.warning("could not evict %s from %s/%s: %s", nodes, namespace, name, exc)
-            return None
+        metrics.RECONCILE_ERRORS.labels(handler="evict").inc()
+        logger.warning("could not evict %s from %s/%s: %s", nodes, namespace, name, exc)
+        return None
+    if evicted is not None:
         metrics.OPERATOR_WRITES.labels(kind="evict").inc()
-        return evicted
-    logger.warning("could not evict %s from %s/%s: %d conflicts in a row", nodes, namespace, name, attempts)
-    return None
+    return evicted
 
 
 def update_condition(
@@ -382,7 +374,7 @@ def evict_and_report(namespace: str, rendezvous: str, nodes: list[str], because:
     Returns whether anything was written.
     """
     observed = OBSERVED.get((namespace, rendezvous))
-    if not nodes or (observed is not None and logic.with_evicted(observed.status, nodes) is None):
+    if not nodes or (observed is not None and with_evicted(observed.status, nodes) is None):
         return False
     evicted = add_evictions(namespace, rendezvous, nodes)
     if evicted is None:

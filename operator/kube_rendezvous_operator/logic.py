@@ -20,7 +20,6 @@ from kube_rendezvous.settings import RendezvousTimings
 from kube_rendezvous.summary import format_time, parse_time
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
-EVICTED_NODES_KEPT = 256
 #: Nodes named one by one in Events; beyond that, one Event counts them and names the first ones.
 NODES_LISTED = 16
 #: The Ready reason for a ``status.state`` that the agents would refuse.
@@ -439,15 +438,6 @@ def nodes_of_pod(
 def known_nodes(document: RendezvousDocument | None) -> list[NodeId]:
     """Every node the document names: participants, waiting, redundant and heartbeat-only nodes."""
     return [] if document is None else document.nodes()
-
-
-def with_evicted(status: dict[str, Any], nodes: list[str]) -> list[str] | None:
-    """``status.evictedNodes`` with ``nodes`` added (bounded), or None when all are there already."""
-    current = list(status.get("evictedNodes") or [])
-    added = [node for node in nodes if node not in current]
-    if not added:
-        return None
-    return (current + added)[-EVICTED_NODES_KEPT:]
 
 
 def live_agents(document: RendezvousDocument | None, now: datetime, expiry: timedelta) -> list[str]:

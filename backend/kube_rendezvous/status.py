@@ -1,0 +1,91 @@
+"""The one way to write a Rendezvous's status: a merge patch of the status subresource, and the eviction intent.
+
+Every writer of ``status`` goes through ``write_status``: the folder and the compare-and-swap backend
+(the state, with the summary; ``token`` makes it a compare-and-swap), the operator (conditions) and
+``add_evictions`` (the operator's and ``kubectl rdzv evict``'s eviction intent).
+
+Not guaranteed: anything beyond one request per call. ``write_status`` neither retries nor reads:
+callers decide what a conflict or a lost answer means (the backend's exactly-once protocol, the
+folder's next fold, the operator's retry).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .intents import with_evicted
+from .kubeapi import (
+    MERGE_PATCH,
+    RENDEZVOUS_PLURAL,
+    ApiUnavailableError,
+    ConflictError,
+    KubernetesApi,
+    backoff,
+    resource_path,
+)
+
+#: Compare-and-swaps of ``add_evictions`` lost in a row before it gives up.
+EVICT_ATTEMPTS = 20
+
+
+def write_status(
+    api: KubernetesApi, namespace: str, rendezvous_name: str, status: dict[str, Any], *, token: str | None = None
+) -> dict[str, Any]:
+    """Merge-patch ``status`` into the Rendezvous's status; with ``token``, only if that is its resourceVersion.
+
+    Without ``token`` the server applies the patch to the latest version (no conflict is possible).
+    Returns the written object.
+
+    Raises:
+        ConflictError: ``token`` is stale (nothing written).
+        NotFoundError: the Rendezvous is gone.
+        ApiError, ApiUnavailableError: refused, or no answer (the outcome of the write is unknown).
+    """
+    body: dict[str, Any] = {"status": status}
+    if token is not None:
+        body["metadata"] = {"resourceVersion": token}
+    path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name, "status")
+    written: dict[str, Any] = api.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+    return written
+
+
+def add_evictions(
+    api: KubernetesApi, namespace: str, rendezvous_name: str, nodes: list[str], *, deadline: float
+) -> tuple[dict[str, Any], list[str] | None]:
+    """Add ``nodes`` to ``status.evictedNodes`` by compare-and-swap, so that concurrent evictions are never lost.
+
+    Each attempt reads the object and writes the list on its resourceVersion; a lost compare-and-swap
+    backs off (jittered, doubling) and reads again; an answer that never came is resolved by the next
+    read (the nodes are there, or it is sent again). Returns the object last read and the list
+    written (None: every node was evicted already).
+
+    Raises:
+        NotFoundError: the Rendezvous is gone.
+        ConflictError: ``EVICT_ATTEMPTS`` compare-and-swaps in a row lost.
+        ApiError, ApiUnavailableError: refused, or no answer by ``deadline``.
+    """
+    path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
+    conflicts = 0
+    while True:
+        obj: dict[str, Any] = api.request("GET", path)
+        evicted = with_evicted(obj.get("status") or {}, nodes)
+        if evicted is None:
+            return obj, None
+        try:
+            written = write_status(
+                api, namespace, rendezvous_name, {"evictedNodes": evicted}, token=obj["metadata"]["resourceVersion"]
+            )
+            return written, evicted
+        except ConflictError:
+            conflicts += 1
+            if conflicts >= EVICT_ATTEMPTS:
+                raise
+            time.sleep(backoff(conflicts, 0.02, 1.0))
+        except ApiUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(backoff(1, 0.5, 0.5, floor=0.5))
+
+
+__all__ = ["EVICT_ATTEMPTS", "add_evictions", "write_status"]
