@@ -12,7 +12,7 @@ import pickle
 import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kube_rendezvous.document import (
@@ -452,3 +452,26 @@ class TestEvictionBelongsToOneIncarnation:
         node = NodeId("10.0.0.7", 1, 11)
         document = RendezvousDocument(last_heartbeats={node: self.GONE + logic.HEARTBEAT_SLACK})
         assert logic.nodes_of_pod(self.failed_pod(), [node], document=document, gone_at=self.GONE) == [node]
+
+
+class TestRoundBroken:
+    departure: ClassVar[dict[str, Any]] = {
+        "round": 3,
+        "time": "2025-01-02T03:04:05Z",
+        "count": 1,
+        "nodes": [{"node": "n_1_0", "reason": "Left"}],
+    }
+
+    def test_a_new_departure_posts_one_warning_naming_the_node_and_the_round(self) -> None:
+        event = logic.departure_event({}, {"lastDeparture": self.departure})
+        assert event == logic.RendezvousEvent(
+            "Warning", "RoundBroken", "node n_1_0 left round 3; its other members re-rendezvous without it", 1
+        )
+
+    def test_the_same_departure_is_not_posted_twice_nor_after_a_restart(self) -> None:
+        status = {"lastDeparture": self.departure}
+        assert logic.departure_event(status, status) is None
+        assert logic.departure_event({}, {}) is None
+        first = logic.departure_event(None, status)
+        assert first is not None
+        assert logic.departure_event(None, status, [(first.reason, first.message)]) is None

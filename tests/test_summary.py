@@ -14,6 +14,8 @@ from kube_rendezvous.summary import (
     PHASES,
     RECENT_ROUNDS,
     SUMMARY_LIST_LIMIT,
+    departure_line,
+    departure_of,
     format_time,
     forming_line,
     parse_time,
@@ -359,3 +361,57 @@ class TestFormingLine:
     def test_a_complete_or_closed_round_has_no_line(self) -> None:
         assert forming_line(RendezvousDocument(complete=True, participants={self.A: 0}), min_nodes=1, waited=30) is None
         assert forming_line(RendezvousDocument(closed=True), min_nodes=1, waited=30) is None
+
+
+class TestDeparture:
+    a, b, c = NodeId("10.0.0.1", 1, 0), NodeId("10.0.0.2", 2, 0), NodeId("10.0.0.3", 3, 0)
+
+    def formed(self) -> RendezvousDocument:
+        return RendezvousDocument(round=3, complete=True, participants={self.a: 0, self.b: 1, self.c: 2})
+
+    def test_a_formed_round_that_loses_members_records_who_went_and_why(self) -> None:
+        after = RendezvousDocument(round=3, complete=True, participants={self.a: 0})
+        departure = departure_of(self.formed(), after, {self.b: "Left", self.c: "Evicted"}, NOW)
+        assert departure == {
+            "round": 3,
+            "time": "2024-05-01T12:00:00Z",
+            "count": 2,
+            "nodes": [{"node": str(self.b), "reason": "Left"}, {"node": str(self.c), "reason": "Evicted"}],
+        }
+        assert departure_line(departure) == "2 nodes left round 3: 10.0.0.2_2_0 (left), 10.0.0.3_3_0 (evicted)"
+        only = {**departure, "count": 1, "nodes": departure["nodes"][1:]}
+        assert departure_line(only) == "node 10.0.0.3_3_0 was evicted from round 3"
+
+    def test_the_last_member_leaving_starts_the_next_round_and_still_records_the_break(self) -> None:
+        before = RendezvousDocument(round=3, complete=True, participants={self.a: 0})
+        departure = departure_of(before, RendezvousDocument(round=4), {}, NOW)
+        assert departure is not None and departure["round"] == 3
+        assert departure["nodes"] == [{"node": str(self.a), "reason": "Removed"}]
+
+    def test_only_the_first_departure_of_a_round_breaks_it(self) -> None:
+        first = departure_of(
+            self.formed(), RendezvousDocument(round=3, complete=True, participants={self.a: 0, self.c: 2}), {}, NOW
+        )
+        assert first is not None
+        after = RendezvousDocument(round=3, complete=True, participants={self.c: 2})
+        before = RendezvousDocument(round=3, complete=True, participants={self.a: 0, self.c: 2})
+        assert departure_of(before, after, {}, NOW, first) is None  # a survivor re-rendezvousing
+        assert departure_of(before, after, {}, NOW, {**first, "round": 2}) is not None
+
+    def test_forming_rounds_closed_ones_and_gains_record_nothing(self) -> None:
+        forming = RendezvousDocument(round=3, participants={self.a: 0, self.b: 0})
+        assert departure_of(forming, RendezvousDocument(round=3, participants={self.a: 0}), {}, NOW) is None
+        closed = RendezvousDocument(round=3, complete=True, closed=True, participants={self.a: 0})
+        assert departure_of(self.formed(), closed, {}, NOW) is None
+        gained = RendezvousDocument(**{**self.formed().__dict__, "wait_list": frozenset({NodeId("d", 4, 0)})})
+        assert departure_of(self.formed(), gained, {}, NOW) is None
+        assert departure_of(None, self.formed(), {}, NOW) is None
+
+    def test_at_most_16_nodes_are_listed_and_the_line_says_how_many_more(self) -> None:
+        many = {NodeId(f"10.1.0.{index}", index, 0): index for index in range(20)}
+        departure = departure_of(
+            RendezvousDocument(round=0, complete=True, participants=many), RendezvousDocument(round=1), {}, NOW
+        )
+        assert departure is not None and departure["count"] == 20 and len(departure["nodes"]) == 16
+        assert departure_line(departure).startswith("20 nodes left round 0: 10.1.0.0_0_0 (removed), ")
+        assert departure_line(departure).endswith("and 4 more")

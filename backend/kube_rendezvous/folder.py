@@ -357,7 +357,8 @@ class Folder:
         folded = fold(document, requests, dead=dead, now=now, settings=settings)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored
-        return self._write(obj, folded, run_id, now, departure_of(stored, folded, reasons, now))
+        departure = departure_of(stored, folded, reasons, now, status.get("lastDeparture"))
+        return self._write(obj, folded, run_id, now, departure)
 
     @staticmethod
     def _settings(spec: dict[str, Any], records: list[NodeRecord]) -> JoinSettings:

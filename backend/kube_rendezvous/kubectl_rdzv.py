@@ -1,55 +1,46 @@
 """``kubectl rdzv``: look at and steer a Rendezvous from the command line (console script ``kubectl-rdzv``).
 
-Subcommands (``kubectl rdzv --help``; ``-n/--namespace``, ``--kubeconfig``, ``--context`` as kubectl):
+Subcommands (``kubectl rdzv --help``; ``-n/--namespace``, ``--kubeconfig``, ``--context`` as kubectl;
+docs/kubectl-rdzv.md shows their output):
 
-- ``status NAME [-o json]``: round, phase, participants with ranks, waiting and redundant nodes,
-  the age of each node's last heartbeat, how many nodes the round still needs, the writer.
+- ``status NAME [-o json]``: round, phase, participants with ranks, waiting and redundant nodes, the age
+  of each node's last heartbeat, how many nodes the round still needs, the writer, the last departure.
 - ``close NAME``: sets ``spec.closed: true`` (a merge patch of the spec); the agents end the job.
-- ``evict NAME NODE``: adds NODE to ``status.evictedNodes`` by compare-and-swap, as the operator
-  does for a node whose pod is gone; the agents drop it from the next round.
-- ``watch NAME``: a status line each time the object or its Leases change (a watch, not polling).
+- ``evict NAME NODE``: adds NODE to ``status.evictedNodes`` with ``status.add_evictions``, the
+  compare-and-swap the operator uses for a node whose pod is gone; the agents drop it from the next round.
+- ``watch NAME``: a status line each time the object or its Leases change (two ``WatchCache`` informers).
 
-``status.state`` is read with ``decode_document``, the agents' own bounded validator: nothing is
-ever unpickled. Heartbeats come from the per-node Leases when there are any (labels
-``kube-rendezvous.io/rendezvous=<rendezvous name>`` and ``kube-rendezvous.io/lease=node``,
-annotation ``kube-rendezvous.io/node`` = ``addr_pid_localid``, ``spec.renewTime``), else from
-the state document. The writer Lease (``kube-rendezvous.io/lease=writer``) names the writer.
-The plugin never writes the state document itself.
+API access, Leases, eviction and watching are the library's own (``kubeapi``, ``leases``, ``status``,
+``watchcache``). ``status.state`` is read with ``decode_document``, the agents' bounded validator:
+nothing is ever unpickled, and the plugin never writes the state document. Heartbeats come from the
+node Leases when there are any (the contract in ``leases``: ``spec.renewTime`` of the Leases labelled
+with the Rendezvous and ``kube-rendezvous.io/lease=node``), else from the state document.
 
 Not guaranteed:
 
-- Heartbeat ages compare the writers' clocks (``renewTime``, the document's heartbeats) with this
-  machine's clock; with clock skew they are off by the skew (negative ages are shown as such).
+- Heartbeat ages compare the writers' clocks with this machine's; with clock skew they are off by it.
 - ``status`` reads the object and the Leases in two requests: the two can be a moment apart.
-- When the current round began forming (``status.roundStartTime``) and how long the last rounds
-  took (``status.recentRounds``, the last 5) are the writers' clocks; a Rendezvous last written by
-  an older release has neither. In LastCall the time since minNodes was reached is estimated from
-  the deadline minus the spec's (or the default) last-call timeout; agents with their own
-  rdzv-conf differ.
+- ``status.roundStartTime``, ``status.recentRounds`` and ``status.lastDeparture`` are the writers'
+  clocks, absent when an older release wrote the status; the LastCall estimate assumes the spec's
+  (or the default) last-call timeout.
 - ``evict`` and ``close`` record intents: they take effect when a live agent next writes the state.
-  ``evict`` checks that the node is in the state when it writes, not that it is still there later.
-- ``watch`` shows every change it receives, but after its watch is re-established (server timeout,
-  410 Gone, a dropped connection) it shows only the end result of changes made in between.
+- ``watch`` shows every change it receives; after a re-list (410 Gone, a dropped watch) only the end
+  result of the changes made in between.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import queue
-import re
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
-
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from .document import RendezvousDocument, StateDocumentError, decode_document
 from .kubeapi import (
@@ -62,80 +53,77 @@ from .kubeapi import (
     ApiUnavailableError,
     ConflictError,
     ForbiddenError,
-    GoneError,
     KubernetesApi,
     NotFoundError,
     call_with_retries,
+    describe_api_error,
+    load_api_client,
     resource_path,
 )
+from .leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
 from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE, RendezvousTimings
-from .summary import format_time, rendezvous_phase
+from .status import EVICT_ATTEMPTS, add_evictions
+from .summary import departure_line, format_time, rendezvous_phase
+from .watchcache import WatchCache
 
-#: Labels and annotation of the per-node and writer Leases (the backend's contract).
-LEASE_KIND_LABEL = "kube-rendezvous.io/lease"
-NODE_ANNOTATION = "kube-rendezvous.io/node"
-LEASE_GROUP = "coordination.k8s.io"
-#: ``status.evictedNodes`` keeps this many names (the CRD's maxItems; oldest dropped first, as the operator).
-EVICTED_NODES_KEPT = 256
-#: Seconds one API request may take, and how long reads are retried while the server is unreachable.
+#: Seconds one API request may take, and how long requests are retried while the server is unreachable.
 REQUEST_TIMEOUT = 15.0
 RETRY_TIMEOUT = 15.0
-#: Compare-and-swap attempts of ``evict`` before giving up.
-EVICT_ATTEMPTS = 20
-#: Seconds one watch request lasts before it is re-established.
-WATCH_SECONDS = 240
 #: Nodes named in an error message before "and N more".
 NODES_NAMED = 20
+#: The roles of ``status``'s node table, in the order it lists them.
+ROLES = ("participant", "waiting", "redundant", "heartbeat-only", "lease-only")
 
 _ROUND_HISTORY_NOTE = "none recorded yet (status.recentRounds is empty)"
-_MICROTIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+#: What ``watch`` follows: its name in the event lines, and the collection.
+_WATCHED = (("Rendezvous", RENDEZVOUS_PLURAL), ("Leases", LEASE_PLURAL))
+
+Objects = dict[str, dict[str, Any]]
 
 
 class PluginError(Exception):
     """A failure the user can act on; its message is one line that names the object or field and the fix."""
 
 
-# -- connection ------------------------------------------------------------------------------
-
-
-def _in_cluster() -> bool:
-    return bool(
-        os.environ.get("KUBERNETES_SERVICE_HOST")
-        and not os.environ.get("KUBECONFIG")
-        and not Path("~/.kube/config").expanduser().exists()
-        and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
-    )
+# -- API access ------------------------------------------------------------------------------
 
 
 def connect(kubeconfig: str | None, context: str | None) -> tuple[KubernetesApi, str]:
     """Return an API client and the default namespace, as kubectl would pick them.
 
-    The kubeconfig (``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``) and its
-    current or named context; in a pod without a kubeconfig, the pod's ServiceAccount.
+    The kubeconfig (``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``) and its current or
+    named context; in a pod where none of those is given or exists, the pod's ServiceAccount.
 
     Raises:
         PluginError: no usable kubeconfig or context.
     """
+    where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    in_pod = kubeconfig is context is None and "KUBECONFIG" not in os.environ and not Path(where).expanduser().exists()
     try:
-        if kubeconfig is None and context is None and _in_cluster():
-            configuration = k8s_client.Configuration()
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        api_client, namespace = load_api_client(None if in_pod else where, context)
+        if in_pod:
             namespace = Path(SERVICE_ACCOUNT_NAMESPACE_FILE).read_text().strip()
-            return KubernetesApi(k8s_client.ApiClient(configuration), REQUEST_TIMEOUT), namespace or "default"
-        api_client = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
-        contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
-        if context is not None:
-            active = next((item for item in contexts if item.get("name") == context), active)
-        namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
-        return KubernetesApi(api_client, REQUEST_TIMEOUT), namespace
-    except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
-        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        detail = " ".join(str(exc).split()).rstrip(".")
+    except (OSError, ValueError) as exc:
+        detail = " ".join(str(exc.__cause__ or exc).split()).rstrip(".")
         raise PluginError(
             f"could not load the kubeconfig {where!r}"
             + (f" (context {context!r})" if context else "")
             + f": {detail}. Pass --kubeconfig PATH and --context NAME, or set KUBECONFIG."
         ) from exc
+    return KubernetesApi(api_client, REQUEST_TIMEOUT), namespace or "default"
+
+
+def _forbidden(verb: str, resource: str, namespace: str) -> PluginError:
+    """The permission to ask for, and the ``kubectl auth can-i`` that checks it."""
+    group = "coordination.k8s.io" if resource == LEASE_PLURAL else GROUP
+    plural, _, subresource = resource.partition("/")
+    return PluginError(
+        f"forbidden: you may not {verb} {resource} (API group {group!r}) in namespace {namespace!r}; "
+        f"ask for a Role that grants {verb!r} on {resource!r} there, or use another --context "
+        f"(check with: kubectl auth can-i {verb} {plural}.{group}"
+        + (f" --subresource={subresource}" if subresource else "")
+        + f" -n {namespace})"
+    )
 
 
 def _api_failure(exc: ApiError | ApiUnavailableError, verb: str, resource: str, namespace: str) -> PluginError:
@@ -151,42 +139,27 @@ def _api_failure(exc: ApiError | ApiUnavailableError, verb: str, resource: str, 
             "refresh them or pick another --context"
         )
     if isinstance(exc, ForbiddenError):
-        group = LEASE_GROUP if resource.startswith("leases") else GROUP
-        return PluginError(
-            f"forbidden: you may not {verb} {resource} (API group {group!r}) in namespace {namespace!r}; "
-            f"ask for a Role that grants {verb!r} on {resource!r} there, or use another --context "
-            f"(check with: kubectl auth can-i {verb} {resource.split('/')[0]}.{group}"
-            + (f" --subresource={resource.split('/')[1]}" if "/" in resource else "")
-            + f" -n {namespace})"
-        )
-    return PluginError(
-        f"the API server refused to {verb} {resource} in namespace {namespace!r}: {exc.status} {exc.reason}: "
-        f"{exc.message}"
-    )
+        return _forbidden(verb, resource, namespace)
+    return PluginError(describe_api_error(exc, verb, resource, namespace))
 
 
 def _read(api: KubernetesApi, path: str, query: dict[str, Any] | None = None) -> Any:
-    """GET ``path``, retrying unavailability for ``RETRY_TIMEOUT`` seconds."""
+    """GET ``path``, retrying while the server is unreachable or busy, for ``RETRY_TIMEOUT`` seconds."""
     return call_with_retries(
-        lambda: api.request("GET", path, query=query),
-        deadline=time.monotonic() + RETRY_TIMEOUT,
-        what=f"GET {path}",
+        lambda: api.request("GET", path, query=query), deadline=time.monotonic() + RETRY_TIMEOUT, what=f"GET {path}"
     )
 
 
-def _crd_installed(api: KubernetesApi) -> bool:
-    """Whether the API server serves ``rendezvouses`` (discovery, which every authenticated user may read)."""
-    try:
-        resources = _read(api, f"/apis/{GROUP}/{VERSION}")
-    except NotFoundError:
-        return False
-    except (ApiError, ApiUnavailableError):
-        return True  # unknown: say what we know, that the object was not found
-    return any(item.get("name") == RENDEZVOUS_PLURAL for item in (resources or {}).get("resources") or [])
-
-
 def _not_found(api: KubernetesApi, namespace: str, rendezvous_name: str) -> PluginError:
-    if not _crd_installed(api):
+    """Why the Rendezvous is missing: no CRD (asked of discovery, which every user may read), or no object."""
+    try:
+        served = (_read(api, f"/apis/{GROUP}/{VERSION}") or {}).get("resources") or []
+        installed = any(item.get("name") == RENDEZVOUS_PLURAL for item in served)
+    except NotFoundError:
+        installed = False
+    except (ApiError, ApiUnavailableError):
+        installed = True  # unknown: say what we know, that the object was not found
+    if not installed:
         return PluginError(
             f"the Rendezvous CRD (rendezvouses.{GROUP}) is not installed in this cluster, so "
             f"{namespace}/{rendezvous_name} cannot exist; install it: kubectl apply -f crds/ "
@@ -213,56 +186,43 @@ def get_rendezvous(api: KubernetesApi, namespace: str, rendezvous_name: str) -> 
     return obj
 
 
-def leases_path(namespace: str) -> str:
-    """URL path of the Lease collection of ``namespace``."""
-    return f"/apis/{LEASE_GROUP}/v1/namespaces/{namespace}/leases"
+def list_leases(api: KubernetesApi, namespace: str, rendezvous_name: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The Rendezvous's node and writer Leases; none and the reason when they could not be listed."""
+    query = {"labelSelector": f"{RENDEZVOUS_LABEL}={rendezvous_name}"}
+    try:
+        return list(_read(api, resource_path(LEASE_PLURAL, namespace), query).get("items") or []), None
+    except (ApiError, ApiUnavailableError) as exc:
+        return [], str(_api_failure(exc, "list", LEASE_PLURAL, namespace))
 
 
-def lease_selector(rendezvous_name: str) -> str:
-    """The label selector of every Lease (node and writer) of a Rendezvous."""
-    return f"{RENDEZVOUS_LABEL}={rendezvous_name}"
-
-
-def list_leases(api: KubernetesApi, namespace: str, rendezvous_name: str) -> tuple[list[dict[str, Any]], str]:
-    """Return the Rendezvous's Leases and the list's resourceVersion.
-
-    Raises:
-        ApiError, ApiUnavailableError: the list failed (the caller decides whether that is fatal).
-    """
-    answer = _read(api, leases_path(namespace), {"labelSelector": lease_selector(rendezvous_name)})
-    return list(answer.get("items") or []), str((answer.get("metadata") or {}).get("resourceVersion") or "")
-
-
-# -- reading a snapshot ----------------------------------------------------------------------
+# -- the report ------------------------------------------------------------------------------
 
 
 def parse_microtime(text: object) -> datetime | None:
     """The UTC datetime of an RFC 3339 time (``renewTime``, ``lastChangeTime``), or None if absent or malformed."""
-    if not isinstance(text, str):
-        return None
-    match = _MICROTIME.fullmatch(text.strip())
-    if match is None:
-        return None
-    base, fraction, zone = match.groups()
     try:
-        moment = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
+        moment = parse_micro_time(text) if isinstance(text, str) else None
     except ValueError:
         return None
-    micros = int((fraction or "0")[:6].ljust(6, "0"))
-    return (moment + timedelta(microseconds=micros)).astimezone(timezone.utc)
+    return None if moment is None or moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def _age(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else round((now - moment).total_seconds(), 3)
 
 
 def decode_state(obj: dict[str, Any], namespace: str, rendezvous_name: str) -> RendezvousDocument | None:
-    """The validated state document of ``obj`` (None when no agent wrote one yet); never unpickles.
+    """The validated state document of ``obj`` as stored (None when no agent wrote one yet); never unpickles.
+
+    Not ``intents.read_rendezvous``: that folds ``spec.closed`` and the evictions into the document,
+    and ``status`` shows them apart from what the agents have applied.
 
     Raises:
         PluginError: ``status.state`` is not a valid state document; names the field and the fix.
     """
     text = (obj.get("status") or {}).get("state")
-    if text is None or text == "":
-        return None
     try:
-        return decode_document(text)
+        return None if text is None or text == "" else decode_document(text)
     except StateDocumentError as exc:
         message = str(exc)
         if "kubectl patch" not in message:
@@ -274,127 +234,99 @@ def decode_state(obj: dict[str, Any], namespace: str, rendezvous_name: str) -> R
         raise PluginError(f"Rendezvous {namespace}/{rendezvous_name} has an invalid {message}") from exc
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """What ``status`` reads: the object and its Leases (``leases_error`` when they could not be listed)."""
-
-    namespace: str
-    rendezvous_name: str
-    obj: dict[str, Any]
-    leases: list[dict[str, Any]]
-    leases_error: str | None = None
-
-
-def read_snapshot(api: KubernetesApi, namespace: str, rendezvous_name: str) -> Snapshot:
-    """Read the Rendezvous, then its Leases; Leases that cannot be listed are reported, not fatal."""
-    obj = get_rendezvous(api, namespace, rendezvous_name)
-    try:
-        leases, _ = list_leases(api, namespace, rendezvous_name)
-    except (ApiError, ApiUnavailableError) as exc:
-        return Snapshot(namespace, rendezvous_name, obj, [], str(_api_failure(exc, "list", "leases", namespace)))
-    return Snapshot(namespace, rendezvous_name, obj, leases)
-
-
-def _lease_kind(lease: dict[str, Any]) -> str | None:
-    return ((lease.get("metadata") or {}).get("labels") or {}).get(LEASE_KIND_LABEL)
-
-
-def _iso(moment: datetime | None) -> str | None:
-    """RFC 3339 with microseconds in UTC, as Kubernetes writes MicroTime (None stays None)."""
-    return None if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _age(moment: datetime | None, now: datetime) -> float | None:
-    return None if moment is None else round((now - moment).total_seconds(), 3)
-
-
-def _timings(spec: dict[str, Any]) -> RendezvousTimings:
-    try:
-        return RendezvousTimings.resolve(None, spec)
-    except ValueError:
-        return RendezvousTimings()
+def _node_rows(
+    document: RendezvousDocument | None, leases: list[dict[str, Any]], now: datetime, expiry: float
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The node table (every node of the document, then nodes with only a Lease) and the writer Lease."""
+    node_leases: dict[str, tuple[str | None, datetime | None]] = {}
+    writer = None
+    for lease in leases:
+        metadata, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+        renewed = parse_microtime(spec.get("renewTime")) or parse_microtime(spec.get("acquireTime"))
+        kind = (metadata.get("labels") or {}).get(LABEL_LEASE)
+        node = (metadata.get("annotations") or {}).get(ANNOTATION_NODE)
+        if kind == "writer":
+            writer = {
+                "holderIdentity": spec.get("holderIdentity"),
+                "lease": metadata.get("name"),
+                "renewTime": None if renewed is None else micro_time(renewed),
+                "ageSeconds": _age(renewed, now),
+            }
+        elif kind == "node" and isinstance(node, str) and node:
+            node_leases[node] = (metadata.get("name"), renewed)
+    # A node has one role in a document; a node the document does not name but a Lease does is lease-only.
+    members: list[tuple[str, Any]] = [("lease-only", node_leases)]
+    heartbeats: dict[str, datetime | None] = {node: renewed for node, (_, renewed) in node_leases.items()}
+    ranks: dict[str, int] = {}
+    if document is not None:
+        members[:0] = [
+            ("participant", document.participants),
+            ("waiting", document.wait_list),
+            ("redundant", document.redundancy_list),
+            ("heartbeat-only", document.last_heartbeats),
+        ]
+        ranks = {str(node): rank for node, rank in document.participants.items()}
+        if not node_leases:
+            heartbeats = {str(node): moment for node, moment in document.last_heartbeats.items()}
+    roles: dict[str, str] = {}
+    for role, nodes in members:
+        for node in nodes:
+            roles.setdefault(str(node), role)
+    rows = []
+    for node in sorted(roles, key=lambda name: (ROLES.index(roles[name]), ranks.get(name, 0), name)):
+        beat = heartbeats.get(node)
+        age = _age(beat, now)
+        rows.append(
+            {
+                "node": node,
+                "role": roles[node],
+                "rank": ranks.get(node),
+                "lastHeartbeat": None if beat is None else micro_time(beat),
+                "heartbeatAgeSeconds": age,
+                "heartbeatExpired": age is not None and age > expiry,
+                "lease": node_leases.get(node, (None, None))[0],
+            }
+        )
+    return rows, writer
 
 
 def build_report(
-    snapshot: Snapshot, now: datetime, document: RendezvousDocument | None, state_error: str | None = None
+    namespace: str,
+    rendezvous_name: str,
+    obj: dict[str, Any],
+    leases: list[dict[str, Any]],
+    now: datetime,
+    leases_error: str | None = None,
 ) -> dict[str, Any]:
-    """Return the JSON-ready description of a Rendezvous (what ``status -o json`` prints)."""
-    obj = snapshot.obj
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    timings = _timings(spec)
-    min_nodes = spec.get("minNodes")
-    node_leases: dict[str, dict[str, Any]] = {}
-    writer: dict[str, Any] | None = None
-    for lease in snapshot.leases:
-        metadata = lease.get("metadata") or {}
-        lease_spec = lease.get("spec") or {}
-        renewed = parse_microtime(lease_spec.get("renewTime")) or parse_microtime(lease_spec.get("acquireTime"))
-        kind = _lease_kind(lease)
-        if kind == "writer":
-            writer = {
-                "holderIdentity": lease_spec.get("holderIdentity"),
-                "lease": metadata.get("name"),
-                "renewTime": _iso(renewed),
-                "ageSeconds": _age(renewed, now),
-            }
-        elif kind == "node":
-            node = (metadata.get("annotations") or {}).get(NODE_ANNOTATION)
-            if isinstance(node, str) and node:
-                node_leases[node] = {"lease": metadata.get("name"), "renewed": renewed}
-    from_leases = bool(node_leases)
-    roles: dict[str, tuple[str, int | None]] = {}
-    document_beats: dict[str, datetime] = {}
-    if document is not None:
-        for member, position in document.participants.items():
-            roles[str(member)] = ("participant", position)
-        for node in document.wait_list:
-            roles[str(node)] = ("waiting", None)
-        for node in document.redundancy_list:
-            roles[str(node)] = ("redundant", None)
-        for member, moment in document.last_heartbeats.items():
-            roles.setdefault(str(member), ("heartbeat-only", None))
-            document_beats[str(member)] = moment
-    for node in node_leases:
-        roles.setdefault(node, ("lease-only", None))
-    order = {"participant": 0, "waiting": 1, "redundant": 2, "heartbeat-only": 3, "lease-only": 4}
-    nodes = []
-    for node, (role, rank) in sorted(roles.items(), key=lambda item: (order[item[1][0]], item[1][1] or 0, item[0])):
-        beat: datetime | None = node_leases[node]["renewed"] if node in node_leases else None
-        if not from_leases:
-            beat = document_beats.get(node)
-        age = _age(beat, now)
-        nodes.append(
-            {
-                "node": node,
-                "role": role,
-                "rank": rank,
-                "lastHeartbeat": _iso(beat),
-                "heartbeatAgeSeconds": age,
-                "heartbeatExpired": age is not None and age > timings.heartbeat_expiry,
-                "lease": node_leases.get(node, {}).get("lease"),
-            }
-        )
-    participants = [item for item in nodes if item["role"] == "participant"]
+    """Return the JSON-ready description of a Rendezvous (what ``status -o json`` prints).
+
+    An invalid ``status.state`` gives phase ``Invalid`` and its one-line message in ``stateError``.
+    """
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    try:
+        document, state_error = decode_state(obj, namespace, rendezvous_name), None
+    except PluginError as exc:
+        document, state_error = None, str(exc)
+    try:
+        timings = RendezvousTimings.resolve(None, spec)
+    except ValueError:
+        timings = RendezvousTimings()
+    nodes, writer = _node_rows(document, leases, now, timings.heartbeat_expiry)
+    counts = {role: sum(1 for item in nodes if item["role"] == role) for role in ROLES}
     complete = document is not None and document.complete
-    still_needed = None
-    if not complete and isinstance(min_nodes, int):
-        still_needed = max(0, min_nodes - len(participants))
+    min_nodes = spec.get("minNodes")
     deadline = None if document is None or document.complete else document.deadline
-    last_call_since = None
-    if deadline is not None:
-        last_call_since = deadline - timedelta(seconds=timings.last_call)
-    last_change = parse_microtime(status.get("lastChangeTime"))
-    round_start = parse_microtime(status.get("roundStartTime"))
     durations = []
     for item in status.get("recentRounds") or []:
         started, formed = parse_microtime(item.get("startTime")), parse_microtime(item.get("formedTime"))
         if started is not None and formed is not None:
             seconds = round((formed - started).total_seconds(), 3)
             durations.append({"round": item.get("round"), "nodes": item.get("nodes"), "formedInSeconds": seconds})
+    round_start = parse_microtime(status.get("roundStartTime"))
+    departure = status.get("lastDeparture")
     return {
-        "namespace": snapshot.namespace,
-        "rendezvousName": snapshot.rendezvous_name,
+        "namespace": namespace,
+        "rendezvousName": rendezvous_name,
         "phase": "Invalid" if state_error else rendezvous_phase(document),
         "round": None if document is None else document.round,
         "complete": complete,
@@ -402,23 +334,28 @@ def build_report(
         "specClosed": bool(spec.get("closed")),
         "minNodes": min_nodes,
         "maxNodes": spec.get("maxNodes"),
-        "participantCount": len(participants),
-        "waitingCount": sum(1 for item in nodes if item["role"] == "waiting"),
-        "redundantCount": sum(1 for item in nodes if item["role"] == "redundant"),
-        "nodesStillNeeded": still_needed,
-        "deadline": _iso(deadline),
+        "participantCount": counts["participant"],
+        "waitingCount": counts["waiting"],
+        "redundantCount": counts["redundant"],
+        "nodesStillNeeded": (
+            max(0, min_nodes - counts["participant"]) if not complete and isinstance(min_nodes, int) else None
+        ),
+        "deadline": None if deadline is None else micro_time(deadline),
         "deadlineInSeconds": None if deadline is None else round((deadline - now).total_seconds(), 3),
-        "lastCallSinceEstimate": _iso(last_call_since),
-        "roundFormingSince": _iso(round_start),
+        "lastCallSinceEstimate": (
+            None if deadline is None else micro_time(deadline - timedelta(seconds=timings.last_call))
+        ),
+        "roundFormingSince": None if round_start is None else micro_time(round_start),
         "roundDurations": durations,
         "roundDurationsNote": None if durations else _ROUND_HISTORY_NOTE,
+        "lastDeparture": departure if isinstance(departure, dict) else None,
         "lastChangeTime": status.get("lastChangeTime"),
-        "lastChangeAgeSeconds": _age(last_change, now),
+        "lastChangeAgeSeconds": _age(parse_microtime(status.get("lastChangeTime")), now),
         "lastWriter": status.get("lastWriter"),
         "writer": writer,
-        "heartbeatSource": "leases" if from_leases else "document",
+        "heartbeatSource": "leases" if any(item["lease"] for item in nodes) else "document",
         "heartbeatExpirySeconds": timings.heartbeat_expiry,
-        "leasesError": snapshot.leases_error,
+        "leasesError": leases_error,
         "nodes": nodes,
         "evictedNodes": list(status.get("evictedNodes") or []),
         "conditions": [
@@ -427,7 +364,7 @@ def build_report(
         ],
         "runId": status.get("runId"),
         "stateError": state_error,
-        "observedAt": _iso(now),
+        "observedAt": micro_time(now),
     }
 
 
@@ -438,7 +375,6 @@ def format_age(seconds: float | None) -> str:
     """``12s``, ``3m4s``, ``2h5m``, ``4d3h``; ``in 2s`` for a time ahead of this clock; ``-`` for none."""
     if seconds is None:
         return "-"
-    ahead = seconds < 0
     whole = int(abs(seconds))
     if whole < 60:
         text = f"{whole}s"
@@ -448,7 +384,12 @@ def format_age(seconds: float | None) -> str:
         text = f"{whole // 3600}h{whole % 3600 // 60}m"
     else:
         text = f"{whole // 86400}d{whole % 86400 // 3600}h"
-    return f"in {text}" if ahead else f"{text} ago"
+    return f"in {text}" if seconds < 0 else f"{text} ago"
+
+
+def _since(text: object, now: datetime) -> str:
+    """``format_age`` of an RFC 3339 time."""
+    return format_age(_age(parse_microtime(text), now))
 
 
 def _plural(count: int, word: str) -> str:
@@ -460,27 +401,27 @@ def _phase_text(report: dict[str, Any]) -> str:
         return f"Invalid state: {report['stateError']}"
     if report["round"] is None:
         return "Pending (no agent has written the state yet)"
-    words = [f"round {report['round']}", "complete" if report["complete"] else "forming"]
     if report["closed"]:
-        words.append("closed")
+        closed = "closed"
     elif report["specClosed"]:
-        words.append("spec.closed is true; the agents have not applied it yet")
+        closed = "spec.closed is true; the agents have not applied it yet"
     else:
-        words.append("open")
-    return f"{report['phase']} ({', '.join(words)})"
+        closed = "open"
+    progress = "complete" if report["complete"] else "forming"
+    return f"{report['phase']} (round {report['round']}, {progress}, {closed})"
 
 
 def _waiting_for_text(report: dict[str, Any]) -> str:
+    needed = report["nodesStillNeeded"]
     if report["complete"]:
         return "nothing: the round is complete"
-    needed = report["nodesStillNeeded"]
     if needed is None:
         return "unknown (spec.minNodes is not set)"
     if needed > 0:
         return f"{_plural(needed, 'more node')} to reach minNodes {report['minNodes']}"
     text = f"0 more nodes (minNodes {report['minNodes']} reached)"
-    deadline = parse_microtime(report["deadline"])
-    if deadline is not None:
+    if report["deadline"] is not None:
+        deadline = parse_microtime(report["deadline"]) or datetime.now(timezone.utc)
         text += (
             f"; more are admitted up to maxNodes {report['maxNodes']} until the deadline {format_time(deadline)} "
             f"({format_age(-report['deadlineInSeconds'])})"
@@ -491,48 +432,35 @@ def _waiting_for_text(report: dict[str, Any]) -> str:
 def _forming_text(report: dict[str, Any], now: datetime) -> str:
     if report["complete"] or report["round"] is None:
         return "-"
-    started = parse_microtime(report["roundFormingSince"])
-    text = "since when is not recorded" if started is None else f"began {format_age(_age(started, now))}"
-    since = parse_microtime(report["lastCallSinceEstimate"])
-    if since is not None:
-        text += f"; minNodes reached about {format_age(_age(since, now))} (deadline minus the last-call timeout)"
+    started = report["roundFormingSince"]
+    text = "since when is not recorded" if started is None else f"began {_since(started, now)}"
+    if report["lastCallSinceEstimate"] is not None:
+        reached = _since(report["lastCallSinceEstimate"], now)
+        text += f"; minNodes reached about {reached} (deadline minus the last-call timeout)"
     return text
-
-
-def _past_rounds_text(report: dict[str, Any]) -> str:
-    if not report["roundDurations"]:
-        return str(report["roundDurationsNote"])
-    return ", ".join(
-        f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
-        for item in report["roundDurations"]
-    )
-
-
-def _writer_text(report: dict[str, Any]) -> str:
-    writer = report["writer"]
-    if writer is None:
-        return "none (no writer Lease)"
-    return f"{writer['holderIdentity'] or '(no holder)'} (writer Lease renewed {format_age(writer['ageSeconds'])})"
 
 
 def render_status(report: dict[str, Any]) -> str:
     """The text ``status`` prints for a report of ``build_report``."""
     now = parse_microtime(report["observedAt"]) or datetime.now(timezone.utc)
-    source = (
-        "node Leases"
-        if report["heartbeatSource"] == "leases"
-        else "the state document (no node Leases)" + (f"; {report['leasesError']}" if report["leasesError"] else "")
+    past_rounds = ", ".join(
+        f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
+        for item in report["roundDurations"]
     )
-    conditions = "; ".join(
-        f"{item['type']}={item['status']} ({item['reason']}, "
-        f"{format_age(_age(parse_microtime(item['lastTransitionTime']), now))})"
-        for item in report["conditions"]
-    )
+    departure = report["lastDeparture"]
     last_change = "-"
     if report["lastChangeTime"]:
         last_change = f"{report['lastChangeTime']} ({format_age(report['lastChangeAgeSeconds'])})"
         if report["lastWriter"]:
             last_change += f" by {report['lastWriter']}"
+    writer = report["writer"]
+    source = "node Leases"
+    if report["heartbeatSource"] != "leases":
+        source = "the state document (no node Leases)" + (f"; {report['leasesError']}" if report["leasesError"] else "")
+    conditions = "; ".join(
+        f"{item['type']}={item['status']} ({item['reason']}, {_since(item['lastTransitionTime'], now)})"
+        for item in report["conditions"]
+    )
     rows = [
         ("Rendezvous", f"{report['namespace']}/{report['rendezvousName']}"),
         ("Phase", _phase_text(report)),
@@ -543,9 +471,20 @@ def render_status(report: dict[str, Any]) -> str:
         ),
         ("Waiting for", _waiting_for_text(report)),
         ("Forming", _forming_text(report, now)),
-        ("Past rounds", _past_rounds_text(report)),
+        ("Past rounds", past_rounds or str(report["roundDurationsNote"])),
+        (
+            "Last departure",
+            f"{departure_line(departure)} (at {departure.get('time')})"
+            if departure
+            else "none recorded (status.lastDeparture is not set)",
+        ),
         ("Last change", last_change),
-        ("Writer", _writer_text(report)),
+        (
+            "Writer",
+            "none (no writer Lease)"
+            if writer is None
+            else f"{writer['holderIdentity'] or '(no holder)'} (writer Lease renewed {format_age(writer['ageSeconds'])})",
+        ),
         ("Heartbeats", f"from {source}; expired after {report['heartbeatExpirySeconds']:g}s"),
         ("Evicted", ", ".join(report["evictedNodes"]) or "none"),
         ("Conditions", conditions or "none (no operator has reported yet)"),
@@ -555,11 +494,8 @@ def render_status(report: dict[str, Any]) -> str:
     if report["nodes"]:
         table = [("NODE", "ROLE", "RANK", "LAST HEARTBEAT")]
         for item in report["nodes"]:
-            beat = format_age(item["heartbeatAgeSeconds"])
-            if item["heartbeatExpired"]:
-                beat += " (expired)"
-            rank = "-" if item["rank"] is None else str(item["rank"])
-            table.append((item["node"], item["role"], rank, beat))
+            beat = format_age(item["heartbeatAgeSeconds"]) + (" (expired)" if item["heartbeatExpired"] else "")
+            table.append((item["node"], item["role"], "-" if item["rank"] is None else str(item["rank"]), beat))
         widths = [max(len(row[column]) for row in table) for column in range(3)]
         lines.append("")
         for row in table:
@@ -591,27 +527,25 @@ def summary_line(report: dict[str, Any]) -> str:
 # -- commands --------------------------------------------------------------------------------
 
 
-def describe(snapshot: Snapshot, now: datetime) -> dict[str, Any]:
-    """``build_report`` of a snapshot whose state must be valid.
+def command_status(api: KubernetesApi, namespace: str, rendezvous_name: str, output: str, out: TextIO) -> None:
+    """Print the status of a Rendezvous as text or JSON; Leases that cannot be listed are reported, not fatal.
 
     Raises:
-        PluginError: ``status.state`` is invalid.
+        PluginError: the object cannot be read, or its ``status.state`` is invalid.
     """
-    document = decode_state(snapshot.obj, snapshot.namespace, snapshot.rendezvous_name)
-    return build_report(snapshot, now, document)
-
-
-def command_status(api: KubernetesApi, namespace: str, rendezvous_name: str, output: str, out: TextIO) -> None:
-    """Print the status of a Rendezvous as text or JSON."""
-    report = describe(read_snapshot(api, namespace, rendezvous_name), datetime.now(timezone.utc))
-    if output == "json":
-        out.write(json.dumps(report, indent=2) + "\n")
-    else:
-        out.write(render_status(report) + "\n")
+    obj = get_rendezvous(api, namespace, rendezvous_name)
+    leases, leases_error = list_leases(api, namespace, rendezvous_name)
+    report = build_report(namespace, rendezvous_name, obj, leases, datetime.now(timezone.utc), leases_error)
+    if report["stateError"]:
+        raise PluginError(report["stateError"])
+    out.write((json.dumps(report, indent=2) if output == "json" else render_status(report)) + "\n")
 
 
 def command_close(api: KubernetesApi, namespace: str, rendezvous_name: str, out: TextIO) -> None:
-    """Set ``spec.closed: true`` (a merge patch: idempotent, retried while the server is unreachable)."""
+    """Set ``spec.closed: true`` (a merge patch: idempotent, retried while the server is unreachable).
+
+    Not guaranteed: the agents end the job when they next read it, not when this returns.
+    """
     obj = get_rendezvous(api, namespace, rendezvous_name)
     status = obj.get("status") or {}
     if (obj.get("spec") or {}).get("closed"):
@@ -642,172 +576,114 @@ def command_close(api: KubernetesApi, namespace: str, rendezvous_name: str, out:
     )
 
 
-def _known_nodes_text(names: list[str]) -> str:
-    if not names:
-        return "the state names no nodes"
-    shown = ", ".join(names[:NODES_NAMED])
-    more = f" and {len(names) - NODES_NAMED} more" if len(names) > NODES_NAMED else ""
-    return f"known nodes: {shown}{more}"
-
-
 def command_evict(api: KubernetesApi, namespace: str, rendezvous_name: str, node: str, out: TextIO) -> None:
-    """Add ``node`` to ``status.evictedNodes`` by compare-and-swap on ``metadata.resourceVersion``.
+    """Add ``node`` to ``status.evictedNodes`` with ``status.add_evictions`` (read, then a compare-and-swap
+    on the resourceVersion, again with jittered backoff when another writer won).
+
+    A node the state does not name is refused (the message lists those it does) and nothing is written.
+    Not guaranteed: the node is checked against the state as read just before ``add_evictions``, which
+    reads again for its compare-and-swap; a node that leaves the state in between is still added.
 
     Raises:
-        PluginError: the node is not in the state (lists the known ones), the state is invalid or
-            absent, the request was refused, or ``EVICT_ATTEMPTS`` compare-and-swaps in a row lost.
+        PluginError: the node is not in the state, the state is invalid or absent, the request was
+            refused, or ``status.EVICT_ATTEMPTS`` compare-and-swaps in a row lost.
     """
-    path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
-    conflicts = 0
-    deadline = time.monotonic() + RETRY_TIMEOUT
-    while True:
-        obj = get_rendezvous(api, namespace, rendezvous_name)
-        status = obj.get("status") or {}
-        current = list(status.get("evictedNodes") or [])
-        if node in current:
-            out.write(
-                f"node {node} is already in status.evictedNodes of Rendezvous {namespace}/{rendezvous_name}; "
-                "nothing changed\n"
-            )
-            return
-        document = decode_state(obj, namespace, rendezvous_name)
-        names = [] if document is None else sorted(str(item) for item in document.nodes())
-        if node not in names:
-            raise PluginError(
-                f"node {node!r} is not in the state of Rendezvous {namespace}/{rendezvous_name}"
-                + ("" if document is None else f" (round {document.round})")
-                + f"; nothing was changed; {_known_nodes_text(names)}. "
-                "Pass one of them exactly (addr_pid_localid, as kubectl rdzv status shows)"
-            )
-        body = {
-            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-            "status": {"evictedNodes": [*current, node][-EVICTED_NODES_KEPT:]},
-        }
-        try:
-            api.request("PATCH", f"{path}/status", body=body, content_type=MERGE_PATCH)
-        except ConflictError:
-            conflicts += 1
-            if conflicts >= EVICT_ATTEMPTS:
-                raise PluginError(
-                    f"could not evict node {node} from Rendezvous {namespace}/{rendezvous_name}: "
-                    f"{conflicts} compare-and-swaps in a row lost to other writers; try again"
-                ) from None
-            continue
-        except ApiUnavailableError as exc:
-            # Outcome unknown: the next read shows whether it committed (then "already evicted").
-            if time.monotonic() > deadline:
-                raise _api_failure(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", namespace) from exc
-            time.sleep(0.5)
-            continue
-        except NotFoundError as exc:
-            raise _not_found(api, namespace, rendezvous_name) from exc
-        except ApiError as exc:
-            raise _api_failure(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", namespace) from exc
-        role = "a node"
-        if document is not None:
-            role = next(
-                (
-                    label
-                    for label, members in (
-                        ("participant", {str(item) for item in document.participants}),
-                        ("waiting node", {str(item) for item in document.wait_list}),
-                        ("redundant node", {str(item) for item in document.redundancy_list}),
-                    )
-                    if node in members
-                ),
-                "a node (heartbeat only)",
-            )
-        out.write(
-            f"node {node} ({role} of round {document.round if document else '-'}) added to status.evictedNodes "
-            f"of Rendezvous {namespace}/{rendezvous_name}; the agents drop it when they next write the state\n"
-        )
+    where = f"Rendezvous {namespace}/{rendezvous_name}"
+    already = f"node {node} is already in status.evictedNodes of {where}; nothing changed\n"
+    obj = get_rendezvous(api, namespace, rendezvous_name)
+    if node in ((obj.get("status") or {}).get("evictedNodes") or []):
+        out.write(already)
         return
+    document = decode_state(obj, namespace, rendezvous_name)
+    names = [] if document is None else sorted(str(item) for item in document.nodes())
+    if document is None or node not in names:
+        known = "the state names no nodes"
+        if names:
+            more = f" and {len(names) - NODES_NAMED} more" if len(names) > NODES_NAMED else ""
+            known = f"known nodes: {', '.join(names[:NODES_NAMED])}{more}"
+        raise PluginError(
+            f"node {node!r} is not in the state of {where}"
+            + ("" if document is None else f" (round {document.round})")
+            + f"; nothing was changed; {known}. Pass one of them exactly (addr_pid_localid, as kubectl rdzv status shows)"
+        )
+    deadline = time.monotonic() + RETRY_TIMEOUT
+    try:  # add_evictions retries lost compare-and-swaps; this retries its reads while the server is unreachable
+        _, written = call_with_retries(
+            lambda: add_evictions(api, namespace, rendezvous_name, [node], deadline=deadline),
+            deadline=deadline,
+            what=f"evict {node} from {where}",
+        )
+    except ConflictError as exc:
+        raise PluginError(
+            f"could not evict node {node} from {where}: {EVICT_ATTEMPTS} compare-and-swaps in a row lost to "
+            "other writers; try again"
+        ) from exc
+    except NotFoundError as exc:
+        raise _not_found(api, namespace, rendezvous_name) from exc
+    except (ApiError, ApiUnavailableError) as exc:
+        read = isinstance(exc, ApiError) and exc.method == "GET"
+        resource = RENDEZVOUS_PLURAL if read else f"{RENDEZVOUS_PLURAL}/status"
+        raise _api_failure(exc, "get" if read else "patch", resource, namespace) from exc
+    if written is None:  # evicted by someone else since the read above (or by this call, its answer lost)
+        out.write(already)
+        return
+    groups = (
+        ("participant", document.participants),
+        ("waiting node", document.wait_list),
+        ("redundant node", document.redundancy_list),
+    )
+    role = next((label for label, members in groups if node in map(str, members)), "a node (heartbeat only)")
+    out.write(
+        f"node {node} ({role} of round {document.round}) added to status.evictedNodes of {where}; "
+        "the agents drop it when they next write the state\n"
+    )
 
 
-@dataclass
-class _WatchEvent:
-    source: str  # "rendezvous" or "lease"
-    event_type: str  # ADDED, MODIFIED, DELETED, RELISTED
-    obj: Any  # the object, or the list of items after a relist
-
-
-class _WatchFailed(Exception):
-    def __init__(self, error: PluginError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _pump(
-    api: KubernetesApi,
-    source: str,
-    path: str,
-    query: dict[str, Any],
-    resource_version: str,
-    events: queue.Queue[_WatchEvent | _WatchFailed],
-    namespace: str,
-) -> None:
-    """Feed ``events`` from a watch on ``path`` forever, resuming from the last resourceVersion seen."""
-    resource = RENDEZVOUS_PLURAL if source == "rendezvous" else "leases"
-    delay = 0.2
-    while True:
-        try:
-            for event in api.watch(
-                path, query=dict(query, resourceVersion=resource_version), timeout_seconds=WATCH_SECONDS
-            ):
-                obj = event.get("object") or {}
-                version = (obj.get("metadata") or {}).get("resourceVersion")
-                if version:
-                    resource_version = str(version)
-                if event.get("type") != "BOOKMARK":
-                    events.put(_WatchEvent(source, str(event.get("type")), obj))
-                delay = 0.2
-        except GoneError:
-            try:
-                answer = _read(api, path, query)
-            except (ApiError, ApiUnavailableError) as exc:
-                events.put(_WatchFailed(_api_failure(exc, "list", resource, namespace)))
-                return
-            resource_version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
-            events.put(_WatchEvent(source, "RELISTED", list(answer.get("items") or [])))
-        except ApiUnavailableError:
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        except ApiError as exc:
-            if exc.transient:
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            events.put(_WatchFailed(_api_failure(exc, "watch", resource, namespace)))
-            return
-
-
-def _watch_report(
-    namespace: str, rendezvous_name: str, obj: dict[str, Any] | None, leases: dict[str, dict[str, Any]]
-) -> dict[str, Any] | None:
-    if obj is None:
-        return None
-    snapshot = Snapshot(namespace, rendezvous_name, obj, list(leases.values()))
-    now = datetime.now(timezone.utc)
-    try:
-        return describe(snapshot, now)
-    except PluginError as exc:
-        return build_report(snapshot, now, None, state_error=str(exc))
-
-
-def _event_label(event: _WatchEvent) -> str:
-    if event.source == "rendezvous":
-        return f"Rendezvous {event.event_type}"
-    if event.event_type == "RELISTED":
-        return "Leases RELISTED"
-    metadata = event.obj.get("metadata") or {}
-    kind = _lease_kind(event.obj)
+def _event_label(source: str, event_type: str, obj: dict[str, Any]) -> str:
+    """What changed, in a line of ``watch``: ``Rendezvous MODIFIED``, ``node Lease <node> ADDED``, ..."""
+    metadata = obj.get("metadata") or {}
+    kind = (metadata.get("labels") or {}).get(LABEL_LEASE)
+    if source == "Rendezvous":
+        return f"Rendezvous {event_type}"
     if kind == "node":
-        node = (metadata.get("annotations") or {}).get(NODE_ANNOTATION) or metadata.get("name")
-        return f"node Lease {node} {event.event_type}"
+        return f"node Lease {(metadata.get('annotations') or {}).get(ANNOTATION_NODE) or metadata.get('name')} {event_type}"
     if kind == "writer":
-        holder = (event.obj.get("spec") or {}).get("holderIdentity") or "-"
-        return f"writer Lease {event.event_type} (holder {holder})"
-    return f"Lease {metadata.get('name')} {event.event_type}"
+        return f"writer Lease {event_type} (holder {(obj.get('spec') or {}).get('holderIdentity') or '-'})"
+    return f"Lease {metadata.get('name')} {event_type}"
+
+
+def _follow(cache: WatchCache, source: str, changes: queue.Queue[tuple[str, str | None, Objects]]) -> WatchCache:
+    """Start ``cache`` and queue ``(source, label, its objects)`` after each of its changes.
+
+    The listener runs on the cache's thread under its lock, so each entry is the view right after that
+    change. The first list is queued without a label (it is the present); a later one is ``RELISTED``.
+    """
+    known: set[str] = set()
+
+    def listener(obj: dict[str, Any] | None) -> None:
+        objects = cache.objects()
+        label = None
+        if obj is None and cache.epoch > 1:
+            label = f"{source} RELISTED"
+        elif obj is not None:
+            name = obj["metadata"]["name"]
+            label = _event_label(
+                source, "DELETED" if name not in objects else "MODIFIED" if name in known else "ADDED", obj
+            )
+        known.clear()
+        known.update(objects)
+        changes.put((source, label, objects))
+
+    cache.add_listener(listener)
+    return cache.start()
+
+
+def _watch_failure(cache: WatchCache, verb: str, resource: str, namespace: str) -> PluginError:
+    """Why ``cache`` could not list or watch: it was refused (then it stops), or no answer came in time."""
+    if not cache.supported:
+        return _forbidden(verb, resource, namespace)
+    unanswered = ApiUnavailableError(f"no answer for {RETRY_TIMEOUT:g} s")
+    return _api_failure(unanswered, verb, resource, namespace)
 
 
 def command_watch(
@@ -821,79 +697,74 @@ def command_watch(
 ) -> None:
     """Print the current status line, then one line per change of the object or its Leases.
 
-    Ends after ``max_events`` change lines, after ``timeout`` seconds, or at Ctrl-C.
+    Ends after ``max_events`` change lines, after ``timeout`` seconds, or at Ctrl-C. Without permission
+    to list the Leases it warns and watches the object alone (heartbeats then come from the document).
+
+    Raises:
+        PluginError: the object cannot be read, listed or watched.
     """
-    rendezvous_collection = resource_path(RENDEZVOUS_PLURAL, namespace)
-    rendezvous_query = {"fieldSelector": f"metadata.name={rendezvous_name}"}
-    obj = get_rendezvous(api, namespace, rendezvous_name)
+    get_rendezvous(api, namespace, rendezvous_name)  # its errors name the fix (not found, forbidden)
+    queries = {
+        "Rendezvous": {"fieldSelector": f"metadata.name={rendezvous_name}"},
+        "Leases": {"labelSelector": f"{RENDEZVOUS_LABEL}={rendezvous_name}"},
+    }
+    changes: queue.Queue[tuple[str, str | None, Objects]] = queue.Queue()
+    watched: dict[str, tuple[str, WatchCache]] = {}
+    for source, plural in _WATCHED:
+        cache = WatchCache(api, resource_path(plural, namespace), queries[source], f"{plural} of {rendezvous_name}")
+        watched[source] = (plural, _follow(cache, source, changes))
     try:
-        listed = _read(api, rendezvous_collection, rendezvous_query)
-    except (ApiError, ApiUnavailableError) as exc:
-        raise _api_failure(exc, "list", RENDEZVOUS_PLURAL, namespace) from exc
-    rendezvous_version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-    items = listed.get("items") or []
-    obj = items[0] if items else obj
-    watches = [("rendezvous", rendezvous_collection, rendezvous_query, rendezvous_version)]
-    lease_items: list[dict[str, Any]] = []
-    try:
-        lease_items, lease_version = list_leases(api, namespace, rendezvous_name)
-        watches.append(
-            ("lease", leases_path(namespace), {"labelSelector": lease_selector(rendezvous_name)}, lease_version)
-        )
-    except ForbiddenError as exc:
-        # Watch the object alone; heartbeats then come from the state document.
-        print(
-            f"warning: {_api_failure(exc, 'list', 'leases', namespace)}; watching the Rendezvous only", file=sys.stderr
-        )
-    except (ApiError, ApiUnavailableError) as exc:
-        raise _api_failure(exc, "list", "leases", namespace) from exc
-    leases = {item["metadata"]["name"]: item for item in lease_items}
-    events: queue.Queue[_WatchEvent | _WatchFailed] = queue.Queue()
-    # Each watch has its own client: a watch holds its connection for as long as it runs.
-    for source, path, query, version in watches:
-        worker_api = KubernetesApi(api.api_client, api.request_timeout)
-        threading.Thread(
-            target=_pump,
-            args=(worker_api, source, path, query, version, events, namespace),
-            name=f"watch-{source}",
-            daemon=True,
-        ).start()
+        for source, (plural, cache) in list(watched.items()):
+            if not cache.wait_ready(RETRY_TIMEOUT):
+                if source == "Rendezvous" or cache.supported:
+                    raise _watch_failure(cache, "list", plural, namespace)
+                print(
+                    f"warning: {_watch_failure(cache, 'list', plural, namespace)}; watching the Rendezvous only",
+                    file=sys.stderr,
+                )
+                del watched[source]
+        views: dict[str, Objects] = {source: {} for source, _ in _WATCHED}
 
-    def emit(label: str, current: dict[str, Any] | None) -> None:
-        report = _watch_report(namespace, rendezvous_name, current, leases)
-        stamp = format_time(datetime.now(timezone.utc))
-        if output == "json":
-            out.write(json.dumps({"time": stamp, "event": label, "status": report}) + "\n")
-        else:
-            out.write(f"{stamp}  {label:<34}  {summary_line(report) if report else 'the Rendezvous is gone'}\n")
-        out.flush()
+        def take(entry: tuple[str, str | None, Objects]) -> str | None:
+            views[entry[0]] = entry[2]
+            return entry[1]
 
-    emit("now", obj)
-    current: dict[str, Any] | None = obj
-    deadline = None if timeout is None else time.monotonic() + timeout
-    printed = 0
-    while max_events is None or printed < max_events:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return
-        try:
-            event = events.get(timeout=remaining)
-        except queue.Empty:
-            return
-        if isinstance(event, _WatchFailed):
-            raise event.error
-        if event.source == "rendezvous" and event.event_type == "RELISTED":
-            current = event.obj[0] if event.obj else None
-        elif event.source == "rendezvous":
-            current = None if event.event_type == "DELETED" else event.obj
-        elif event.event_type == "RELISTED":
-            leases = {item["metadata"]["name"]: item for item in event.obj}
-        elif event.event_type == "DELETED":
-            leases.pop(event.obj["metadata"]["name"], None)
-        else:
-            leases[event.obj["metadata"]["name"]] = event.obj
-        emit(_event_label(event), current)
-        printed += 1
+        def emit(label: str) -> None:
+            obj = views["Rendezvous"].get(rendezvous_name)
+            now = datetime.now(timezone.utc)
+            report = (
+                None if obj is None else build_report(namespace, rendezvous_name, obj, [*views["Leases"].values()], now)
+            )
+            if output == "json":
+                out.write(json.dumps({"time": format_time(now), "event": label, "status": report}) + "\n")
+            else:
+                out.write(
+                    f"{format_time(now)}  {label:<34}  {summary_line(report) if report else 'the Rendezvous is gone'}\n"
+                )
+            out.flush()
+
+        while not changes.empty():  # what is queued already is the present, shown as "now"
+            take(changes.get_nowait())
+        emit("now")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        printed = 0
+        while max_events is None or printed < max_events:
+            remaining = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if remaining <= 0:
+                return
+            for plural, cache in watched.values():
+                if not cache.supported:
+                    raise _watch_failure(cache, "watch", plural, namespace)
+            try:
+                label = take(changes.get(timeout=remaining))
+            except queue.Empty:
+                continue
+            if label is not None:
+                emit(label)
+                printed += 1
+    finally:
+        for _, cache in watched.values():
+            cache.stop()
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -934,19 +805,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Given after the subcommand too (as kubectl allows); SUPPRESS keeps a value given before it.
     common = _common_options(argparse.SUPPRESS)
+    common.add_argument("rendezvous_name", metavar="NAME")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = commands.add_parser(
         "status", parents=[common], help="round, members with ranks, heartbeat ages, what the round waits for"
     )
-    status.add_argument("rendezvous_name", metavar="NAME")
     status.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    close = commands.add_parser("close", parents=[common], help="set spec.closed: the agents end the job")
-    close.add_argument("rendezvous_name", metavar="NAME")
+    commands.add_parser("close", parents=[common], help="set spec.closed: the agents end the job")
     evict = commands.add_parser("evict", parents=[common], help="add NODE to status.evictedNodes")
-    evict.add_argument("rendezvous_name", metavar="NAME")
     evict.add_argument("node", metavar="NODE", help="addr_pid_localid, as status shows it")
     watch = commands.add_parser("watch", parents=[common], help="a line per change of the object or its Leases")
-    watch.add_argument("rendezvous_name", metavar="NAME")
     watch.add_argument("-o", "--output", choices=["text", "json"], default="text")
     watch.add_argument("--max-events", type=_positive_int, help="stop after this many changes")
     watch.add_argument("--timeout", type=_positive_float, help="stop after this many seconds")
@@ -982,6 +850,8 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def main() -> None:
     """Console-script entry point ``kubectl-rdzv`` (kubectl finds it on PATH as ``kubectl rdzv``)."""
+    # The plugin reports failures itself, in one line; the library's log lines (the watch's) are for agents.
+    logging.getLogger("kube_rendezvous").addHandler(logging.NullHandler())
     sys.exit(run())
 
 

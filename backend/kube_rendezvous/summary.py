@@ -99,15 +99,23 @@ def summarize_document(
 
 
 def departure_of(
-    before: RendezvousDocument | None, after: RendezvousDocument, reasons: Mapping[NodeId, str], now: datetime
+    before: RendezvousDocument | None,
+    after: RendezvousDocument,
+    reasons: Mapping[NodeId, str],
+    now: datetime,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """``status.lastDeparture`` when going from ``before`` to ``after`` broke a formed round, else None.
 
     A formed round (complete, not closed) that loses participants is broken: its other members
-    restart (``folding.lost_members``). ``reasons`` says why each node went (``Left``, ``Evicted``,
-    ``Expired``; ``Removed`` when unknown). Lists at most ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
+    restart (``folding.lost_members``) and leave it in turn, which breaks nothing more. So only the
+    first departure of a round is recorded: None when ``previous`` (the last ``lastDeparture``) is of
+    the same round. ``reasons`` says why each node went (``Left``, ``Evicted``, ``Expired``;
+    ``Removed`` when unknown). Lists at most ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
     """
     if before is None or not before.complete or before.closed or after.closed:
+        return None
+    if previous is not None and previous.get("round") == before.round:
         return None
     gone = sorted(set(before.participants) - set(after.participants))
     if not gone:
@@ -121,14 +129,16 @@ def departure_of(
 
 
 def departure_line(departure: Mapping[str, Any]) -> str:
-    """``node X left round 3`` (or evicted from, expired in) for a ``status.lastDeparture``."""
-    verbs = {"Left": "left", "Evicted": "was evicted from", "Expired": "expired in", "Removed": "was removed from"}
-    parts = [
-        f"{item.get('node')} {verbs.get(str(item.get('reason')), 'left')}" for item in departure.get("nodes") or []
-    ]
-    more = int(departure.get("count") or 0) - len(parts)
-    listed = ", ".join(parts) + (f" and {more} more" if more > 0 else "")
-    return f"node {listed} round {departure.get('round')}"
+    """``node X left round 3`` (was evicted from, expired in) for a ``status.lastDeparture``; several: who and why."""
+    nodes = [item for item in departure.get("nodes") or [] if isinstance(item, Mapping)]
+    count = int(departure.get("count") or len(nodes))
+    round_number = departure.get("round")
+    if count == 1 and len(nodes) == 1:
+        verbs = {"Evicted": "was evicted from", "Expired": "expired in", "Removed": "was removed from"}
+        return f"node {nodes[0].get('node')} {verbs.get(str(nodes[0].get('reason')), 'left')} round {round_number}"
+    listed = ", ".join(f"{item.get('node')} ({str(item.get('reason', 'Left')).lower()})" for item in nodes)
+    more = f" and {count - len(nodes)} more" if count > len(nodes) else ""
+    return f"{count} nodes left round {round_number}: {listed}{more}"
 
 
 def forming_line(

@@ -253,9 +253,12 @@ def observe_rendezvous(
         document = baseline  # an invalid state changes nothing the agents agreed on
     same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
     last_formed = previous.formed if previous is not None and same_run else None
-    if previous is None and stored.document is not None:
+    announced: list[tuple[str, str]] = []
+    if previous is None and (stored.document is not None or status.get("lastDeparture")):
         # First sight (a new leader, a restart): what was announced already is not announced again.
-        baseline, last_formed = logic.announced_baseline(stored.document, announced_events(namespace, meta))
+        announced = announced_events(namespace, meta)
+    if previous is None and stored.document is not None:
+        baseline, last_formed = logic.announced_baseline(stored.document, announced)
     OBSERVED[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
     selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if SELECTORS.get(key) != selector:
@@ -291,6 +294,9 @@ def observe_rendezvous(
                 baseline, stored.document, same_run=same_run, evicted=evicted, last_formed=last_formed
             ):
                 post_event(body, event, namespace, name)
+        broken = logic.departure_event(previous.status if previous is not None else None, status, announced)
+        if broken is not None:
+            post_event(body, broken, namespace, name)
     if status.get("closed"):
         closed = logic.find_condition(status, "Closed")
         if closed is None or closed.get("status") != "True":

@@ -10,14 +10,14 @@ the decoded document, since the readable summary in ``status`` lists only the fi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from kube_rendezvous.document import NodeId, RendezvousDocument, StateDocumentError, decode_document
 from kube_rendezvous.settings import RendezvousTimings
-from kube_rendezvous.summary import format_time, parse_time
+from kube_rendezvous.summary import departure_line, format_time, parse_time
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
 #: Nodes named one by one in Events; beyond that, one Event counts them and names the first ones.
@@ -282,6 +282,23 @@ def state_events(
     if new.closed and (base is None or not base.closed):
         events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}"))
     return events
+
+
+def departure_event(
+    previous: Mapping[str, Any] | None, status: Mapping[str, Any], announced: Iterable[tuple[str, str]] = ()
+) -> RendezvousEvent | None:
+    """``RoundBroken`` when ``status.lastDeparture`` is new: a formed round lost members, the others restart.
+
+    None when it did not change since ``previous`` (the last status observed), or when that Event is
+    among the ``announced`` (reason, message) pairs (a restarted operator does not repeat it).
+    """
+    departure = status.get("lastDeparture")
+    if not isinstance(departure, Mapping) or departure == (previous or {}).get("lastDeparture"):
+        return None
+    message = f"{departure_line(departure)}; its other members re-rendezvous without it"
+    if ("RoundBroken", message) in set(announced):
+        return None
+    return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
 
 
 # -- pods and nodes --------------------------------------------------------------------------

@@ -116,9 +116,13 @@ class ElasticJob:
             str(script),
         ]
 
-    def start_agent(self, name: str | None = None, local_addr: str = "127.0.0.1") -> Agent:
+    def start_agent(
+        self, name: str | None = None, local_addr: str = "127.0.0.1", env: dict[str, str] | None = None
+    ) -> Agent:
+        """Start one agent (a pod) named ``name``, with ``env`` added to its environment (its workers inherit it)."""
         name = name or f"agent-{len(self.agents)}"
         log = self.workdir / f"{name}.log"
+        extra = dict(env or {})
         env = dict(
             os.environ,
             OMP_NUM_THREADS="1",
@@ -128,6 +132,7 @@ class ElasticJob:
             STEPS=str(self.steps),
             STEP_SECONDS=str(self.step_seconds),
         )
+        env.update(extra)
         if self.select_by_environment:
             env.update(PET_RDZV_BACKEND=self.backend, PET_RDZV_ENDPOINT=self.endpoint, PET_RDZV_ID=self.run_id)
         with log.open("wb") as handle:
@@ -195,6 +200,13 @@ def quiet(output: str) -> str:
 #: Our handlers log "this agent is rendezvous node N"; torch's logs "The node 'N' attempts to join".
 NODE_LINE = re.compile(r"this agent is rendezvous node (\S+)|The node '([^']+)' attempts to join")
 STEP_LINE = re.compile(r"rank (\d+)/(\d+) group_rank (\d+) restart (\d+) step (\d+)")
+INIT_LINE = re.compile(r"group_rank (\d+) restart (\d+): init_process_group world (\d+)")
+
+
+def entering_init(agent: Agent, world_size: int, restart: int = 0) -> int:
+    """How many of ``agent``'s workers announced ``init_process_group`` for a world of ``world_size``."""
+    found = INIT_LINE.findall(agent.output())
+    return sum(1 for _, seen_restart, world in found if (int(seen_restart), int(world)) == (restart, world_size))
 
 
 def training_progress(agent: Agent) -> tuple[int, int, int] | None:

@@ -17,6 +17,14 @@ step_seconds = float(os.environ.get("STEP_SECONDS", "0"))
 result_dir = os.environ.get("RESULT_DIR", ".")
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
+# Where the others wait when a peer never comes: a test holds one agent's workers here (HOLD_BEFORE_INIT=1),
+# so the others' workers sit in init_process_group until the process group timeout (30 min).
+print(
+    f"group_rank {os.environ['GROUP_RANK']} restart {restart}: init_process_group world {os.environ['WORLD_SIZE']}",
+    flush=True,
+)
+while os.environ.get("HOLD_BEFORE_INIT") == "1":
+    time.sleep(1)
 dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 expected = world_size * (world_size - 1) / 2
