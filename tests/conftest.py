@@ -1,10 +1,12 @@
-"""Session-scoped real control plane, a namespace per test, server logs shown on failure."""
+"""Session-scoped real control plane, a namespace per test, server logs shown on failure; the markers."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import types
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,98 @@ from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
 _CONTROL_PLANE: ControlPlane | None = None
+
+#: Names whose use in code means it starts another process (a Python one, or an external binary).
+PROCESS_NAMES = frozenset({"subprocess", "multiprocessing"})
+
+
+def _in_tests_package(obj: object) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return module == "tests" or module.startswith("tests.")
+
+
+def _functions(obj: object) -> list[types.FunctionType]:
+    """The functions whose code ``obj`` runs: itself, or a class's methods (properties included)."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        return [function for part in (obj.fget, obj.fset, obj.fdel) for function in _functions(part)]
+    if isinstance(obj, type):
+        return [function for value in vars(obj).values() for function in _functions(value)]
+    if callable(obj):
+        obj = inspect.unwrap(obj)
+    return [obj] if isinstance(obj, types.FunctionType) else []
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _code_objects(constant)  # nested functions, lambdas, comprehensions
+
+
+def _starts_processes(roots: Iterable[object]) -> bool:
+    """Whether the code of ``roots``, or of a function or class of the tests package it names
+    (followed transitively through each function's globals), names ``PROCESS_NAMES``."""
+    pending = [function for root in roots for function in _functions(root)]
+    seen: set[types.FunctionType] = set()
+    while pending:
+        function = pending.pop()
+        if function in seen:
+            continue
+        seen.add(function)
+        for code in _code_objects(function.__code__):
+            if PROCESS_NAMES & set(code.co_names):
+                return True
+            for name in code.co_names:
+                target = function.__globals__.get(name)
+                if target is not None and _in_tests_package(target):
+                    pending.extend(_functions(target))
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test ``cluster`` or ``pure`` (registered in pyproject.toml), so ``-m pure`` misses none.
+
+    The rule, in order:
+
+    1. An explicit ``cluster`` or ``pure`` mark (on the test, its class, module or parameter) is
+       kept: a fixture may ask for the control plane at run time (``request.getfixturevalue``),
+       which no rule can see, so such a parameter says ``cluster`` itself. An explicit ``pure``
+       that rules 2-3 call ``cluster`` is an error.
+    2. ``cluster`` when ``control_plane`` is in the test's fixture closure (``item.fixturenames``),
+       directly or through another fixture (``admin_api``, ``namespace``, ``agent_kubeconfig``,
+       ``objects``, ``crds``, ``make_job``, ...).
+    3. ``cluster`` when the test starts other processes: its function, or a fixture of its closure
+       defined in the tests package, names ``subprocess`` or ``multiprocessing`` in its code
+       (nested functions and lambdas included), directly or through the functions and classes of
+       the tests package that it names, followed transitively (e.g. fixture ``helm`` -> class
+       ``Helm`` -> ``Helm.run``, and ``testenv.ensure_binaries``, which fetches the binaries;
+       ``modules_loaded_by``; ``helpers.run_workers``). External binaries (helm, kubectl, etcd,
+       the demo's control plane) are only ever reached that way.
+    4. ``pure`` otherwise.
+    """
+    for item in items:
+        explicit = {mark.name for mark in item.iter_markers() if mark.name in ("cluster", "pure")}
+        fixturedefs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        fixtures = [
+            definition.func
+            for definitions in fixturedefs.values()
+            for definition in definitions
+            if _in_tests_package(definition.func)
+        ]
+        automatic = (
+            "cluster"
+            if "control_plane" in getattr(item, "fixturenames", ())
+            or _starts_processes([getattr(item, "function", None), *fixtures])
+            else "pure"
+        )
+        if explicit == {"pure"} and automatic == "cluster":
+            raise pytest.UsageError(f"{item.nodeid} is marked pure but needs the control plane or starts processes")
+        if len(explicit) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked both pure and cluster")
+        if not explicit:
+            item.add_marker(automatic)
 
 
 @pytest.fixture(scope="session")

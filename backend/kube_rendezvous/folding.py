@@ -5,7 +5,7 @@ runs, else an agent). Each node states what it wants on its own Lease: ``join`` 
 scoped to the round it saw) or ``leave`` (be out of it). The folder applies every pending request to
 the document in one compare-and-swap with ``fold``, so the result is a serial order of the
 framework's own operations (tensorplay's and torch's ``_RendezvousJoinOp``/``_RendezvousExitOp`` and
-their executor's actions, which are the same in both; ``tests/test_folding.py`` drives the
+their executor's actions, which are the same in both; ``tests/test_folding_differential.py`` drives the
 framework's own ``DynamicRendezvousHandler`` through the same sequences and compares).
 
 The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the participants:
