@@ -231,6 +231,37 @@ def test_status_of_a_round_in_last_call_shows_its_deadline(
     assert 8 <= int(reached.group(1)) <= 30
 
 
+def test_status_says_why_the_last_formed_round_was_broken(
+    control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    create_rendezvous(objects, namespace, "job", minNodes=2)
+    write_state(objects, namespace, "job", complete_round())
+
+    before = plugin(control_plane, "-n", namespace, "status", "job")
+    before_json = plugin(control_plane, "-n", namespace, "status", "job", "-o", "json")
+
+    assert before.returncode == 0 and before_json.returncode == 0, before.stderr + before_json.stderr
+    assert "Last departure  none recorded (status.lastDeparture is not set)" in before.stdout
+    assert json.loads(before_json.stdout)["lastDeparture"] is None
+
+    # As a writer records it when a formed round loses a member (status.lastDeparture, written as admin here).
+    departure = {
+        "round": 3,
+        "time": "2026-12-04T20:40:02Z",
+        "count": 1,
+        "nodes": [{"node": "10.0.0.2_7_3", "reason": "Left"}],
+    }
+    write_state(objects, namespace, "job", complete_round(), lastDeparture=departure)
+
+    text = plugin(control_plane, "-n", namespace, "status", "job")
+    report = plugin(control_plane, "-n", namespace, "status", "job", "-o", "json")
+
+    assert text.returncode == 0 and report.returncode == 0, text.stderr + report.stderr
+    line = next(line for line in text.stdout.splitlines() if line.startswith("Last departure"))
+    assert line == "Last departure  node 10.0.0.2_7_3 left round 3 (at 2026-12-04T20:40:02Z)", line
+    assert json.loads(report.stdout)["lastDeparture"] == departure
+
+
 def test_status_of_a_rendezvous_without_state_is_pending(
     control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str
 ) -> None:

@@ -12,16 +12,19 @@ folder's next fold, the operator's retry).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .intents import with_evicted
 from .kubeapi import (
     MERGE_PATCH,
     RENDEZVOUS_PLURAL,
+    ApiError,
     ApiUnavailableError,
     ConflictError,
     KubernetesApi,
     backoff,
+    call_with_retries,
     resource_path,
 )
 
@@ -51,14 +54,21 @@ def write_status(
 
 
 def add_evictions(
-    api: KubernetesApi, namespace: str, rendezvous_name: str, nodes: list[str], *, deadline: float
+    api: KubernetesApi,
+    namespace: str,
+    rendezvous_name: str,
+    nodes: list[str],
+    *,
+    deadline: float,
+    on_conflict: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], list[str] | None]:
     """Add ``nodes`` to ``status.evictedNodes`` by compare-and-swap, so that concurrent evictions are never lost.
 
     Each attempt reads the object and writes the list on its resourceVersion; a lost compare-and-swap
-    backs off (jittered, doubling) and reads again; an answer that never came is resolved by the next
-    read (the nodes are there, or it is sent again). Returns the object last read and the list
-    written (None: every node was evicted already).
+    (``on_conflict`` is called) backs off (jittered, doubling) and reads again; an answer that never
+    came, a 429 or a 5xx is retried until ``deadline``, and the next read shows whether the write had
+    committed (the nodes are there) before it is sent again. Returns the object last read and the
+    list written (None: every node was evicted already).
 
     Raises:
         NotFoundError: the Rendezvous is gone.
@@ -66,9 +76,11 @@ def add_evictions(
         ApiError, ApiUnavailableError: refused, or no answer by ``deadline``.
     """
     path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
-    conflicts = 0
+    conflicts = unclear = 0
     while True:
-        obj: dict[str, Any] = api.request("GET", path)
+        obj: dict[str, Any] = call_with_retries(
+            lambda: api.request("GET", path), deadline=deadline, what=f"GET rendezvous {namespace}/{rendezvous_name}"
+        )
         evicted = with_evicted(obj.get("status") or {}, nodes)
         if evicted is None:
             return obj, None
@@ -79,13 +91,16 @@ def add_evictions(
             return written, evicted
         except ConflictError:
             conflicts += 1
+            if on_conflict is not None:
+                on_conflict()
             if conflicts >= EVICT_ATTEMPTS:
                 raise
             time.sleep(backoff(conflicts, 0.02, 1.0))
-        except ApiUnavailableError:
-            if time.monotonic() > deadline:
+        except (ApiUnavailableError, ApiError) as exc:
+            unclear += 1
+            if (isinstance(exc, ApiError) and not exc.transient) or time.monotonic() > deadline:
                 raise
-            time.sleep(backoff(1, 0.5, 0.5, floor=0.5))
+            time.sleep(backoff(unclear, 0.2, 2.0, floor=0.5))
 
 
 __all__ = ["EVICT_ATTEMPTS", "add_evictions", "write_status"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.server
 import logging
 import os
-import socket
 import threading
 import time
 import urllib.parse
@@ -49,15 +48,10 @@ STANDBY_LOG_SECONDS = 30.0
 SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def replica_identity() -> str:
-    """This replica's name in the Lease: ``POD_NAME`` (the Deployment sets it), else host and pid."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-
-
-def operator_namespace() -> str:
-    """The namespace of the Lease: ``POD_NAMESPACE``, else the pod's service-account namespace, else ``default``."""
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
+def operator_namespace(configured: str | None) -> str:
+    """The Lease's namespace: ``configured`` (``POD_NAMESPACE``), else the pod's service account's, else ``default``."""
+    if configured:
+        return configured
     if SERVICEACCOUNT_NAMESPACE.exists():
         return SERVICEACCOUNT_NAMESPACE.read_text().strip()
     return "default"

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,12 +33,10 @@ from kube_rendezvous.kubeapi import (
     VERSION,
     ApiError,
     ApiUnavailableError,
-    ConflictError,
     ForbiddenError,
     InvalidError,
     KubernetesApi,
     NotFoundError,
-    load_api_client,
     resource_path,
 )
 from kube_rendezvous.status import add_evictions as evict
@@ -47,6 +44,7 @@ from kube_rendezvous.status import write_status
 from kube_rendezvous.summary import parse_time
 
 from . import logic, metrics
+from .config import OperatorConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,26 +64,25 @@ class Observed:
     formed: frozenset[NodeId] | None = None
 
 
-#: Per (namespace, name): the last ``status.state`` text read and its document or error. The
-#: state is decoded only when its text changed; this and OBSERVED are the operator's only memory.
-STATES: dict[Key, logic.StoredState] = {}
-#: Per (namespace, name): the last status and document seen by ``observe_rendezvous``.
-OBSERVED: dict[Key, Observed] = {}
-#: Per (namespace, name): which pods are the Rendezvous's training pods (``logic.pod_selector``).
-SELECTORS: dict[Key, logic.PodSelector] = {}
-_API: KubernetesApi | None = None
+@dataclass
+class OperatorMemo:
+    """Kopf's memo: the operator's whole memory (Kopf hands each Rendezvous a shallow copy, so the dicts are shared).
+
+    Keyed by (namespace, name) of a Rendezvous; nothing else is kept between events.
+    """
+
+    config: OperatorConfig
+    #: The API client (credentials from the kubeconfig or the pod's service account).
+    api: KubernetesApi
+    #: The last ``status.state`` text read and its document or error (decoded only when the text changes).
+    states: dict[Key, logic.StoredState] = field(default_factory=dict)
+    #: The last status and document seen by ``observe_rendezvous``.
+    observed: dict[Key, Observed] = field(default_factory=dict)
+    #: Which pods are each Rendezvous's training pods (``logic.pod_selector``).
+    selectors: dict[Key, logic.PodSelector] = field(default_factory=dict)
 
 
-def api() -> KubernetesApi:
-    """The API client, made on first use from in-cluster credentials or the kubeconfig."""
-    global _API
-    if _API is None:
-        client, _ = load_api_client(os.environ.get("KUBECONFIG") or None, None)
-        _API = KubernetesApi(client, request_timeout=15)
-    return _API
-
-
-def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
+def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
     """Merge-patch the Rendezvous status (no resourceVersion: the server applies it at the latest).
 
     Returns False when the Rendezvous is gone (nothing to write to).
@@ -96,7 +93,7 @@ def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -
     """
     what = f"status ({kind}) of {namespace}/{name}"
     try:
-        write_status(api(), namespace, name, status)
+        write_status(client, namespace, name, status)
     except NotFoundError:
         logger.info("did not write the %s: the Rendezvous is gone", what)
         return False
@@ -116,19 +113,24 @@ def patch_status(namespace: str, name: str, status: dict[str, Any], kind: str) -
 EVICT_SECONDS = 30.0
 
 
-def add_evictions(namespace: str, name: str, nodes: list[str]) -> list[str] | None:
+def add_evictions(client: KubernetesApi, namespace: str, name: str, nodes: list[str]) -> list[str] | None:
     """Add ``nodes`` to ``status.evictedNodes`` (``status.add_evictions``: compare-and-swap with backoff).
 
     Returns the list written, or None when there was nothing to add, the Rendezvous is gone, or
     the write failed (logged; the event handler is not retried, so it must not raise).
     """
     try:
-        _, evicted = evict(api(), namespace, name, nodes, deadline=time.monotonic() + EVICT_SECONDS)
+        _, evicted = evict(
+            client,
+            namespace,
+            name,
+            nodes,
+            deadline=time.monotonic() + EVICT_SECONDS,
+            on_conflict=metrics.WRITE_CONFLICTS.inc,
+        )
     except NotFoundError:
         return None
     except (ApiError, ApiUnavailableError) as exc:
-        if isinstance(exc, ConflictError):
-            metrics.WRITE_CONFLICTS.inc()
         metrics.RECONCILE_ERRORS.labels(handler="evict").inc()
         logger.warning("could not evict %s from %s/%s: %s", nodes, namespace, name, exc)
         return None
@@ -138,6 +140,7 @@ def add_evictions(namespace: str, name: str, nodes: list[str]) -> list[str] | No
 
 
 def update_condition(
+    client: KubernetesApi,
     namespace: str,
     name: str,
     current: dict[str, Any],
@@ -158,13 +161,13 @@ def update_condition(
         datetime.now(timezone.utc),
     )
     if conditions is not None:
-        patch_status(namespace, name, {"conditions": conditions, "observedGeneration": generation}, kind)
+        patch_status(client, namespace, name, {"conditions": conditions, "observedGeneration": generation}, kind)
 
 
-def stored_state(key: Key, text: object) -> logic.StoredState:
+def stored_state(memo: OperatorMemo, key: Key, text: object) -> logic.StoredState:
     """The document (or error) of ``status.state`` ``text``; decoded only when it differs from the last read."""
-    stored = logic.read_state(text, STATES.get(key))
-    STATES[key] = stored
+    stored = logic.read_state(text, memo.states.get(key))
+    memo.states[key] = stored
     return stored
 
 
@@ -174,8 +177,7 @@ def post_event(body: kopf.Body, event: logic.RendezvousEvent, namespace: str, na
     metrics.count_event(event.reason, namespace, name, event.count)
 
 
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     """Keep Kopf's own writes rare and under our names; serve metrics."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kube-rendezvous.io")
@@ -184,23 +186,27 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.level = logging.WARNING  # handler logs stay logs; Events are the ones we post
     settings.watching.server_timeout = 300
-    if os.environ.get("KUBE_RENDEZVOUS_WATCH_NAMESPACES"):
+    if memo.config.namespaces:
         # Named namespaces only: do not scan (list) namespaces, which namespaced RBAC forbids.
         settings.scanning.disabled = True
-    metrics.serve(int(os.environ.get("METRICS_PORT", "9090")))
+    metrics.serve(memo.config.metrics_port)
 
 
-@kopf.on.resume(GROUP, VERSION, RENDEZVOUS_PLURAL)
-@kopf.on.create(GROUP, VERSION, RENDEZVOUS_PLURAL)
-@kopf.on.update(GROUP, VERSION, RENDEZVOUS_PLURAL, field="spec")
 def reconcile_spec(
-    spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any], namespace: str, name: str, reason: str, **_: Any
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    meta: dict[str, Any],
+    namespace: str,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
 ) -> None:
     """Post Ready=Unknown on first sight, then Ready=True/False from the spec and the state; keep observedGeneration."""
     generation = meta.get("generation")
     status = dict(status or {})
     if not status.get("conditions"):
         update_condition(
+            memo.api,
             namespace,
             name,
             status,
@@ -217,12 +223,11 @@ def reconcile_spec(
                 "observedGeneration": generation,
             }
         ]
-    check = logic.check_state(stored_state((namespace, name), status.get("state")))
+    check = logic.check_state(stored_state(memo, (namespace, name), status.get("state")))
     ready = logic.ready_condition(logic.spec_problems(spec), check)
-    update_condition(namespace, name, status, generation, "ready", condition=ready)
+    update_condition(memo.api, namespace, name, status, generation, "ready", condition=ready)
 
 
-@kopf.on.event(GROUP, VERSION, RENDEZVOUS_PLURAL)
 def observe_rendezvous(
     type: str | None,
     body: kopf.Body,
@@ -231,19 +236,20 @@ def observe_rendezvous(
     meta: dict[str, Any],
     namespace: str,
     name: str,
+    memo: OperatorMemo,
     **_: Any,
 ) -> None:
     """Turn state changes into Events and metrics; flag an invalid state. Writes only on a change."""
     key = (namespace, name)
     if type == "DELETED":
-        OBSERVED.pop(key, None)
-        STATES.pop(key, None)
-        SELECTORS.pop(key, None)
+        memo.observed.pop(key, None)
+        memo.states.pop(key, None)
+        memo.selectors.pop(key, None)
         metrics.forget(namespace, name)
         return
     status = dict(status or {})
-    previous = OBSERVED.get(key)
-    stored = stored_state(key, status.get("state"))
+    previous = memo.observed.get(key)
+    stored = stored_state(memo, key, status.get("state"))
     baseline = previous.document if previous is not None else None
     if stored.document is not None:
         document: RendezvousDocument | None = stored.document
@@ -256,13 +262,13 @@ def observe_rendezvous(
     announced: list[tuple[str, str]] = []
     if previous is None and (stored.document is not None or status.get("lastDeparture")):
         # First sight (a new leader, a restart): what was announced already is not announced again.
-        announced = announced_events(namespace, meta)
+        announced = announced_events(memo.api, namespace, meta)
     if previous is None and stored.document is not None:
         baseline, last_formed = logic.announced_baseline(stored.document, announced)
-    OBSERVED[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
+    memo.observed[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
     selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
-    if SELECTORS.get(key) != selector:
-        SELECTORS[key] = selector
+    if memo.selectors.get(key) != selector:
+        memo.selectors[key] = selector
         logger.info(
             "the training pods of %s/%s are those with %s (%s)", namespace, name, selector.describe(), selector.source
         )
@@ -281,6 +287,7 @@ def observe_rendezvous(
                 post_event(body, logic.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
         if not check.ok or (ready is not None and ready.get("reason") == logic.STATE_INVALID):
             update_condition(
+                memo.api,
                 namespace,
                 name,
                 status,
@@ -301,6 +308,7 @@ def observe_rendezvous(
         closed = logic.find_condition(status, "Closed")
         if closed is None or closed.get("status") != "True":
             update_condition(
+                memo.api,
                 namespace,
                 name,
                 status,
@@ -310,31 +318,30 @@ def observe_rendezvous(
             )
 
 
-def announced_events(namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:
+def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:
     """(reason, message) of the Events already posted on a Rendezvous (none when they cannot be listed)."""
     query = {"fieldSelector": f"involvedObject.uid={meta.get('uid')}"}
     try:
-        listed = api().request("GET", f"/api/v1/namespaces/{namespace}/events", query=query)
+        listed = client.request("GET", f"/api/v1/namespaces/{namespace}/events", query=query)
     except (ApiError, ApiUnavailableError) as exc:
         logger.info("could not list the Events of %s/%s (they may be repeated): %s", namespace, meta.get("name"), exc)
         return []
     return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
 
 
-def rendezvouses_of_pod(labels: dict[str, str] | None, namespace: str | None) -> list[str]:
+def rendezvouses_of_pod(memo: OperatorMemo, labels: dict[str, str] | None, namespace: str | None) -> list[str]:
     """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
-    selectors = {name: selector for (where, name), selector in SELECTORS.items() if where == namespace}
+    selectors = {name: selector for (where, name), selector in memo.selectors.items() if where == namespace}
     return logic.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
 
 
-def is_training_pod(labels: dict[str, str], namespace: str | None, **_: Any) -> bool:
+def is_training_pod(labels: dict[str, str], namespace: str | None, memo: OperatorMemo, **_: Any) -> bool:
     """Kopf's filter for the pod watch: a pod some Rendezvous selects (or that names one)."""
-    return bool(rendezvouses_of_pod(labels, namespace))
+    return bool(rendezvouses_of_pod(memo, labels, namespace))
 
 
-@kopf.on.event("", "v1", "pods", when=is_training_pod)
 def evict_nodes_of_gone_pods(
-    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, **_: Any
+    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
 ) -> None:
     """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous.
 
@@ -345,13 +352,13 @@ def evict_nodes_of_gone_pods(
     pod = dict(body)
     if not logic.pod_is_gone(pod, type):
         return
-    for rendezvous in rendezvouses_of_pod(labels, namespace):
-        evict_nodes_of_pod(pod, namespace, rendezvous)
+    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
+        evict_nodes_of_pod(memo, pod, namespace, rendezvous)
 
 
-def evict_nodes_of_pod(pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
+def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
     """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
-    observed, stored = OBSERVED.get((namespace, rendezvous)), STATES.get((namespace, rendezvous))
+    observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
     if observed is None or stored is None or stored.document is None:
         return
     if observed.status.get("closed") or stored.document.closed:
@@ -360,7 +367,7 @@ def evict_nodes_of_pod(pod: dict[str, Any], namespace: str, rendezvous: str) -> 
 
     gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
     known = logic.known_nodes(stored.document)
-    document = with_lease_heartbeats(stored.document, namespace, rendezvous)
+    document = with_lease_heartbeats(memo.api, stored.document, namespace, rendezvous)
     matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
     alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
     if alive:
@@ -371,18 +378,20 @@ def evict_nodes_of_pod(pod: dict[str, Any], namespace: str, rendezvous: str) -> 
             pod["metadata"]["name"],
             ", ".join(str(node) for node in alive),
         )
-    evict_and_report(namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone")
+    evict_and_report(
+        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone"
+    )
 
 
-def evict_and_report(namespace: str, rendezvous: str, nodes: list[str], because: str) -> bool:
+def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes: list[str], because: str) -> bool:
     """Evict ``nodes`` from ``rendezvous`` (unless all are evicted already), count them and post NodeEvicted.
 
     Returns whether anything was written.
     """
-    observed = OBSERVED.get((namespace, rendezvous))
+    observed = memo.observed.get((namespace, rendezvous))
     if not nodes or (observed is not None and with_evicted(observed.status, nodes) is None):
         return False
-    evicted = add_evictions(namespace, rendezvous, nodes)
+    evicted = add_evictions(memo.api, namespace, rendezvous, nodes)
     if evicted is None:
         return False
     if observed is not None:
@@ -390,7 +399,7 @@ def evict_and_report(namespace: str, rendezvous: str, nodes: list[str], because:
     metrics.EVICTIONS.labels(namespace=namespace, name=rendezvous).inc(len(nodes))
     logger.info("evicted %s from rendezvous %s/%s: %s", nodes, namespace, rendezvous, because)
     try:
-        rdzv_body = api().request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
+        rdzv_body = memo.api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
     except (ApiError, ApiUnavailableError) as exc:
         logger.warning("could not post the NodeEvicted event: %s", exc)
         return True
@@ -399,12 +408,7 @@ def evict_and_report(namespace: str, rendezvous: str, nodes: list[str], because:
     return True
 
 
-#: Seconds between two resyncs of one Rendezvous with its pods (``KUBE_RENDEZVOUS_RESYNC_SECONDS``).
-RESYNC_SECONDS = float(os.environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", "10"))
-
-
-@kopf.timer(GROUP, VERSION, RENDEZVOUS_PLURAL, interval=RESYNC_SECONDS, initial_delay=1)
-def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: OperatorMemo, **_: Any) -> None:
     """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
 
     Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
@@ -412,17 +416,17 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> 
     and those without any pod while the others are recognised by their pods.
     """
     status = dict(status or {})
-    document = stored_state((namespace, name), status.get("state")).document
+    document = stored_state(memo, (namespace, name), status.get("state")).document
     if document is None or document.closed or status.get("closed"):
         return
-    selector = SELECTORS.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
+    selector = memo.selectors.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
     selectors = [selector.describe()]
     if selector.match_labels != {RENDEZVOUS_LABEL: name}:
         selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
     pods: dict[str, dict[str, Any]] = {}
     try:
         for label_selector in selectors:
-            listed = api().request(
+            listed = memo.api.request(
                 "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
             )
             for pod in listed.get("items") or []:
@@ -433,22 +437,28 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, **_: Any) -> 
         return
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
-    document = with_lease_heartbeats(document, namespace, name) or document
+    document = with_lease_heartbeats(memo.api, document, namespace, name) or document
     nodes = logic.nodes_to_evict_on_resync(document, pods.values(), datetime.now(timezone.utc))
     already = set(status.get("evictedNodes") or [])
-    evict_and_report(namespace, name, [str(node) for node in nodes if str(node) not in already], "pod gone (resync)")
+    evicting = [str(node) for node in nodes if str(node) not in already]
+    evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")
 
 
-@kopf.on.delete(GROUP, VERSION, RENDEZVOUS_PLURAL)
 def close_before_delete(
-    spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any], namespace: str, name: str, **_: Any
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    meta: dict[str, Any],
+    namespace: str,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
 ) -> None:
     """Hold a deleted Rendezvous until its agents have closed it (they fold the deletion into the state)."""
     now = datetime.now(timezone.utc)
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
-    stored = stored_state((namespace, name), (status or {}).get("state")).document
-    document = with_lease_heartbeats(stored, namespace, name)
+    stored = stored_state(memo, (namespace, name), (status or {}).get("state")).document
+    document = with_lease_heartbeats(memo.api, stored, namespace, name)
     alive = logic.live_agents(document, now, logic.heartbeat_expiry(spec))
     if not alive:
         return
@@ -460,18 +470,18 @@ def close_before_delete(
     raise kopf.TemporaryError(f"waiting for {len(alive)} live agents to close the rendezvous", delay=1)
 
 
-@kopf.daemon(
-    GROUP,
-    VERSION,
-    RENDEZVOUS_PLURAL,
-    cancellation_timeout=5,
-    when=lambda spec, **_: spec.get("ttlSecondsAfterClosed") is not None,
-)
-async def delete_after_ttl(spec: dict[str, Any], namespace: str, name: str, stopped: Any, **_: Any) -> None:
+def has_ttl(spec: dict[str, Any], **_: Any) -> bool:
+    """Kopf's filter for ``delete_after_ttl``: the Rendezvous has ``spec.ttlSecondsAfterClosed``."""
+    return spec.get("ttlSecondsAfterClosed") is not None
+
+
+async def delete_after_ttl(
+    spec: dict[str, Any], namespace: str, name: str, stopped: Any, memo: OperatorMemo, **_: Any
+) -> None:
     """Delete a closed Rendezvous ``spec.ttlSecondsAfterClosed`` seconds after its last change."""
     ttl = int(spec["ttlSecondsAfterClosed"])
     while not stopped:
-        observed = OBSERVED.get((namespace, name))
+        observed = memo.observed.get((namespace, name))
         status = observed.status if observed is not None else {}
         try:
             changed = parse_time(status["lastChangeTime"]) if status.get("closed") else None
@@ -485,7 +495,7 @@ async def delete_after_ttl(spec: dict[str, Any], namespace: str, name: str, stop
             await asyncio.sleep(min(remaining, 5))
             continue
         try:
-            await asyncio.to_thread(api().request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
+            await asyncio.to_thread(memo.api.request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
         except NotFoundError:
             return
         except (ApiError, ApiUnavailableError) as exc:
@@ -494,3 +504,22 @@ async def delete_after_ttl(spec: dict[str, Any], namespace: str, name: str, stop
             continue
         logger.info("deleted closed Rendezvous %s/%s after its TTL of %d s", namespace, name, ttl)
         return
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Register every handler on ``registry``, with the timings of ``config`` (its resync interval)."""
+    from .writer import FOLDER_STOP_SECONDS, fold_requests
+
+    rendezvous = (GROUP, VERSION, RENDEZVOUS_PLURAL)
+    # Kopf's own watches log in as our API client does: the kubeconfig, else the pod's service account.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(configure)
+    for on in (kopf.on.resume, kopf.on.create):
+        on(*rendezvous, registry=registry)(reconcile_spec)
+    kopf.on.update(*rendezvous, field="spec", registry=registry)(reconcile_spec)
+    kopf.on.event(*rendezvous, registry=registry)(observe_rendezvous)
+    kopf.on.event("", "v1", "pods", when=is_training_pod, registry=registry)(evict_nodes_of_gone_pods)
+    kopf.timer(*rendezvous, interval=config.resync_seconds, initial_delay=1, registry=registry)(resync_pods)
+    kopf.on.delete(*rendezvous, registry=registry)(close_before_delete)
+    kopf.daemon(*rendezvous, cancellation_timeout=5, when=has_ttl, registry=registry)(delete_after_ttl)
+    kopf.daemon(*rendezvous, cancellation_timeout=FOLDER_STOP_SECONDS + 5, registry=registry)(fold_requests)

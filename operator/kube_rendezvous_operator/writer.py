@@ -21,20 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import socket
 import threading
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import kopf
 from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.folder import Folder
 from kube_rendezvous.kubeapi import (
-    GROUP,
     RENDEZVOUS_LABEL,
-    RENDEZVOUS_PLURAL,
-    VERSION,
     ApiError,
     ApiUnavailableError,
     KubernetesApi,
@@ -48,22 +42,18 @@ from kube_rendezvous.leases import (
     parse_node,
 )
 
-from .handlers import api
-
-#: This operator's identity on the writer Lease (the pod name in a cluster).
-IDENTITY = f"operator/{os.environ.get('POD_NAME') or socket.gethostname()}"
-
+if TYPE_CHECKING:
+    from .handlers import OperatorMemo
 
 #: Seconds a stopped folder's thread gets to release the writer Lease and end.
 FOLDER_STOP_SECONDS = 10.0
 
 
-@kopf.daemon(GROUP, VERSION, RENDEZVOUS_PLURAL, cancellation_timeout=FOLDER_STOP_SECONDS + 5)
-async def fold_requests(namespace: str | None, name: str, stopped: Any, **_: Any) -> None:
+async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
     """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
     assert namespace is not None  # Rendezvous objects are namespaced
     done = threading.Event()
-    folder = Folder(api(), namespace, name, identity=IDENTITY, preferred=True)
+    folder = Folder(memo.api, namespace, name, identity=memo.config.writer_identity, preferred=True)
     thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
     thread.start()
     try:
@@ -93,13 +83,13 @@ def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> d
 
 
 def with_lease_heartbeats(
-    document: RendezvousDocument | None, namespace: str, rendezvous_name: str
+    client: KubernetesApi, document: RendezvousDocument | None, namespace: str, rendezvous_name: str
 ) -> RendezvousDocument | None:
     """``document`` with each node's heartbeat taken from its Lease where it has one (unchanged on error)."""
     if document is None:
         return None
     try:
-        beats = heartbeats(api(), namespace, rendezvous_name)
+        beats = heartbeats(client, namespace, rendezvous_name)
     except (ApiError, ApiUnavailableError):
         return document
     if not beats:
@@ -109,4 +99,4 @@ def with_lease_heartbeats(
     return dataclasses.replace(document, last_heartbeats=merged)
 
 
-__all__ = ["IDENTITY", "RENDEZVOUS_PLURAL", "fold_requests", "heartbeats", "with_lease_heartbeats"]
+__all__ = ["FOLDER_STOP_SECONDS", "fold_requests", "heartbeats", "with_lease_heartbeats"]

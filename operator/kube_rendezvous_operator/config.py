@@ -1,0 +1,112 @@
+"""The operator's settings, resolved once from its command line (pure, no I/O).
+
+``OperatorConfig.from_arguments`` is the one place they are read: flags first, then the environment
+variables the chart sets, then the defaults. The result is passed explicitly to the handlers (in
+Kopf's memo) and to the election; nothing reads the environment after that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How this operator runs.
+
+    Attributes:
+        namespaces: the namespaces it watches; empty: the whole cluster.
+        liveness: the URL of its liveness endpoint.
+        metrics_port: the port of ``/metrics``.
+        log_format: ``json`` or ``plain``.
+        leader_election: act only while holding the Lease ``kube-rendezvous-operator``.
+        resync_seconds: seconds between two resyncs of a Rendezvous with its pods.
+        identity: this replica's name (``POD_NAME``, else host and pid).
+        pod_namespace: the operator's own namespace (the election Lease's), None when unknown.
+        kubeconfig: a kubeconfig to use instead of in-cluster credentials.
+        verbose: Kopf's verbose logging.
+    """
+
+    namespaces: tuple[str, ...] = ()
+    liveness: str = "http://0.0.0.0:8080/healthz"
+    metrics_port: int = 9090
+    log_format: str = "json"
+    leader_election: bool = False
+    resync_seconds: float = 10.0
+    identity: str = "operator"
+    pod_namespace: str | None = None
+    kubeconfig: str | None = None
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.metrics_port < 65536:
+            raise ValueError(f"--metrics-port {self.metrics_port}: must be a port number (1-65535)")
+        if self.resync_seconds <= 0:
+            raise ValueError(f"--resync-seconds {self.resync_seconds:g}: must be positive seconds")
+        if self.log_format not in ("json", "plain"):
+            raise ValueError(f"--log-format {self.log_format!r}: must be json or plain")
+
+    @property
+    def writer_identity(self) -> str:
+        """This operator's identity on the writer Lease of each Rendezvous."""
+        return f"operator/{self.identity}"
+
+    @classmethod
+    def from_arguments(cls, argv: Sequence[str], environ: Mapping[str, str], pid: int = 0) -> OperatorConfig:
+        """Parse ``argv``; flags not given fall back to ``environ`` (what the chart sets), then the defaults.
+
+        Raises:
+            SystemExit: a malformed flag (argparse prints which, and the usage).
+            ValueError: a value out of range, naming the flag.
+        """
+        parser = argparse.ArgumentParser(
+            prog="python -m kube_rendezvous_operator", description="The kube-rendezvous operator."
+        )
+        parser.add_argument("--namespace", action="append", default=[], help="watch only these namespaces (repeatable)")
+        parser.add_argument(
+            "--liveness",
+            default=environ.get("LIVENESS_ENDPOINT", cls.liveness),
+            help="liveness endpoint URL (default %(default)s)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=int(environ.get("METRICS_PORT", cls.metrics_port)),
+            help="port of /metrics (default %(default)s)",
+        )
+        parser.add_argument(
+            "--log-format",
+            choices=["plain", "json"],
+            default=environ.get("LOG_FORMAT", cls.log_format),
+            help="structured JSON logs by default",
+        )
+        parser.add_argument(
+            "--leader-election",
+            action="store_true",
+            default=environ.get("LEADER_ELECTION", "").lower() in ("1", "true", "yes"),
+            help="act only while holding the Lease kube-rendezvous-operator in the operator's namespace "
+            "(POD_NAMESPACE); run 2 replicas for a standby",
+        )
+        parser.add_argument(
+            "--resync-seconds",
+            type=float,
+            default=float(environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", cls.resync_seconds)),
+            help="seconds between resyncs of each Rendezvous with its pods (default %(default)s)",
+        )
+        parser.add_argument("--verbose", action="store_true")
+        args = parser.parse_args(list(argv))
+        return cls(
+            namespaces=tuple(args.namespace),
+            liveness=args.liveness,
+            metrics_port=args.metrics_port,
+            log_format=args.log_format,
+            leader_election=args.leader_election,
+            resync_seconds=args.resync_seconds,
+            identity=environ.get("POD_NAME") or f"{socket.gethostname()}-{pid}",
+            pod_namespace=environ.get("POD_NAMESPACE") or None,
+            kubeconfig=environ.get("KUBECONFIG") or None,
+            verbose=args.verbose,
+        )
