@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_rendezvous.folder import stop_agent_folders
+from kube_rendezvous.shared import release
 from kubernetes import client, config
 
 from tests.e2e.harness import ElasticJob
@@ -142,7 +142,7 @@ def namespace(request: pytest.FixtureRequest, admin_api: client.ApiClient) -> It
     core = client.CoreV1Api(admin_api)
     core.create_namespace({"metadata": {"name": name, "labels": {"kube-rendezvous.io/test": "true"}}})
     yield name
-    stop_agent_folders(name)  # folders this process started for the test stop (and release) with it
+    release(name)  # the watches and folders this process started for the test stop (and release) with it
     try:
         core.delete_namespace(name)
     except client.ApiException as exc:

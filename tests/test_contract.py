@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kube_rendezvous import watchcache
 from kube_rendezvous.backend import KubernetesRendezvousBackend
 from kube_rendezvous.document import NodeId, RendezvousDocument, decode_document, document_from_state
 from kube_rendezvous.folder import Folder
@@ -31,6 +30,7 @@ from kube_rendezvous.kubeapi import (
     resource_path,
 )
 from kube_rendezvous.leases import LeaseNodeLock, list_node_records
+from kube_rendezvous.shared import release, shared
 from kube_rendezvous.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousStateError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
@@ -60,19 +60,6 @@ class Server:
         return found
 
 
-def stop_watches(api: Any, namespace: str) -> None:
-    """Stop this process's shared watches of ``namespace`` (``watchcache`` keeps one per collection for good).
-
-    Stopped, not removed: ``store._ADD_INDEXES`` is keyed by ``id()`` of a cache, which a new cache
-    could reuse once a removed one is collected.
-    """
-    host = str(api.api_client.configuration.host)
-    with watchcache._SHARED_LOCK:
-        caches = [cache for key, cache in watchcache._SHARED.items() if key[0] == host and f"/{namespace}/" in key[1]]
-    for cache in caches:
-        cache.stop()
-
-
 @pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.pure), pytest.param("real", marks=pytest.mark.cluster)])
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     """The API of one implementation, with Rendezvous ``NAME`` (minNodes = maxNodes = 2) created in a namespace."""
@@ -96,7 +83,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     made = Server(api, namespace, "")
     made.uid = made.read()["metadata"]["uid"]
     yield made
-    stop_watches(api, namespace)
+    release(namespace)
     if isinstance(api, FakeKubernetesApi):
         api.close()
 
@@ -218,7 +205,9 @@ class TestBackend:
 def store(server: Server) -> KubernetesStore:
     made = KubernetesStore(server.api, server.namespace, NAME, server.uid, retry_timeout=10)
     made.start_watch()  # as factory.Connection.store does
-    wait_until(lambda: made._cache is not None and made._cache.healthy, 30, "the store's watch of its keys to list")
+    wait_until(
+        lambda: (cache := made._key_cache()) is not None and cache.healthy, 30, "the store's watch of its keys to list"
+    )
     return made
 
 
@@ -307,7 +296,8 @@ def formed(server: Server) -> tuple[Folder, LeaseNodeLock, LeaseNodeLock]:
     first.update(Desire.JOIN)
     second.update(Desire.JOIN)
     requests_shown(server, {node(1): Desire.JOIN, node(2): Desire.JOIN})
-    folder = Folder(server.api, server.namespace, NAME, identity="contract-folder", preferred=False)
+    watch = shared(server.api, server.namespace, NAME).watch
+    folder = Folder(server.api, server.namespace, NAME, identity="contract-folder", preferred=False, rendezvous=watch)
     # Its watch of the Rendezvous lists first: a list answered after a fold's write would show the
     # version before it (the watch catches up within milliseconds; a fold then would lose its CAS).
     wait_until(lambda: folder.rendezvous.healthy, 30, "the folder's watch of the Rendezvous to list")

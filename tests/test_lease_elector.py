@@ -42,24 +42,24 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_renewal(
 
 
 def test_an_agent_folder_stopped_at_exit_releases_the_writer_lease(admin_api: client.ApiClient, namespace: str) -> None:
-    # stop_agent_folders runs at interpreter exit: an agent that exits (done, failed or SIGTERMed)
+    # shared.release runs at interpreter exit: an agent that exits (done, failed or SIGTERMed)
     # hands the writer role over at once, not after the writer Lease's 10 s without renewal.
-    from kube_rendezvous.folder import agent_folder, stop_agent_folders
+    from kube_rendezvous.shared import release, shared
 
     from tests.testenv import wait_until
 
     api = KubernetesApi(admin_api)
-    folder = agent_folder(api, namespace, "rdzv", "agent/a", 15.0)
+    folder = shared(api, namespace, "rdzv").folder("agent/a", 15.0)
     leases = client.CoordinationV1Api(admin_api)
 
     def holder() -> str:
         return str(leases.read_namespaced_lease(folder.elector.name, namespace).spec.holder_identity or "")
 
     wait_until(lambda: holder() == "agent/a", 30, "the agent folder to take the writer Lease")
-    stop_agent_folders(namespace)
+    release(namespace)
     assert holder() == ""
-    assert agent_folder(api, namespace, "rdzv", "agent/b", 15.0) is not folder  # a stopped folder is forgotten
-    stop_agent_folders(namespace)
+    assert shared(api, namespace, "rdzv").folder("agent/b", 15.0) is not folder  # a released folder is forgotten
+    release(namespace)
 
 
 def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_within_the_bound(
@@ -68,7 +68,7 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
     import time
 
     from kube_rendezvous import folder as folders
-    from kube_rendezvous.folder import agent_folder, stop_agent_folders
+    from kube_rendezvous.shared import release, shared
 
     from tests.testenv import wait_until
 
@@ -77,7 +77,7 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
     assert dead.try_acquire_or_renew()  # its last renewal: it never renews again
     last_renewal = time.monotonic()
     leases = client.CoordinationV1Api(admin_api)
-    agent_folder(api, namespace, "rdzv", "agent/b", 15.0)
+    shared(api, namespace, "rdzv").folder("agent/b", 15.0)
     try:
         wait_until(
             lambda: leases.read_namespaced_lease(dead.name, namespace).spec.holder_identity == "agent/b",
@@ -86,7 +86,7 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
         )
         took = time.monotonic() - last_renewal
     finally:
-        stop_agent_folders(namespace)
+        release(namespace)
     bound = folders.CANDIDATE_RETRY_SECONDS + folders.WRITER_LEASE_SECONDS + folders.STALE_MARGIN_SECONDS
     assert folders.WRITER_LEASE_SECONDS < took < bound + 1.0  # + 1 s: the requests and this test's polling
 

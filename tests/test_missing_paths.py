@@ -178,18 +178,15 @@ def compact_etcd(control_plane: ControlPlane) -> int:
 
 
 class TestWatchGoneAfterCompaction:
-    @pytest.mark.parametrize("shared", [False, True], ids=["watch-per-call", "shared-watch"])
     def test_a_blocking_get_whose_watch_is_compacted_away_lists_again_and_still_wakes(
         self,
         control_plane: ControlPlane,
         admin_api: client.ApiClient,
         namespace: str,
         agent_kubeconfig: Path,
-        shared: bool,
     ) -> None:
         endpoint = f"{namespace}/rdzv"
         _, waiter = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
-        waiter.shared_key_watch = shared
         _, writer = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
         outcome: list[bytes | BaseException] = []
 
@@ -201,13 +198,10 @@ class TestWatchGoneAfterCompaction:
 
         thread = threading.Thread(target=blocking_get)
         thread.start()
-        if shared:  # the process's watch of the keys, listed when the store was made
-            cache = waiter._key_cache()
-            assert cache is not None
-            wait_until(lambda: waiter.stats["shared_waits"] == 1 and cache.healthy, 10, "the get to wait")
-            lists = cache.stats["lists"]
-        else:  # read, list, then the watch from the list's resourceVersion
-            wait_until(lambda: waiter.stats["requests"] >= 3, 10, "the get to start watching")
+        cache = waiter._key_cache()  # the process's watch of the keys, listed when the store was made
+        assert cache is not None
+        wait_until(lambda: waiter.stats["shared_waits"] == 1 and cache.healthy, 10, "the get to wait")
+        lists = cache.stats["lists"]
         core = client.CoreV1Api(admin_api)
         for index in range(5):  # history the watch never sees (another resource), then compacted away
             core.create_namespaced_config_map(
@@ -216,16 +210,11 @@ class TestWatchGoneAfterCompaction:
         compacted = compact_etcd(control_plane)
         # The restart drops the watch; resumed from its old resourceVersion, it is answered 410 Gone.
         control_plane.restart_apiserver(downtime=1)
-        if shared:
-            wait_until(lambda: cache.stats["lists"] > lists and cache.healthy, 60, "the shared watch to list again")
-        else:
-            wait_until(lambda: waiter.stats["watch_gone"] >= 1, 60, "the resumed watch to be answered 410 Gone")
+        wait_until(lambda: cache.stats["lists"] > lists and cache.healthy, 60, "the shared watch to list again")
         writer.set("late", "after the compaction")
         thread.join(150)
         assert outcome == [b"after the compaction"], f"compacted at revision {compacted}"
         assert waiter.stats["watch_wakeups"] == 1  # woken by the new watch, after listing again
-        if not shared:
-            assert waiter.stats["watch_restarts"] >= 1  # the dropped watch
 
 
 class TestOriginalClientsAcrossARestart:

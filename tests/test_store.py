@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kube_rendezvous.adds import ADDS_TO_LABEL, CounterValueError, counter_digest, request_name
 from kube_rendezvous.factory import create_backend
+from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
 from kube_rendezvous.store import KubernetesPrefixStore, KubernetesStore
 from kubernetes import client
 from tensorplay.distributed import HashStore, StoreTimeoutError
@@ -337,20 +338,48 @@ class TestBlockingCalls:
         thread.join(60)
         assert outcome == [b"new"]
 
-    def test_without_the_shared_watch_a_blocking_get_lists_and_watches_on_its_own(
-        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
+    def test_without_permission_to_watch_the_keys_blocking_calls_read_again_until_the_key_is_there(
+        self, store: KubernetesStore, endpoint: str, control_plane: ControlPlane, admin_api: client.ApiClient
     ) -> None:
-        _, waiter = create_backend(rendezvous_parameters(endpoint, agent_kubeconfig))
-        waiter.shared_key_watch = False
-        outcome: list[bytes] = []
-        thread = threading.Thread(target=lambda: outcome.append(waiter.get("late", timeout=60)))
-        thread.start()
-        # read (missing), list (missing), then the watch: the set below cannot land before the list.
-        wait_until(lambda: waiter.stats["requests"] >= 3, 10, "the get to start watching")
+        namespace = endpoint.split("/")[0]
+        rules = [
+            client.V1PolicyRule(
+                api_groups=["kube-rendezvous.io"], resources=["rendezvouses"], verbs=["get", "list", "watch"]
+            ),
+            client.V1PolicyRule(
+                api_groups=["kube-rendezvous.io"], resources=["rendezvouskeys"], verbs=["get", "create"]
+            ),
+        ]
+        rbac = client.RbacAuthorizationV1Api(admin_api)
+        rbac.create_namespaced_role(
+            namespace, client.V1Role(metadata=client.V1ObjectMeta(name="no-watch"), rules=rules)
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            client.V1RoleBinding(
+                metadata=client.V1ObjectMeta(name="no-watch"),
+                role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="no-watch"),
+                subjects=[client.RbacV1Subject(kind="ServiceAccount", name="no-watch", namespace=namespace)],
+            ),
+        )
+        kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "no-watch")
+        api = KubernetesApi(load_api_client(str(kubeconfig), None)[0])
+        path = f"/apis/kube-rendezvous.io/v1alpha1/namespaces/{namespace}/rendezvouses/rdzv"
+        wait_until(lambda: api.request("GET", path), 30, "RBAC to apply")
+        # A process of its own: in this one, the store's key watch (allowed) would be shared.
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "tests.workers", "get-key", endpoint, str(kubeconfig), "late", "60"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiter.stdout is not None and json.loads(waiter.stdout.readline()) == {"ready": True}
         store.set("late", "arrived")
-        thread.join(60)
-        assert outcome == [b"arrived"]
-        assert waiter.stats["watch_wakeups"] == 1 and waiter.stats["shared_waits"] == 0
+        out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["value"] == "arrived"
+        assert "cannot watch" in err  # it said why it reads again instead
 
     def test_wait_for_several_keys_returns_once_all_exist(
         self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path

@@ -22,9 +22,7 @@ dead until one expiry after it first saw that node's Lease.
 
 from __future__ import annotations
 
-import atexit
 import collections
-import dataclasses
 import logging
 import random
 import threading
@@ -60,7 +58,7 @@ from .leases import (
 )
 from .status import write_status
 from .summary import departure_of, summarize_document
-from .watchcache import WatchCache, shared_watch
+from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
 
@@ -155,55 +153,6 @@ class Stopped(Protocol):
     def wait(self, timeout: float | None = None) -> object: ...
 
 
-def rendezvous_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:
-    """The process's shared watch of one Rendezvous."""
-    return shared_watch(
-        api,
-        resource_path(RENDEZVOUS_PLURAL, namespace),
-        {"fieldSelector": f"metadata.name={rendezvous_name}"},
-        f"Rendezvous {namespace}/{rendezvous_name}",
-    )
-
-
-class DecodedStates:
-    """The last decoded ``status.state`` per text, so N readers in one process decode it once.
-
-    Decoding is single-flight: the first reader of a new text decodes it while the others wait
-    for its result, instead of all of them decoding the same text at once.
-    """
-
-    def __init__(self, size: int = 4) -> None:
-        self._cache: collections.OrderedDict[str, RendezvousDocument] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._decoding = threading.Lock()
-        self._size = size
-
-    def _cached(self, text: str) -> RendezvousDocument | None:
-        with self._lock:
-            found = self._cache.get(text)
-            if found is not None:
-                self._cache.move_to_end(text)
-            return found
-
-    def decode(self, text: str) -> RendezvousDocument:
-        found = self._cached(text)
-        if found is not None:
-            return found
-        with self._decoding:
-            found = self._cached(text)
-            if found is not None:
-                return found
-            document = decode_document(text)
-            with self._lock:
-                self._cache[text] = document
-                while len(self._cache) > self._size:
-                    self._cache.popitem(last=False)
-            return document
-
-
-DECODED = DecodedStates()
-
-
 def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
     """An ownerReference to the Rendezvous ``obj`` (its Leases go when it goes)."""
     return {
@@ -225,7 +174,9 @@ class Folder:
         *,
         identity: str,
         preferred: bool,
+        rendezvous: WatchCache,
         default_expiry: float = 15.0,
+        decode: Callable[[str], RendezvousDocument] = decode_document,
     ) -> None:
         self._api = api
         self.namespace = namespace
@@ -233,7 +184,9 @@ class Folder:
         self.identity = identity
         self.preferred = preferred
         self.default_expiry = default_expiry
-        self.rendezvous = rendezvous_watch(api, namespace, rendezvous_name)
+        #: The watch of the Rendezvous object (started by whoever made it).
+        self.rendezvous = rendezvous
+        self._decode = decode
         self.elector = WriterLease(
             api, namespace, rendezvous_name, identity, preferred=preferred, duration=WRITER_LEASE_SECONDS
         )
@@ -317,7 +270,7 @@ class Folder:
         document: RendezvousDocument | None = None
         if status.get("state") and stored_run == run_id:
             try:
-                document = DECODED.decode(status["state"])
+                document = self._decode(status["state"])
             except StateDocumentError as exc:
                 logger.warning("not folding into %s: its state is invalid (%s)", self.where, exc)
                 return False
@@ -468,7 +421,7 @@ class Folder:
             return
         text = (obj.get("status") or {}).get("state")
         try:
-            named = set(DECODED.decode(text).nodes()) if text else set()
+            named = set(self._decode(text).nodes()) if text else set()
         except StateDocumentError:
             return
         for name, item in leases.objects().items():
@@ -497,7 +450,7 @@ class Folder:
         self._observe(records)
         text = (obj.get("status") or {}).get("state")
         try:
-            named = DECODED.decode(text).nodes() if text and records else []
+            named = self._decode(text).nodes() if text and records else []
         except StateDocumentError:
             return False
         return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
@@ -523,7 +476,7 @@ class Folder:
         text = ((obj or {}).get("status") or {}).get("state")
         if text:
             try:
-                deadline = DECODED.decode(text).deadline
+                deadline = self._decode(text).deadline
             except StateDocumentError:
                 return timeout
             if deadline is not None:
@@ -565,61 +518,3 @@ class Folder:
         if self.leases is not None:
             self.leases.stop()
             self.leases = None
-
-
-#: Seconds ``stop_agent_folders`` waits, in all, for the folders to stop and release the writer Lease.
-FOLDER_STOP_SECONDS = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class _AgentFolder:
-    folder: Folder
-    stopped: threading.Event
-    thread: threading.Thread
-
-
-_FOLDERS: dict[tuple[str, str, str], _AgentFolder] = {}
-_FOLDERS_LOCK = threading.Lock()
-
-
-def agent_folder(
-    api: KubernetesApi, namespace: str, rendezvous_name: str, identity: str, default_expiry: float
-) -> Folder:
-    """This process's folder for a Rendezvous, started on first use (one per process, like a pod)."""
-    key = (str(api.api_client.configuration.host), namespace, rendezvous_name)
-    with _FOLDERS_LOCK:
-        running = _FOLDERS.get(key)
-        if running is None:
-            folder = Folder(
-                api, namespace, rendezvous_name, identity=identity, preferred=False, default_expiry=default_expiry
-            )
-            stopped = threading.Event()
-            thread = threading.Thread(
-                target=folder.run, args=(stopped,), name=f"folder {namespace}/{rendezvous_name}", daemon=True
-            )
-            running = _FOLDERS[key] = _AgentFolder(folder, stopped, thread)
-            thread.start()
-        return running.folder
-
-
-def stop_agent_folders(namespace: str | None = None, timeout: float = FOLDER_STOP_SECONDS) -> None:
-    """Stop this process's agent folders (of ``namespace``, or all); one that holds the writer Lease releases it.
-
-    Runs at interpreter exit, so that an agent that exits (done, failed, or SIGTERMed) hands the
-    writer role to another agent at once rather than after the writer Lease's duration. Waits at
-    most ``timeout`` seconds in all; a folder still inside an API call then stops after it.
-    """
-    with _FOLDERS_LOCK:
-        keys = [key for key in _FOLDERS if namespace is None or key[1] == namespace]
-        stopping = [_FOLDERS.pop(key) for key in keys]
-    for running in stopping:
-        running.stopped.set()
-        running.folder.wake()
-    deadline = time.monotonic() + timeout
-    for running in stopping:
-        running.thread.join(max(0.0, deadline - time.monotonic()))
-
-
-# Registered at import, before any handler registers its leave (``native``): atexit runs the last
-# registered first, so a handler leaves while its process's folder can still fold the leave.
-atexit.register(stop_agent_folders)

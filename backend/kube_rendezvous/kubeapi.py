@@ -36,6 +36,8 @@ MERGE_PATCH = "application/merge-patch+json"
 #: The label that names the Rendezvous an object belongs to: its Leases, its store keys, and
 #: optionally its training pods (always honoured besides ``spec.podSelector``).
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
+#: The label on every store key of one incarnation of a Rendezvous: its UID.
+RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
 
 
 T = TypeVar("T")

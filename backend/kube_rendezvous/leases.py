@@ -625,8 +625,13 @@ class LeaseRenewer:
         self._in_flight: set[int] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=RENEWALS_IN_FLIGHT, thread_name_prefix="lease renewal")
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease renewer", daemon=True)
         self._thread.start()
+
+    def stop(self) -> None:
+        """Renew nothing more (renewals in flight finish)."""
+        self._stopped.set()
 
     def add(self, lease: LeaseNodeLock) -> None:
         with self._lock:
@@ -646,8 +651,7 @@ class LeaseRenewer:
                 self._in_flight.discard(id(lease))
 
     def _run(self) -> None:
-        while True:
-            time.sleep(min(0.5, self.interval / 4))
+        while not self._stopped.wait(min(0.5, self.interval / 4)):
             now = datetime.now(timezone.utc)
             with self._lock:
                 due = [
@@ -662,17 +666,3 @@ class LeaseRenewer:
                     self._pool.submit(self._renew, lease)
             except RuntimeError:  # the interpreter is exiting and has shut the pool down
                 return
-
-
-_RENEWERS: dict[tuple[str, float], LeaseRenewer] = {}
-_RENEWERS_LOCK = threading.Lock()
-
-
-def renewer(api: KubernetesApi, interval: float) -> LeaseRenewer:
-    """The process's renewer for Leases renewed every ``interval`` seconds through this API server."""
-    key = (str(api.api_client.configuration.host), interval)
-    with _RENEWERS_LOCK:
-        found = _RENEWERS.get(key)
-        if found is None:
-            found = _RENEWERS[key] = LeaseRenewer(interval)
-        return found

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from .document import NodeId, RendezvousDocument, StateDocumentError
 from .factory import connect
-from .folder import AGENT_IDENTITY_PREFIX, DECODED, agent_folder, owner_reference, rendezvous_watch
+from .folder import AGENT_IDENTITY_PREFIX, owner_reference
 from .folding import Desire, JoinSettings, lost_members, role_of, satisfied
 from .frameworks import Framework
 from .intents import RendezvousReading, read_rendezvous
@@ -67,8 +67,9 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
-from .leases import LeaseNodeLock, renewer
+from .leases import LeaseNodeLock
 from .settings import RendezvousTimings
+from .shared import shared
 from .store import KubernetesPrefixStore, KubernetesStore
 from .summary import forming_line
 
@@ -191,7 +192,8 @@ class NativeHandler:
         self._store = store
         self._retry_timeout = retry_timeout
         self._join_settings = JoinSettings(min_nodes, max_nodes, timedelta(seconds=timings.last_call))
-        self._watch = rendezvous_watch(api, namespace, rendezvous_name)
+        self._shared = shared(api, namespace, rendezvous_name)
+        self._watch = self._shared.watch
         self._lease = LeaseNodeLock(
             api,
             namespace,
@@ -202,10 +204,8 @@ class NativeHandler:
             expiry_seconds=timings.heartbeat_expiry,
             owner=owner_reference(rendezvous),
         )
-        self._folder = agent_folder(
-            api, namespace, rendezvous_name, f"{AGENT_IDENTITY_PREFIX}{node}", timings.heartbeat_expiry
-        )
-        self._renewer = renewer(api, timings.keep_alive_interval)
+        self._folder = self._shared.folder(f"{AGENT_IDENTITY_PREFIX}{node}", timings.heartbeat_expiry)
+        self._renewer = self._shared.renewer(timings.keep_alive_interval)
         #: The round this node last formed and its members (``num_nodes_waiting``'s lost-member rule).
         self._round: tuple[int, frozenset[NodeId]] | None = None
         #: ``num_nodes_waiting``'s last answer and the resourceVersion it was computed from.
@@ -360,7 +360,7 @@ class NativeHandler:
 
     def _reading_of(self, obj: dict[str, Any]) -> RendezvousReading:
         try:
-            return read_rendezvous(obj, self.run_id, DECODED.decode)
+            return read_rendezvous(obj, self.run_id, self._shared.decoded.decode)
         except StateDocumentError as exc:
             raise self.framework.state_error(
                 f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."

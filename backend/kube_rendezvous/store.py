@@ -5,14 +5,12 @@ named by a hash of the Rendezvous UID and the key. So independent keys never con
 store traffic never writes the Rendezvous object (its resourceVersion, the state's
 compare-and-swap token, stays untouched).
 
-Blocking reads wait on one watch of the Rendezvous's keys per process (``watchcache.shared_watch``),
-listed when the store is made, not on a list and watch of their own: ``wait`` costs no request,
-``get`` a GET, and a second one once the watch shows a key that was missing (so its value is
-current), and ``get_written_once`` (for a key written once, such as a round's bootstrap address)
-none. So after a round, N agents
-waiting for rank 0's address cost N watch events, not N reads plus N lists and watches. Without
-that watch (list/watch refused, or ``shared_key_watch`` set to False) a blocking call reads, then
-lists once and watches the keys it waits for, resuming a dropped watch from its last event.
+Blocking reads wait on one watch of the Rendezvous's keys per process (``shared.KeyWatch``), listed
+when the store is made: ``wait`` costs no request, ``get`` a GET, and a second one once the watch
+shows a key that was missing (so its value is current), and ``get_written_once`` (for a key written
+once, such as a round's bootstrap address) none. So after a round, N agents waiting for rank 0's
+address cost N watch events, not N reads. Where the server refuses to let the process watch the
+keys, a blocking call reads again every ``POLL_SECONDS``.
 
 ``add`` combines (``adds``): it creates an add request of its own, which never conflicts, and
 one adder at a time folds every pending request into the counter in one write; the others read
@@ -64,10 +62,10 @@ from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
     RENDEZVOUS_LABEL,
+    RENDEZVOUS_UID_LABEL,
     ApiError,
     ApiUnavailableError,
     ConflictError,
-    GoneError,
     KubernetesApi,
     NotFoundError,
     backoff,
@@ -75,7 +73,8 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
-from .watchcache import WatchCache, shared_watch
+from .shared import KeyWatch, shared
+from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +83,6 @@ class StoreTimeoutError(TimeoutError):
     """Raised when a blocking ``get`` runs past its timeout (unless the framework adapter names its own error)."""
 
 
-RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
 ROUND_LABEL = "kube-rendezvous.io/round"
 OPS_ANNOTATION = "kube-rendezvous.io/ops"
 #: How many writers' last write ids a key remembers (JSON ``{writer: attempt}``, the most recent writers).
@@ -94,10 +92,8 @@ DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 #: min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**k) before reading it again.
 CONFLICT_BACKOFF_BASE = 0.005
 CONFLICT_BACKOFF_MAX = 2.0
-
-#: One index of add requests per watch cache of keys (``KubernetesStore._add_index``).
-_ADD_INDEXES: dict[int, AddIndex] = {}
-_ADD_INDEXES_LOCK = threading.Lock()
+#: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
+POLL_SECONDS = 0.5
 
 
 def _as_bytes(value: str | bytes | bytearray) -> bytes:
@@ -161,18 +157,14 @@ class KubernetesStore:
         self.timeout_error: type[Exception] = StoreTimeoutError
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
-        #: Blocking ``get`` and ``wait`` wait on one watch of this Rendezvous's keys per process
-        #: (False: each call lists and watches on its own, as without list/watch permission).
-        self.shared_key_watch = True
-        self._cache: WatchCache | None = None
+        #: The process's watch of this Rendezvous's keys (``shared.KeyWatch``), made on first use.
+        self._keys: KeyWatch | None = None
         #: Counters for tests and benchmarks.
         #: (``shared_waits``: blocking calls that waited on the shared watch of the keys.)
         self.stats = {
             "requests": 0,
             "conflicts": 0,
-            "watch_restarts": 0,
             "watch_wakeups": 0,
-            "watch_gone": 0,
             "shared_waits": 0,
             "folds": 0,
         }
@@ -368,9 +360,10 @@ class KubernetesStore:
 
     def _newer_than(self, key: str | bytes, version: str) -> dict[str, Any] | None:
         """A copy of ``key``'s object as the watch shows it, if that is not ``version``; else None."""
-        if self._cache is None or not self._cache.healthy:
+        cache = self._key_cache()
+        if cache is None or not cache.healthy:
             return None
-        shown = self._cache.get(self._name(key))
+        shown = cache.get(self._name(key))
         if shown is None or shown["metadata"].get("resourceVersion") == version:
             return None
         return copy.deepcopy(shown)
@@ -408,8 +401,9 @@ class KubernetesStore:
                 if self._arrival(cache, name, deadline) is None and cache.supported:
                     raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
                 continue  # shown now (or the watch was refused meanwhile): read it
-            if not self._wait_for([name], deadline):
+            if time.monotonic() >= deadline:  # no watch allowed: read again every POLL_SECONDS
                 raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         """``get`` for a key that is written once and never changed (a round's bootstrap address).
@@ -432,17 +426,10 @@ class KubernetesStore:
         return self.get(key, max(0.0, deadline - time.monotonic()))
 
     def _key_cache(self) -> WatchCache | None:
-        """The process's shared watch of this Rendezvous's keys, started on first use.
-
-        None when blocking calls must read and watch on their own (``shared_key_watch`` is False,
-        or the server refused to list or watch the keys).
-        """
-        if not self.shared_key_watch:
-            return None
-        if self._cache is None:
-            what = f"{KEY_PLURAL} of {self.namespace}/{self.rendezvous_name}"
-            self._cache = shared_watch(self._api, self._collection, {"labelSelector": self._selector}, what)
-        return self._cache if self._cache.supported else None
+        """The process's watch of this Rendezvous's keys, started on first use; None when the server refused it."""
+        if self._keys is None:
+            self._keys = shared(self._api, self.namespace, self.rendezvous_name).keys(self.rendezvous_uid)
+        return self._keys.cache if self._keys.cache.supported else None
 
     def start_watch(self) -> None:
         """Start the process's watch of this Rendezvous's keys now, before the first blocking call needs it."""
@@ -450,8 +437,8 @@ class KubernetesStore:
 
     def _installed(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Show this store's own write on the shared watch at once, so a ``get`` that follows reads it."""
-        if self._cache is not None:
-            self._cache.install(obj)
+        if self._keys is not None:
+            self._keys.cache.install(obj)
         return obj
 
     def _arrival(self, cache: WatchCache, name: str, deadline: float) -> dict[str, Any] | None:
@@ -495,26 +482,10 @@ class KubernetesStore:
         assert written is not None
         return int(written)
 
-    def _add_index(self, cache: WatchCache) -> AddIndex:
-        """The process's index of add requests and results for ``cache``, kept by its events."""
-        with _ADD_INDEXES_LOCK:
-            index = _ADD_INDEXES.get(id(cache))
-            if index is None:
-                index = _ADD_INDEXES[id(cache)] = AddIndex()
-
-                def changed(obj: dict[str, Any] | None) -> None:  # under the cache's lock
-                    if obj is None:
-                        index.changed(None, False, cache.objects().values())
-                    else:
-                        index.changed(obj, cache.get(obj["metadata"]["name"]) is not None)
-
-                cache.add_listener(changed)
-                index.changed(None, False, cache.objects().values())
-            return index
-
     def _combined_add(self, cache: WatchCache, key: str | bytes, step: int, round_number: int | None) -> int:
         """``add`` by an add request that one fold writes into the counter with all others pending."""
-        index = self._add_index(cache)
+        assert self._keys is not None  # a combined add runs only on the key watch
+        index = self._keys.adds
         counter_name = self._name(key)
         digest = counter_digest(counter_name)
         deadline = time.monotonic() + self.timeout.total_seconds()
@@ -672,6 +643,7 @@ class KubernetesStore:
         Answered from the process's watch of this Rendezvous's keys: no request of its own.
         """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+        keys = list(keys)
         names = [self._name(key) for key in keys]
         cache = self._key_cache()
         if cache is not None:
@@ -682,7 +654,11 @@ class KubernetesStore:
             )
             if cache.supported:
                 return present
-        return self._wait_for(names, deadline)
+        while not self.check(keys):  # no watch allowed: read again every POLL_SECONDS
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        return True
 
     def delete_rounds_except(self, keep: Iterable[int]) -> None:
         """Delete the keys written for rounds other than ``keep`` (keys without a round stay)."""
@@ -694,66 +670,6 @@ class KubernetesStore:
             logger.warning(
                 "could not delete the store keys of old rounds (%s); they stay until the Rendezvous goes", exc
             )
-
-    # -- waiting -----------------------------------------------------------------------------
-
-    def _wait_for(self, names: list[str], deadline: float) -> bool:
-        """Return True once every object in ``names`` exists, False at ``deadline``.
-
-        Lists once, then watches from the list's resourceVersion; a dropped watch resumes from
-        the last event it saw, and a watch too old to resume (410 Gone) lists again.
-        """
-        pending = set(names)
-        if not pending:
-            return True
-        query = (
-            {"fieldSelector": f"metadata.name={names[0]}"} if len(pending) == 1 else {"labelSelector": self._selector}
-        )
-        resource_version: str | None = None
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                if resource_version is None:
-                    listed = self._call("GET", self._collection, query=query, retry=False)
-                    pending -= {item["metadata"]["name"] for item in listed.get("items", [])}
-                    if not pending:
-                        return True
-                    resource_version = listed["metadata"]["resourceVersion"]
-                self.stats["requests"] += 1
-                events = self._api.watch(
-                    self._collection,
-                    query=dict(query, resourceVersion=resource_version),
-                    timeout_seconds=max(1, int(remaining + 0.999)),
-                )
-                for event in events:
-                    kind, obj = event.get("type"), event.get("object", {})
-                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                    name = obj.get("metadata", {}).get("name")
-                    if kind in ("ADDED", "MODIFIED"):
-                        pending.discard(name)
-                    elif kind == "DELETED" and name in names:
-                        pending.add(name)
-                    if not pending:
-                        self.stats["watch_wakeups"] += 1
-                        return True
-                    if time.monotonic() >= deadline:
-                        return False
-            except ApiUnavailableError as exc:
-                self.stats["watch_restarts"] += 1
-                logger.info("store watch interrupted (%s); resuming", exc)
-                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            except GoneError:
-                self.stats["watch_gone"] += 1
-                resource_version = None  # too old to resume: list again
-                continue
-            except ApiError as exc:
-                if exc.transient:
-                    self.stats["watch_restarts"] += 1
-                    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-                    continue
-                raise self._failure(exc, "watch") from exc
 
 
 class KubernetesPrefixStore:

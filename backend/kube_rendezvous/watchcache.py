@@ -2,8 +2,8 @@
 
 Agents read the Rendezvous from one of these instead of GETting it: waiting agents poll about
 once a second, and a quorum GET per poll per agent is what reaches etcd at scale; a watch is
-served from the API server's watch cache. ``shared_watch`` gives every backend of one process
-for the same object the same cache.
+served from the API server's watch cache. ``shared`` gives every handler of one process the same
+watch of each object.
 
 The cache also takes the answers of this process's own writes (``install``), so a reader never
 sees an older version than the one its write returned: the installed object is shown until
@@ -23,7 +23,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .kubeapi import ApiError, ApiUnavailableError, ForbiddenError, GoneError, KubernetesApi, NotFoundError, backoff
+from .kubeapi import (
+    RENDEZVOUS_PLURAL,
+    ApiError,
+    ApiUnavailableError,
+    ForbiddenError,
+    GoneError,
+    KubernetesApi,
+    NotFoundError,
+    backoff,
+    resource_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,15 +201,11 @@ class WatchCache:
                 self._stopped.wait(backoff(failures + 1, 0.2, 5.0, floor=0.5))
 
 
-_SHARED: dict[tuple[str, str, str], WatchCache] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_watch(api: KubernetesApi, collection: str, query: dict[str, str], what: str) -> WatchCache:
-    """The process's one started ``WatchCache`` for ``collection`` and ``query`` on this API server."""
-    key = (str(api.api_client.configuration.host), collection, repr(sorted(query.items())))
-    with _SHARED_LOCK:
-        cache = _SHARED.get(key)
-        if cache is None or not cache.supported:
-            cache = _SHARED[key] = WatchCache(api, collection, query, what).start()
-        return cache
+def object_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:
+    """A (not yet started) watch of one Rendezvous object."""
+    return WatchCache(
+        api,
+        resource_path(RENDEZVOUS_PLURAL, namespace),
+        {"fieldSelector": f"metadata.name={rendezvous_name}"},
+        f"Rendezvous {namespace}/{rendezvous_name}",
+    )

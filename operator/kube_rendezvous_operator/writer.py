@@ -41,6 +41,7 @@ from kube_rendezvous.leases import (
     parse_micro_time,
     parse_node,
 )
+from kube_rendezvous.watchcache import object_watch
 
 if TYPE_CHECKING:
     from .handlers import OperatorMemo
@@ -53,7 +54,8 @@ async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: Op
     """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
     assert namespace is not None  # Rendezvous objects are namespaced
     done = threading.Event()
-    folder = Folder(memo.api, namespace, name, identity=memo.config.writer_identity, preferred=True)
+    watch = object_watch(memo.api, namespace, name).start()
+    folder = Folder(memo.api, namespace, name, identity=memo.config.writer_identity, preferred=True, rendezvous=watch)
     thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
     thread.start()
     try:
@@ -63,6 +65,7 @@ async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: Op
         deadline = asyncio.get_running_loop().time() + FOLDER_STOP_SECONDS
         while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
+        watch.stop()
 
 
 def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:

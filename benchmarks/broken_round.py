@@ -1,0 +1,243 @@
+"""A round that loses a member: from the fault to every survivor training again (``python -m benchmarks.broken_round``).
+
+Three agents with 2 workers each (``--nnodes=2:3``, last call 15 s) form a round; then one of them goes:
+
+- ``SIGTERM while starting``: the others' workers wait in ``init_process_group`` (the victim's workers
+  are held before it, ``HOLD_BEFORE_INIT``), and the victim is SIGTERMed: it leaves;
+- ``SIGTERM while training``: every worker trains; the victim is SIGTERMed;
+- ``pod deleted while starting``: as the first, but the victim's process tree is SIGKILLed and its Pod
+  deleted, so only the operator's eviction removes it (heartbeats expire after 300 s here).
+
+Each case runs with tensorplay's launcher (``kube_rendezvous.run``) and stock ``torchrun``, on this
+code and, as the baseline in the same run, on the previous release (checked out from git at
+``--previous`` into a temporary directory and put first on the agents' and the operator's
+``PYTHONPATH``). The clock starts at the fault and stops when every survivor's workers print a
+training step in the new world of 4; a repeat that does not get there within ``--limit`` seconds
+counts as not recovered (before the lost-member rule the survivors' workers waited for the process
+group timeout, 30 min). Every repeat goes to ``benchmarks/results/broken_round.json``, the table to
+``docs/benchmarks.md`` (between the markers) and a plot to ``docs/broken-round.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.run import RESULTS, Bench, log, operator_kubeconfig
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+BEGIN, END = "<!-- broken-round:begin (python -m benchmarks.broken_round) -->", "<!-- broken-round:end -->"
+CASES = ("SIGTERM while starting", "SIGTERM while training", "pod deleted while starting")
+LAUNCHERS = ("tensorplay", "torchrun")
+CODES = ("this release", "previous release")
+LAST_CALL = "15"
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The library and operator of commit ``ref`` under ``into`` (``git archive``; no work tree of ours touched)."""
+    archive = into / "previous.tar"
+    subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", f"--output={archive}", ref, "backend", "operator"],
+        check=True,
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "previous", filter="data")
+    return into / "previous"
+
+
+class Cases:
+    """Runs one case once: a fresh Rendezvous, three agents, one fault, the survivors' recovery."""
+
+    def __init__(self, bench: Bench, workdir: Path, previous: Path) -> None:
+        from kubernetes import client
+
+        self.bench, self.workdir = bench, workdir
+        self.core = client.CoreV1Api(bench.objects.api_client)
+        self.operator_kubeconfig = operator_kubeconfig(bench)
+        self.paths = {
+            "this release": "",
+            "previous release": f"{previous / 'backend'}{os.pathsep}{previous / 'operator'}",
+        }
+        self.count = 0
+
+    def run(self, case: str, launcher: str, code: str, limit: float) -> dict[str, Any]:
+        from tests.e2e.harness import ElasticJob, entering_init, training_in_world
+        from tests.e2e.operator_process import OperatorProcess, create_training_pod
+        from tests.testenv import wait_until
+
+        self.count += 1
+        name = f"broken-{self.count}"
+        where = self.workdir / name
+        env = {"PYTHONPATH": self.paths[code]} if self.paths[code] else {}
+        operator = None
+        if case == "pod deleted while starting":
+            operator = OperatorProcess(self.operator_kubeconfig, "bench", where / "operator.log", env=env)
+            operator.start()
+        conf = {"kubeconfig": str(self.bench.trainer), "last_call_timeout": LAST_CALL, "keep_alive_max_attempt": "60"}
+        job = ElasticJob(
+            where, "k8s", f"bench/{name}", "2:3", rdzv_conf=conf, launcher=launcher, steps=20, step_seconds=0.5
+        )
+        addresses = [f"127.0.1.{3 * (self.count % 80) + index}" for index in range(3)]
+        try:
+            if operator is not None:
+                for index, address in enumerate(addresses):
+                    create_training_pod(self.core, "bench", f"{name}-{index}", name, address)
+            starting = case != "SIGTERM while training"
+            agents = [
+                job.start_agent(
+                    f"{name}-{index}",
+                    local_addr=addresses[index],
+                    env={**env, **({"HOLD_BEFORE_INIT": "1"} if starting and index == 2 else {})},
+                )
+                for index in range(3)
+            ]
+            if starting:
+                wait_until(lambda: all(entering_init(a, 6) == 2 for a in agents), 120, "3 agents entering init")
+                victim = agents[2]
+            else:
+                victim = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training")[1]
+            survivors = [agent for agent in agents if agent is not victim]
+            began = time.monotonic()
+            if case == "pod deleted while starting":
+                victim.kill_pod()
+                self.core.delete_namespaced_pod(victim.name, "bench", grace_period_seconds=0)
+            else:
+                victim.terminate()
+            try:
+                wait_until(lambda: training_in_world(survivors, 4, min_step=0), limit, "the survivors training")
+            except TimeoutError:
+                return {"case": case, "launcher": launcher, "code": code, "recovered": False, "limit": limit}
+            return {
+                "case": case,
+                "launcher": launcher,
+                "code": code,
+                "recovered": True,
+                "seconds": time.monotonic() - began,
+            }
+        finally:
+            job.stop()
+            if operator is not None:
+                operator.stop()
+
+
+def write_report(report: dict[str, Any]) -> None:
+    rows = [
+        "## A round that loses a member (issue #29)",
+        "",
+        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.broken_round --repeats "
+        f"{report['repeats']} --previous {report['previous']}`: one control plane, 3 agents x 2 workers, "
+        f"`--nnodes=2:3`, last call {LAST_CALL} s, monitor interval 0.5 s. Seconds from the fault to every "
+        "survivor training in the new round, every repeat; *not within N s*: the survivors had not trained "
+        f"again after `--limit` seconds (their workers wait for the process group timeout, 30 min).",
+        "",
+        "| case | launcher | this release (s), every repeat | previous release, every repeat |",
+        "|---|---|---|---|",
+    ]
+    for case in CASES:
+        for launcher in LAUNCHERS:
+            cells = []
+            for code in CODES:
+                runs = [r for r in report["runs"] if (r["case"], r["launcher"], r["code"]) == (case, launcher, code)]
+                cells.append(
+                    ", ".join(
+                        f"{r['seconds']:.1f}" if r["recovered"] else f"not within {r['limit']:.0f} s" for r in runs
+                    )
+                    or "-"
+                )
+            rows.append(f"| {case} | {launcher} | {cells[0]} | {cells[1]} |")
+    rows += [
+        "",
+        f"Of each recovery, {LAST_CALL} s is the job's last call: the two survivors are fewer than `--nnodes` "
+        "max, so the round waits for more nodes until the last call ends (issue #28 removes that wait for "
+        "pods that are gone). The rest is the monitor interval, the re-rendezvous and the workers' restart.",
+        "",
+        "![broken round](broken-round.png)",
+    ]
+    page = DOCS / "benchmarks.md"
+    content = page.read_text()
+    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
+    if BEGIN in content and END in content:
+        head, rest = content.split(BEGIN, 1)
+        content = head + block + rest.split(END, 1)[1]
+    else:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    page.write_text(content)
+    plot(report)
+
+
+def plot(report: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{case}\n{launcher}" for case in CASES for launcher in LAUNCHERS]
+    figure, axis = plt.subplots(figsize=(9, 4.2))
+    for offset, code, color in ((-0.15, CODES[0], "tab:green"), (0.15, CODES[1], "tab:red")):
+        for index, (case, launcher) in enumerate((case, launcher) for case in CASES for launcher in LAUNCHERS):
+            runs = [r for r in report["runs"] if (r["case"], r["launcher"], r["code"]) == (case, launcher, code)]
+            xs = [r["seconds"] if r["recovered"] else r["limit"] for r in runs]
+            markers = ["o" if r["recovered"] else "x" for r in runs]
+            for x, marker in zip(xs, markers, strict=True):
+                axis.scatter(x, index + offset, color=color, marker=marker, label=code if index == 0 else None)
+    axis.set_yticks(range(len(labels)), labels, fontsize=7)
+    axis.set_xlabel("seconds from the fault to every survivor training (x: not recovered by the limit)")
+    handles, names = axis.get_legend_handles_labels()
+    unique = dict(zip(names, handles, strict=False))
+    axis.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+    axis.set_title("A round that loses a member: every repeat")
+    figure.tight_layout()
+    figure.savefig(DOCS / "broken-round.png", dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case on this release")
+    parser.add_argument("--baseline-repeats", type=int, default=1, help="repeats of each case on the previous release")
+    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
+    parser.add_argument("--limit", type=float, default=120.0, help="seconds before a repeat counts as not recovered")
+    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
+    args = parser.parse_args()
+    out = RESULTS / "broken_round.json"
+    if args.report:
+        write_report(json.loads(out.read_text()))
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-broken-round-"))
+    previous = checkout(args.previous, workdir)
+    log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
+    bench = Bench(workdir)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores",
+        "repeats": args.repeats,
+        "previous": args.previous,
+        "runs": [],
+    }
+    try:
+        cases = Cases(bench, workdir, previous)
+        plan = [(code, repeat) for repeat in range(args.repeats) for code in CODES[:1]]
+        plan += [(CODES[1], repeat) for repeat in range(args.baseline_repeats)]
+        for code, repeat in plan:
+            for case in CASES:
+                for launcher in LAUNCHERS:
+                    run = cases.run(case, launcher, code, args.limit)
+                    log(f"{code}, {case}, {launcher}, repeat {repeat + 1}: {run.get('seconds', 'not recovered')}")
+                    report["runs"].append(run)
+                    RESULTS.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps(report, indent=2))
+    finally:
+        bench.stop()
+    write_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
