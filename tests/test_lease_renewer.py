@@ -29,7 +29,7 @@ class StandInLease:
     def describe(self) -> str:
         return self.name
 
-    def update(self, desire: Any = None) -> None:
+    def update(self, desire: Any = None, timeout: float | None = None) -> None:
         with self._lock:
             self.concurrent += 1
             self.most_concurrent = max(self.most_concurrent, self.concurrent)

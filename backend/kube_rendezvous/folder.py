@@ -69,6 +69,9 @@ WRITER_RENEW_SECONDS = 2.0
 #: Seconds after the start of its last successful renewal that the holder stops folding (client-go's
 #: renew deadline): below ``WRITER_LEASE_SECONDS``, so it has stopped before another candidate may take over.
 WRITER_RENEW_DEADLINE_SECONDS = 7.0
+#: Seconds one request of a writer election step may take: a renewal that hangs is abandoned well before the
+#: renew deadline, and retried on a new connection.
+WRITER_REQUEST_SECONDS = 3.0
 #: Seconds between an agent's checks whether the writer Lease is free (80-100 % of it, jittered).
 CANDIDATE_RETRY_SECONDS = 4.0
 #: Seconds after the writer Lease as last seen would turn stale that a candidate looks again.
@@ -82,6 +85,9 @@ BATCH_SECONDS = 0.03
 BATCH_NODES_PER_SECOND = 5000
 #: Seconds between the writer's checks for expired nodes when nothing else wakes it.
 TICK_SECONDS = 0.5
+#: Of the shortest node expiry: how long the watch of the node Leases may hear nothing before it is listed
+#: again (live nodes renew every keep-alive, a third of the expiry by default).
+QUIET_FRACTION = 0.4
 #: How an agent's folder names itself as writer: this prefix, then its node (``addr_pid_localid``).
 AGENT_IDENTITY_PREFIX = "agent/"
 
@@ -188,7 +194,13 @@ class Folder:
         self.rendezvous = rendezvous
         self._decode = decode
         self.elector = WriterLease(
-            api, namespace, rendezvous_name, identity, preferred=preferred, duration=WRITER_LEASE_SECONDS
+            api,
+            namespace,
+            rendezvous_name,
+            identity,
+            preferred=preferred,
+            duration=WRITER_LEASE_SECONDS,
+            request_timeout=WRITER_REQUEST_SECONDS,
         )
         self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
@@ -200,7 +212,7 @@ class Folder:
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
         #: Counters for tests and benchmarks.
-        self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0}
+        self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0, "quiet_refreshes": 0}
         self.rendezvous.add_listener(lambda _: self._wake.set())
 
     @property
@@ -283,7 +295,7 @@ class Folder:
             dead |= {node for node, beat in document.last_heartbeats.items() if beat == EVICTED_HEARTBEAT}
         reasons = dict.fromkeys(dead, "Evicted")
         leases = self.leases
-        if judge_expiry and (leases is None or not leases.healthy):
+        if judge_expiry and not self._lease_view_fresh(current):
             judge_expiry = False  # no expiry from a view that may be missing renewals
         if judge_expiry and leases is not None and leases.epoch != self._lease_epoch:
             # The watch listed again: renewals in the gap went unseen, so every clock starts again.
@@ -442,7 +454,7 @@ class Folder:
         """Whether a node the state names has a Lease that stopped changing for its expiry."""
         leases = self.leases
         obj = self.rendezvous.get(self.rendezvous_name)
-        if leases is None or not leases.healthy or obj is None:
+        if leases is None or obj is None or not self._lease_view_fresh(None):
             return False
         if leases.epoch != self._lease_epoch:
             return True  # the fold restarts the observations
@@ -454,6 +466,23 @@ class Folder:
         except StateDocumentError:
             return False
         return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
+
+    def _lease_view_fresh(self, records: list[NodeRecord] | None) -> bool:
+        """Whether the watch of the node Leases can be trusted to show every renewal now.
+
+        Live nodes renew every keep-alive, so a watch that heard nothing for longer than
+        ``QUIET_FRACTION`` of the shortest expiry has gone silent (a dropped connection that TCP has
+        not noticed yet) or every node is gone: it is listed again now, and expiry waits for it.
+        """
+        leases = self.leases
+        if leases is None or not leases.healthy:
+            return False
+        expiries = [record.expiry_seconds for record in records or []] or [self.default_expiry]
+        if leases.quiet_for() > min(expiries) * QUIET_FRACTION:
+            self.stats["quiet_refreshes"] += 1
+            leases.refresh()
+            return False
+        return True
 
     def _observe(self, records: list[NodeRecord]) -> None:
         """Observe the node Leases; just after taking the writer Lease from a dead agent writer,

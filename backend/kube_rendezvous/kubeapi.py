@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -30,6 +31,16 @@ API_VERSION = f"{GROUP}/{VERSION}"
 RENDEZVOUS_PLURAL = "rendezvouses"
 #: Seconds after an outage during which a 401/403 counts as the restarted server's unsynced RBAC.
 RBAC_SYNC_SECONDS = 60
+#: TCP keepalive of every connection to the API server: an idle connection is probed after
+#: ``KEEPALIVE_IDLE_SECONDS`` and dropped after ``KEEPALIVE_PROBES`` unanswered probes
+#: ``KEEPALIVE_INTERVAL_SECONDS`` apart (11 s in all), so a watch on a connection that went silent
+#: (a NAT or load balancer dropped its state: no bytes, no RST) fails and is listed again.
+KEEPALIVE_IDLE_SECONDS = 5
+KEEPALIVE_INTERVAL_SECONDS = 2
+KEEPALIVE_PROBES = 3
+#: Milliseconds data sent on a connection may stay unacknowledged before the kernel drops it
+#: (``TCP_USER_TIMEOUT``): a request sent into a silent connection fails within this.
+UNACKNOWLEDGED_MILLISECONDS = 10_000
 KEY_PLURAL = "rendezvouskeys"
 #: The content type of a JSON merge patch (RFC 7386).
 MERGE_PATCH = "application/merge-patch+json"
@@ -164,7 +175,13 @@ class KubernetesApi:
         self.api_client = api_client
         self.request_timeout = request_timeout
         #: Counters for benchmarks: requests by method, 409s, request and response body bytes.
-        self.stats: dict[str, int] = {"requests": 0, "conflicts": 0, "bytes_sent": 0, "bytes_received": 0}
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "conflicts": 0,
+            "bytes_sent": 0,
+            "bytes_received": 0,
+            "pool_drops": 0,
+        }
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
         #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure since.
@@ -232,6 +249,7 @@ class KubernetesApi:
             data = response.data
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self._unavailable()
+            self._drop_connections(exc)
             raise ApiUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         self.stats["bytes_received"] += len(data)
         if response.status == 409:
@@ -257,6 +275,16 @@ class KubernetesApi:
         self._allowed_before.add(_permission(method, path))
         return json.loads(data) if data else None
 
+    def _drop_connections(self, failure: BaseException) -> None:
+        """After a request timed out, close every pooled connection, so the next request dials anew.
+
+        A connection that went silent (no bytes, no RST) times out every request sent on it, and
+        so may the other pooled connections to the same server (client-go closes them all too).
+        """
+        if isinstance(failure, (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError, TimeoutError)):
+            self.stats["pool_drops"] += 1
+            self.api_client.rest_client.pool_manager.clear()
+
     def _maybe_flapping(self, method: str, path: str, status: int) -> bool:
         """A 401/403 may pass: the permission worked before, or the server has just come back
         (a restarted API server refuses until its RBAC caches have synced)."""
@@ -267,8 +295,20 @@ class KubernetesApi:
         outage = self.last_outage
         return outage is not None and datetime.now(timezone.utc) - outage[1] < timedelta(seconds=RBAC_SYNC_SECONDS)
 
-    def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
-        """Yield watch events (``{"type": ..., "object": ...}``) until the server ends the watch.
+    def watch(
+        self,
+        path: str,
+        *,
+        query: dict[str, Any],
+        timeout_seconds: int,
+        on_response: Callable[[Any], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield watch events (``{"type": ..., "object": ...}``, bookmarks included) until the server ends the watch.
+
+        ``on_response`` gets the open response, whose ``shutdown()`` ends a blocked read from another
+        thread. The server ends the watch after ``timeout_seconds``; a connection that goes silent
+        before that is dropped by TCP keepalive (``KEEPALIVE_*``), and any read waits at most 15 s
+        past ``timeout_seconds``.
 
         Raises:
             GoneError: the resourceVersion is too old to resume from (list again).
@@ -288,7 +328,10 @@ class KubernetesApi:
                 retries=False,
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._drop_connections(exc)
             raise ApiUnavailableError(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
+        if on_response is not None:
+            on_response(response)
         try:
             if response.status != 200:
                 body = response.read().decode("utf-8", "replace")
@@ -319,8 +362,10 @@ class KubernetesApi:
                             )
                         yield event
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._drop_connections(exc)
             raise ApiUnavailableError(f"WATCH {path} dropped: {type(exc).__name__}: {exc}") from exc
         finally:
+            response.close()  # a watch ended early (stopped, refreshed) leaves unread bytes: never reuse it
             response.release_conn()
 
 
@@ -362,6 +407,20 @@ def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T
         time.sleep(delay)
 
 
+def socket_options() -> list[tuple[int, int, int]]:
+    """urllib3's default options (no Nagle) plus keepalive and the user timeout, where the platform has them."""
+    options = [*urllib3.connection.HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_SECONDS),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_SECONDS),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+        ("TCP_USER_TIMEOUT", UNACKNOWLEDGED_MILLISECONDS),
+    ):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
 def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:
     """Return an API client and the kubeconfig context's namespace (None in-cluster).
 
@@ -375,12 +434,14 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_cl
         os.environ.get("KUBERNETES_SERVICE_HOST")
         and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
     )
+    configuration: k8s_client.Configuration = type.__call__(k8s_client.Configuration)  # never the process default
+    configuration.socket_options = socket_options()
     try:
         if kubeconfig is None and in_cluster:
-            configuration = k8s_client.Configuration()
             k8s_config.load_incluster_config(client_configuration=configuration)
             return k8s_client.ApiClient(configuration), None
-        api_client = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+        api_client = k8s_client.ApiClient(configuration)
         _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         if context is not None:
             contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)

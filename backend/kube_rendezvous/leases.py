@@ -212,7 +212,7 @@ class LeaseNodeLock:
             ANNOTATION_RUN_ID: self.run_id,
         }
 
-    def create(self, desire: Desire) -> None:
+    def create(self, desire: Desire, timeout: float | None = None) -> None:
         now = datetime.now(timezone.utc)
         metadata: dict[str, Any] = {
             "name": self.name,
@@ -233,28 +233,31 @@ class LeaseNodeLock:
             },
         }
         try:
-            self._api.request("POST", self._collection, body=body)
+            self._api.request("POST", self._collection, body=body, timeout=timeout)
         except ConflictError:  # ours already (an earlier attempt whose answer was lost)
-            self.update(desire)
+            self.update(desire, timeout)
             return
         self.desire = desire
         self._asked_round = self.round
         self.renewed_at = now
 
-    def update(self, desire: Desire | None = None) -> None:
-        """Renew the heartbeat, and record ``desire`` when given; creates the Lease if it is gone."""
+    def update(self, desire: Desire | None = None, timeout: float | None = None) -> None:
+        """Renew the heartbeat, and record ``desire`` when given; creates the Lease if it is gone.
+
+        ``timeout``: seconds the request may take (the client's default when None).
+        """
         if self.desire is None:
-            self.create(desire or Desire.JOIN)
+            self.create(desire or Desire.JOIN, timeout)
             return
         now = datetime.now(timezone.utc)
         body: dict[str, Any] = {"spec": {"renewTime": micro_time(now)}}
         if desire is not None and (desire is not self.desire or self.round != self._asked_round):
             body["metadata"] = {"annotations": self._annotations(desire, now)}
         try:
-            self._api.request("PATCH", self._path, body=body, content_type=MERGE_PATCH)
+            self._api.request("PATCH", self._path, body=body, content_type=MERGE_PATCH, timeout=timeout)
         except NotFoundError:  # deleted behind our back (the Rendezvous was recreated): start again
             self.desire = None
-            self.create(desire or Desire.JOIN)
+            self.create(desire or Desire.JOIN, timeout)
             return
         if desire is not None:
             self.desire = desire
@@ -429,12 +432,15 @@ class LeaseElector:
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         owner: dict[str, Any] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
         self.name = name
         self.identity = identity
         self.duration = duration
+        #: Seconds each request of an election step may take (the client's default when None).
+        self.request_timeout = request_timeout
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.owner = owner
@@ -491,7 +497,9 @@ class LeaseElector:
             # read (which waits behind every write etcd has not applied yet). A 409 means somebody
             # else wrote the Lease: read it and decide as a candidate would.
             try:
-                renewed: dict[str, Any] = self._api.request("PUT", self._path, body=self._body(self._held, now))
+                renewed: dict[str, Any] = self._api.request(
+                    "PUT", self._path, body=self._body(self._held, now), timeout=self.request_timeout
+                )
             except (ConflictError, NotFoundError):
                 self._held = None
             else:
@@ -503,13 +511,18 @@ class LeaseElector:
             # From the API server's watch cache (resourceVersion=0), not a quorum read: N agents look
             # every few seconds, and a version the cache shows late only delays a take, whose PUT
             # is a compare-and-swap on the version it read.
-            lease: dict[str, Any] | None = self._api.request("GET", self._path, query={"resourceVersion": "0"})
+            lease: dict[str, Any] | None = self._api.request(
+                "GET", self._path, query={"resourceVersion": "0"}, timeout=self.request_timeout
+            )
         except NotFoundError:
             lease = None
         if lease is None:
             try:
                 created = self._api.request(
-                    "POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now)
+                    "POST",
+                    resource_path(LEASE_PLURAL, self.namespace),
+                    body=self._body(None, now),
+                    timeout=self.request_timeout,
                 )
             except ConflictError:
                 self.holder_alive = True  # another candidate has just taken it
@@ -533,7 +546,7 @@ class LeaseElector:
             self._held = None
             return False
         try:
-            updated = self._api.request("PUT", self._path, body=self._body(lease, now))
+            updated = self._api.request("PUT", self._path, body=self._body(lease, now), timeout=self.request_timeout)
         except (ConflictError, NotFoundError):
             return False
         self._held = updated
@@ -583,6 +596,7 @@ class WriterLease(LeaseElector):
         preferred: bool,
         duration: float = 10.0,
         owner: dict[str, Any] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         super().__init__(
             api,
@@ -590,6 +604,7 @@ class WriterLease(LeaseElector):
             writer_lease_name(rendezvous_name),
             identity,
             duration=duration,
+            request_timeout=request_timeout,
             labels={RENDEZVOUS_LABEL: rendezvous_name, LABEL_LEASE: "writer"},
             annotations={ANNOTATION_WRITER_PRIORITY: "operator" if preferred else "agent"},
             owner=owner,
@@ -643,7 +658,7 @@ class LeaseRenewer:
 
     def _renew(self, lease: LeaseNodeLock) -> None:
         try:
-            lease.update(None)
+            lease.update(None, timeout=self.interval)  # a renewal never waits past the next one
         except Exception as exc:  # noqa: BLE001 - retried at the next tick
             logger.info("could not renew %s: %s", lease.describe(), exc)
         finally:

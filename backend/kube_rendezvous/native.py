@@ -367,9 +367,9 @@ class NativeHandler:
             ) from exc
 
     def _retry_until(self, deadline: float | None) -> float:
-        """When retries of one call end: ``retry_timeout`` from now, but never past the caller's ``deadline``."""
-        until = time.monotonic() + self._retry_timeout
-        return until if deadline is None else min(until, deadline)
+        """When retries of one call end: the caller's ``deadline`` (the join waits out an outage until its join
+        timeout, a leave until the close timeout), else ``retry_timeout`` from now."""
+        return time.monotonic() + self._retry_timeout if deadline is None else deadline
 
     def _read(self, deadline: float | None = None) -> RendezvousReading:
         """The Rendezvous from the process's watch (no request), or a GET while the watch is down (until ``deadline``).

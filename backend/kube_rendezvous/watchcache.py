@@ -9,6 +9,13 @@ The cache also takes the answers of this process's own writes (``install``), so 
 sees an older version than the one its write returned: the installed object is shown until
 the watch delivers that version.
 
+Deadlines: every watch request asks the server to end it within ``WATCH_SECONDS`` (jittered) and
+is then renewed from the last version seen; a connection that goes silent before that (a NAT or
+load balancer that dropped its state) is dropped by TCP keepalive within 11 s (``kubeapi``) and the
+objects are listed again on a new connection. ``heard_at`` says when anything last arrived
+(bookmarks included), and ``refresh`` lists again at once for a reader that finds the watch too
+quiet; ``stop`` ends a blocked read at once.
+
 Not guaranteed: freshness. A reader may see a version that another process has already
 replaced (by the watch's delay, normally milliseconds); the compare-and-swap on the
 resourceVersion is what keeps writes correct. When the watch cannot be kept (no list/watch
@@ -18,6 +25,7 @@ permission, repeated errors) ``healthy`` is False and callers read from the API 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +45,8 @@ from .kubeapi import (
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a watch request lasts before the server ends it and it is renewed.
-WATCH_SECONDS = 240
+#: Seconds a watch request lasts before the server ends it and it is renewed (jittered down by up to a quarter).
+WATCH_SECONDS = 60
 
 
 class WatchCache:
@@ -63,8 +71,13 @@ class WatchCache:
         self.supported = True
         #: Increments on every change seen (tests and benchmarks count wake-ups with it).
         self.changes = 0
-        #: Increments on every successful list: events between two lists may have been missed.
+        #: Increments on every list after an interruption (the start, a failure, a 410 Gone): events
+        #: between two such lists may have been missed. A ``refresh`` does not count.
         self.epoch = 0
+        #: This process's clock when the last list or event (bookmarks included) arrived, or None.
+        self.heard_at: float | None = None
+        self._response: Any = None
+        self._refreshing = False
         self.stats = {"lists": 0, "watches": 0, "events": 0}
 
     def start(self) -> WatchCache:
@@ -75,7 +88,26 @@ class WatchCache:
         return self
 
     def stop(self) -> None:
+        """Stop watching; a read blocked on the server is ended at once."""
         self._stopped.set()
+        self._interrupt()
+
+    def refresh(self) -> None:
+        """List again now, on a new connection (for a reader that finds the watch quiet for too long)."""
+        self._refreshing = True
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a response that is already closed
+                logger.debug("interrupting the watch of %s: %s", self.what, exc)
+
+    def quiet_for(self) -> float:
+        """Seconds since anything arrived from the server (infinite before the first list)."""
+        return float("inf") if self.heard_at is None else time.monotonic() - self.heard_at
 
     def add_listener(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Call ``listener(obj)`` (from the watch thread, quickly) after every change: the object that
@@ -150,34 +182,46 @@ class WatchCache:
                 self._objects[name] = obj
             self._changed(obj)
 
+    def _list(self, interrupted: bool) -> str:
+        self.stats["lists"] += 1
+        listed = self._api.request("GET", self._collection, query=dict(self._query))
+        with self._condition:
+            self._objects = {item["metadata"]["name"]: item for item in listed.get("items", [])}
+            self._installed.clear()
+            self.healthy = True
+            self.epoch += 1 if interrupted else 0
+            self.heard_at = time.monotonic()
+            self._changed()
+        return str(listed["metadata"]["resourceVersion"])
+
+    def _hold(self, response: Any) -> None:
+        self._response = response
+        if self._stopped.is_set() or self._refreshing:
+            self._interrupt()  # asked for while the request was on its way
+
     def _run(self) -> None:
         failures = 0
         resource_version: str | None = None
         while not self._stopped.is_set():
             try:
-                if resource_version is None:
-                    self.stats["lists"] += 1
-                    listed = self._api.request("GET", self._collection, query=dict(self._query))
-                    with self._condition:
-                        self._objects = {item["metadata"]["name"]: item for item in listed.get("items", [])}
-                        self._installed.clear()
-                        self.healthy = True
-                        self.epoch += 1
-                        self._changed()
-                    resource_version = listed["metadata"]["resourceVersion"]
+                if resource_version is None or self._refreshing:
+                    refreshing, self._refreshing = self._refreshing and resource_version is not None, False
+                    resource_version = self._list(interrupted=not refreshing)
                 self.stats["watches"] += 1
                 for event in self._api.watch(
                     self._collection,
                     query=dict(self._query, resourceVersion=resource_version),
-                    timeout_seconds=WATCH_SECONDS,
+                    timeout_seconds=int(WATCH_SECONDS * random.uniform(0.75, 1.0)),
+                    on_response=self._hold,
                 ):
+                    self.heard_at = time.monotonic()
                     obj = event.get("object") or {}
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         self.stats["events"] += 1
                         self._apply(str(event["type"]), obj)
-                    if self._stopped.is_set():
-                        return
+                    if self._stopped.is_set() or self._refreshing:
+                        break
                 failures = 0
             except GoneError:
                 resource_version = None
@@ -192,9 +236,15 @@ class WatchCache:
                         self._condition.notify_all()
                     return
             except (ApiUnavailableError, ApiError) as exc:
+                if self._stopped.is_set():
+                    return
+                if self._refreshing:
+                    continue  # ended on purpose: list again at once
                 failures += 1
                 logger.info("watch of %s interrupted (%s); listing again", self.what, exc)
                 resource_version = None
+            finally:
+                self._response = None
             if failures:
                 with self._condition:
                     self.healthy = False  # events may be missing until the next list

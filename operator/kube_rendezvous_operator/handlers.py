@@ -49,6 +49,11 @@ from .config import OperatorConfig
 logger = logging.getLogger(__name__)
 
 FINALIZER = "kube-rendezvous.io/close-before-delete"
+#: Seconds the server keeps one of Kopf's watch requests open (Kopf then watches anew from the last event).
+WATCH_SERVER_SECONDS = 25  # an integer: the server refuses timeoutSeconds=25.0
+#: Seconds one of Kopf's requests may take, and its connection attempt.
+REQUEST_SECONDS = 30.0
+CONNECT_SECONDS = 10.0
 
 Key = tuple[str, str]
 
@@ -185,7 +190,14 @@ def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> 
         prefix="kube-rendezvous.io", key="last-handled-spec"
     )
     settings.posting.level = logging.WARNING  # handler logs stay logs; Events are the ones we post
-    settings.watching.server_timeout = 300
+    # Every watch and request has a deadline: the server ends each watch within 25 s, a stream silent
+    # for 30 s (no event, no bookmark; a NAT that dropped the connection) is dropped and watched anew.
+    settings.watching.server_timeout = WATCH_SERVER_SECONDS
+    settings.watching.client_timeout = WATCH_SERVER_SECONDS + 5
+    settings.watching.inactivity_timeout = WATCH_SERVER_SECONDS + 5
+    settings.watching.connect_timeout = CONNECT_SECONDS
+    settings.networking.request_timeout = REQUEST_SECONDS
+    settings.networking.connect_timeout = CONNECT_SECONDS
     if memo.config.namespaces:
         # Named namespaces only: do not scan (list) namespaces, which namespaced RBAC forbids.
         settings.scanning.disabled = True

@@ -117,10 +117,20 @@ class ElasticJob:
         ]
 
     def start_agent(
-        self, name: str | None = None, local_addr: str = "127.0.0.1", env: dict[str, str] | None = None
+        self,
+        name: str | None = None,
+        local_addr: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
+        pod: Any = None,
     ) -> Agent:
-        """Start one agent (a pod) named ``name``, with ``env`` added to its environment (its workers inherit it)."""
+        """Start one agent (a pod) named ``name``, with ``env`` added to its environment (its workers inherit it).
+
+        With ``pod`` (a ``tests.testenv.podnet.Pod``) it runs in that pod's network namespace, with the
+        pod's address as its ``--local-addr`` and ``POD_IP``.
+        """
         name = name or f"agent-{len(self.agents)}"
+        if pod is not None:
+            local_addr = pod.address
         log = self.workdir / f"{name}.log"
         extra = dict(env or {})
         env = dict(
@@ -135,9 +145,12 @@ class ElasticJob:
         env.update(extra)
         if self.select_by_environment:
             env.update(PET_RDZV_BACKEND=self.backend, PET_RDZV_ENDPOINT=self.endpoint, PET_RDZV_ID=self.run_id)
+        if pod is not None:
+            env.update(pod.environment())
+        command = self.command(local_addr)
         with log.open("wb") as handle:
             process = subprocess.Popen(
-                self.command(local_addr),
+                pod.command(command) if pod is not None else command,
                 cwd=self.workdir,
                 env=env,
                 stdout=handle,

@@ -28,30 +28,34 @@ class OperatorProcess:
         *,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        pod: Any = None,
     ) -> None:
+        """With ``pod`` (a ``tests.testenv.podnet.Pod``) the operator runs in that pod's network namespace."""
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.args, self.env = args, dict(env or {})
+        self.args, self.env, self.pod = args, dict(env or {}), pod
         self.metrics_port, self.health_port = free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        host = "127.0.0.1" if self.pod is None else self.pod.address
         with self.log.open("ab") as handle:
+            command = [
+                sys.executable,
+                "-m",
+                "kube_rendezvous_operator",
+                "--namespace",
+                self.namespace,
+                "--metrics-port",
+                str(self.metrics_port),
+                "--log-format",
+                "plain",
+                "--liveness",
+                f"http://{host}:{self.health_port}/healthz",
+                *self.args,
+            ]
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kube_rendezvous_operator",
-                    "--namespace",
-                    self.namespace,
-                    "--metrics-port",
-                    str(self.metrics_port),
-                    "--log-format",
-                    "plain",
-                    "--liveness",
-                    f"http://127.0.0.1:{self.health_port}/healthz",
-                    *self.args,
-                ],
+                command if self.pod is None else self.pod.command(command),
                 env=dict(os.environ, KUBECONFIG=str(self.kubeconfig), **self.env),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -64,7 +68,8 @@ class OperatorProcess:
         assert self.process is not None
         if self.process.poll() is not None:
             raise AssertionError(f"the operator exited:\n{self.log.read_text()[-3000:]}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as answer:
+        host = "127.0.0.1" if self.pod is None else self.pod.address
+        with urllib.request.urlopen(f"http://{host}:{self.health_port}/healthz", timeout=2) as answer:
             return bool(answer.status == 200)
 
     def kill(self) -> None:
@@ -83,7 +88,8 @@ class OperatorProcess:
 
     def metric(self, name: str) -> float:
         """Sum of every sample of metric ``name``."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+        host = "127.0.0.1" if self.pod is None else self.pod.address
+        with urllib.request.urlopen(f"http://{host}:{self.metrics_port}/metrics", timeout=5) as answer:
             lines = answer.read().decode().splitlines()
         return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
 

@@ -8,6 +8,7 @@ line per worker to $RESULT_DIR/result-<bootstrap port>-<rank>.json at the end.
 import json
 import os
 import time
+from datetime import timedelta
 
 import tensorplay as tp
 import tensorplay.distributed as dist
@@ -25,7 +26,10 @@ print(
 )
 while os.environ.get("HOLD_BEFORE_INIT") == "1":
     time.sleep(1)
-dist.init_process_group("gloo")
+# PG_TIMEOUT_SECONDS: the process group's timeout (the frameworks' default is 30 min). A collective
+# whose peer went silent (a network partition) fails only then, and the agent restarts the workers.
+timeout = os.environ.get("PG_TIMEOUT_SECONDS")
+dist.init_process_group("gloo", **({"timeout": timedelta(seconds=float(timeout))} if timeout else {}))
 rank, world_size = dist.get_rank(), dist.get_world_size()
 expected = world_size * (world_size - 1) / 2
 sums = []

@@ -7,8 +7,10 @@ ServiceAccount token minted by TokenRequest (:meth:`ControlPlane.serviceaccount_
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -106,7 +108,10 @@ class ControlPlane:
         self.workdir = self.workdir.resolve()
         self.logdir = self.workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)
-        self.pki: Pki = create_pki(self.workdir / "pki")
+        #: The host's address on the bridge of pods with networks of their own (``podnet``): the serving
+        #: certificate holds it, so clients in those pods (Kopf's too) verify the server as anywhere else.
+        self.pod_network = ipaddress.ip_network(f"10.{random.randint(200, 250)}.{random.randint(0, 255)}.0/24")
+        self.pki: Pki = create_pki(self.workdir / "pki", (str(self.pod_network[1]),))
         self.etcd_port, self.etcd_peer_port, self.apiserver_port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
         self.admin_kubeconfig = self.workdir / "admin.kubeconfig"

@@ -79,8 +79,8 @@ def _issue(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def create_pki(directory: Path) -> Pki:
-    """Create a CA, a serving certificate for 127.0.0.1, an admin client and SA keys."""
+def create_pki(directory: Path, extra_addresses: tuple[str, ...] = ()) -> Pki:
+    """Create a CA, a serving certificate for 127.0.0.1 (and ``extra_addresses``), an admin client and SA keys."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
@@ -106,6 +106,7 @@ def create_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+        *(x509.IPAddress(ipaddress.ip_address(address)) for address in extra_addresses),
     ]
     serving = _issue(
         _name("kube-apiserver"),
