@@ -10,6 +10,7 @@ expiry (5 s x 3 = 15 s). Each test prints its measured recovery; docs/reliabilit
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,13 @@ from tests.testenv.podnet import Pod, PodNetwork
 MakeJob = Callable[..., ElasticJob]
 #: The heartbeat expiry of these jobs (the defaults: keep-alive 5 s x 3 missed beats).
 EXPIRY = 15.0
+#: Seconds of the long partition (``NETWORK_PARTITION_SECONDS``: benchmarks.network_faults also runs 300).
+PARTITION_SECONDS = float(os.environ.get("NETWORK_PARTITION_SECONDS", "60"))
+
+
+def measured(what: str, seconds: float) -> None:
+    """Print one measurement, as ``benchmarks.network_faults`` collects them from every run."""
+    print(f"\nmeasured: {what}: {seconds:.1f} s", flush=True)
 
 
 def status_of(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
@@ -72,7 +80,7 @@ def test_survivors_train_again_within_expiry_plus_15_s_when_a_survivor_was_silen
         EXPIRY + 15,
         f"survivors training again, one of them silenced {when} the re-formation",
     )
-    print(f"\nsilenced {when}: survivors trained again {time.monotonic() - killed:.1f} s after the kill")
+    measured(f"silenced {when} the re-formation: survivors training again after the kill", time.monotonic() - killed)
     wait_until(lambda: training_in_world(survivors, 4, min_step=2), 60, "the survivors' workers past step 2")
     assert all(agent.alive() for agent in survivors), job.logs()
 
@@ -90,16 +98,16 @@ def test_a_partition_of_60_s_removes_the_node_after_one_expiry_and_it_rejoins_af
     cut = time.monotonic()
     try:
         wait_until(lambda: training_in_world(others, 4, min_step=0), EXPIRY + 30, "the others training without it")
-        print(f"\nthe others trained without the partitioned pod {time.monotonic() - cut:.1f} s after the cut")
+        measured("partition: the others training without the pod after the cut", time.monotonic() - cut)
         departure = status_of(control_plane, namespace)["lastDeparture"]
         assert departure["nodes"] == [{"node": partitioned.node_name, "reason": "Expired"}]
-        wait_until(lambda: time.monotonic() - cut >= 60, 60, "60 s of partition")
+        wait_until(lambda: time.monotonic() - cut >= PARTITION_SECONDS, PARTITION_SECONDS, "the partition's length")
     finally:
         pod_of(partitioned, pods).heal()
     healed = time.monotonic()
     agents = list(by_group.values())
     wait_until(lambda: training_in_world(agents, 6, min_step=2), 120, "all three training again")
-    print(f"the healed pod trained in the next round {time.monotonic() - healed:.1f} s after the heal")
+    measured("partition: the healed pod training in the next round after the heal", time.monotonic() - healed)
     assert all(agent.alive() for agent in agents)
     ranks = {int(rank) for agent in agents for rank, world, *_ in STEP_LINE.findall(agent.output()) if world == "6"}
     assert ranks == set(range(6))
@@ -135,12 +143,17 @@ def test_a_peer_partition_restarts_the_workers_and_training_goes_on(
     )
     pod = pod_of(by_group[1], pods)
     pod.cut_peers()
+    cut = time.monotonic()
     try:
         wait_until(lambda: any("restart 1" in agent.output() for agent in by_group.values()), 90, "a worker restart")
+        measured("peer partition: the workers restarted after the cut", time.monotonic() - cut)
         time.sleep(10)  # the rest of the fault's length
     finally:
         pod.heal()
+    healed = time.monotonic()
     agents = list(by_group.values())
+    wait_until(lambda: training_in_world(agents, 6, min_step=1), 120, "all three training after the heal")
+    measured("peer partition: all training again after the heal", time.monotonic() - healed)
     assert job.wait(agents, 300) == [0, 0, 0], job.logs()
     final = job.last_results()
     assert sorted(item["rank"] for item in final) == list(range(6)) and max(item["restart"] for item in final) >= 1
@@ -206,7 +219,7 @@ def test_an_operator_whose_connections_go_silent_notices_keeps_evicting_and_remo
             assert operator_pod.silence_connections()
             silenced = time.monotonic()
             wait_until(lambda: "interrupted" in log.read_text(), 30, "the operator to notice its silent connections")
-            print(f"\nthe operator noticed its silent connections {time.monotonic() - silenced:.1f} s later")
+            measured("operator silenced: noticed", time.monotonic() - silenced)
             holds_for(
                 lambda: status_of(control_plane, namespace).get("participantCount") == 3,
                 max(0.0, 30 - (time.monotonic() - silenced)),
@@ -218,7 +231,7 @@ def test_an_operator_whose_connections_go_silent_notices_keeps_evicting_and_remo
             victim.kill_pod()
             core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
             wait_until(lambda: training_in_world(survivors, 4, min_step=0), 60, "the survivors training again")
-            print(f"survivors trained again {time.monotonic() - killed:.1f} s after the pod's deletion")
+            measured("operator silenced: survivors training again after a pod's deletion", time.monotonic() - killed)
             assert status_of(control_plane, namespace)["evictedNodes"] == [victim.node_name]
         finally:
             operator.stop()
