@@ -14,9 +14,9 @@ wrapped here in a ``torch.distributed.Store``, so that torch's C++ ``PrefixStore
 use it. torchrun passes ``--rdzv-timeout`` as ``timeout``.
 
 Not guaranteed: torch's ``Store`` API beyond what its agent, rank assignment and barriers call
-(``queue_*``, ``list_keys`` and ``clone`` are not implemented), and ``delete_key``/``num_keys``
-through a C++ ``PrefixStore`` (torch's trampoline does not forward them; from Python they work).
-The Python store must stay referenced while C++ uses it (the agent holds ``RendezvousInfo.store``).
+(``queue_*`` and ``list_keys`` are not implemented), and ``num_keys`` under a prefix: it counts every
+key of the Rendezvous, as it does in torch's own ``PrefixStore`` over a shared store. The Python store
+must stay referenced while C++ uses it (the agent holds ``RendezvousInfo.store``).
 """
 
 from __future__ import annotations
@@ -46,13 +46,19 @@ def _seconds(timeout: Any) -> float | None:
 class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     """A ``torch.distributed.Store`` backed by a ``KubernetesStore`` (or a round's prefix view of it).
 
-    Blocking ``get`` and ``wait`` use the timeout torch set on this store (``set_timeout``) unless
-    given one, and raise torch's ``DistStoreError`` when it runs out, as torch's own stores do.
+    It behaves as torch's own TCPStore and HashStore do (checked op for op on random sequences, and
+    by torch's ``_test_python_store``): blocking ``get`` and ``wait`` use the timeout torch set on
+    this store (``set_timeout``) unless given one and raise ``DistStoreError`` when it runs out;
+    ``compare_set`` on a missing key sets ``desired`` only when ``expected`` is empty, and otherwise
+    returns ``expected``; ``clone`` is a new handle on the same store. torch's C++ trampoline calls a
+    Python store's methods by their C++ names where those differ (``getNumKeys``, ``deleteKey``), so
+    those names are here too, and ``num_keys`` and ``delete_key`` work through torch's ``PrefixStore``.
     """
 
     def __init__(self, store: KubernetesStore | KubernetesPrefixStore) -> None:
         super().__init__()
         self._kv = store
+        self._clones: list[TorchKubernetesStore] = []
 
     def _timeout(self, timeout: Any = None) -> float | None:
         return _seconds(timeout if timeout is not None else getattr(self, "timeout", None))
@@ -67,7 +73,23 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
         return self._kv.add(key, value)
 
     def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
-        return self._kv.compare_set(key, expected_value, desired_value)
+        expected = expected_value.encode() if isinstance(expected_value, str) else bytes(expected_value)
+        swapped, current = self._kv.compare_and_swap(key, expected, desired_value)
+        if swapped:
+            return desired_value.encode() if isinstance(desired_value, str) else bytes(desired_value)
+        # A missing key and a non-empty ``expected``: torch's stores answer ``expected``, not b"".
+        return expected if current == b"" and not self._kv.has(key) else current
+
+    def clone(self) -> TorchKubernetesStore:
+        """A new handle on the same store (torch's stores clone for another thread; ours is thread-safe).
+
+        The clone stays referenced by this store: C++ holds only the C++ half of a Python store, and
+        its Python methods are found through the Python object, which must outlive C++'s use of it.
+        """
+        copy = TorchKubernetesStore(self._kv)
+        copy.set_timeout(self.timeout)
+        self._clones.append(copy)
+        return copy
 
     def check(self, keys: list[str]) -> bool:
         return self._kv.check(keys)
@@ -83,6 +105,10 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
 
     def num_keys(self) -> int:
         return self._kv.num_keys()
+
+    # The C++ names torch's trampoline calls (see the class docstring).
+    deleteKey = delete_key
+    getNumKeys = num_keys
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return [self.get(key) for key in keys]
