@@ -152,6 +152,49 @@ class TestStoreSemantics:
         ]
         assert all(item["metadata"]["labels"]["kube-rendezvous.io/round"] == "7" for item in written)
 
+    def test_multi_get_reads_a_rounds_keys_in_one_list_and_waits_for_the_missing_one(
+        self, store: KubernetesStore
+    ) -> None:
+        view = KubernetesPrefixStore("run/3", store, round_number=3)
+        keys = [f"rank/{index}" for index in range(20)]
+        view.multi_set(keys[:-1], [str(index).encode() for index in range(19)])
+        before = store.stats["requests"]
+        late = threading.Timer(0.5, view.set, (keys[-1], b"19"))
+        late.start()
+        try:
+            values = view.multi_get(keys, timeout=10)
+        finally:
+            late.join()
+        assert values == [str(index).encode() for index in range(20)]
+        # One LIST for the 19 that were there, the late set, then the missing key's blocking get (one
+        # GET before it waits on the watch, at most one after): not one request per key.
+        assert store.stats["requests"] - before <= 4, store.stats["requests"] - before
+        with pytest.raises(StoreTimeoutError):
+            view.multi_get(["rank/0", "never"], timeout=0.5)
+
+    def test_a_pipelined_view_sends_sets_side_by_side_and_later_calls_see_them(self, store: KubernetesStore) -> None:
+        view = KubernetesPrefixStore("run/4", store, round_number=4, pipelined=True)
+        for index in range(40):
+            view.set(f"rank/{index}", str(index))
+        view.set("rank/0", "again")  # a second set of a pending key waits for the first: last write wins
+        assert view.get("rank/0") == b"again"
+        assert view.multi_get([f"rank/{index}" for index in range(1, 40)]) == [
+            str(index).encode() for index in range(1, 40)
+        ]
+
+    def test_a_pipelined_set_that_fails_is_raised_by_the_next_call_and_the_others_are_stored(
+        self, store: KubernetesStore
+    ) -> None:
+        view = KubernetesPrefixStore("run/5", store, round_number=5, pipelined=True)
+        view.set("small", "1")
+        view.set("too-large", b"x" * (4 << 20))  # over the API server's request limit
+        view.set("also-small", "2")
+        with pytest.raises(RuntimeError, match="413 Request Entity Too Large"):
+            view.flush()
+        view.flush()  # reported once
+        assert view.get("small") == b"1" and view.get("also-small") == b"2"
+        assert not view.check(["too-large"])
+
 
 class TestAtomicity:
     def test_concurrent_adds_from_several_processes_sum_exactly(

@@ -42,6 +42,9 @@ KEEPALIVE_PROBES = 3
 #: (``TCP_USER_TIMEOUT``): a request sent into a silent connection fails within this.
 UNACKNOWLEDGED_MILLISECONDS = 10_000
 KEY_PLURAL = "rendezvouskeys"
+#: Connections kept per API server: a store's sets in flight (``store.SETS_IN_FLIGHT``) plus the watches and
+#: Lease renewals of the process's agents. The client's default (5 per core) is 10 on 2 cores.
+POOL_CONNECTIONS = 32
 #: The content type of a JSON merge patch (RFC 7386).
 MERGE_PATCH = "application/merge-patch+json"
 #: The label that names the Rendezvous an object belongs to: its Leases, its store keys, and
@@ -436,6 +439,7 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_cl
     )
     configuration: k8s_client.Configuration = type.__call__(k8s_client.Configuration)  # never the process default
     configuration.socket_options = socket_options()
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_CONNECTIONS)
     try:
         if kubeconfig is None and in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)

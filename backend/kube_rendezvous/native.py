@@ -46,7 +46,6 @@ import os
 import random
 import secrets
 import socket
-import threading
 import time
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -111,43 +110,6 @@ class WrittenOnceReads:
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self._store.get_written_once(key, timeout)
-
-
-class ConcurrentWrites:
-    """The write side of a round's store for rank 0's ``RendezvousStoreInfo.build``: each ``set`` is sent at once.
-
-    The framework publishes the bootstrap address as two keys one after the other (address,
-    then port), and nobody reads either until both are there, so writing them side by side
-    halves rank 0's step. ``flush`` waits for every write and raises the first failure; anything
-    other than ``set`` flushes first, so reads see the writes.
-    """
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._writes: list[threading.Thread] = []
-        self._failures: list[BaseException] = []
-
-    def set(self, key: str | bytes, value: str | bytes) -> None:
-        def write() -> None:
-            try:
-                self._store.set(key, value)
-            except BaseException as exc:  # noqa: BLE001 - raised by flush, in the caller's thread
-                self._failures.append(exc)
-
-        thread = threading.Thread(target=write, name="bootstrap address", daemon=True)
-        thread.start()
-        self._writes.append(thread)
-
-    def flush(self) -> None:
-        for thread in self._writes:
-            thread.join()
-        self._writes.clear()
-        if self._failures:
-            raise self._failures[0]
-
-    def __getattr__(self, name: str) -> Any:
-        self.flush()
-        return getattr(self._store, name)
 
 
 class NativeHandler:
@@ -527,8 +489,11 @@ class NativeHandler:
     # -- confirming a round -------------------------------------------------------------------
 
     def _round_store(self, round_number: int) -> KubernetesPrefixStore:
+        """The agent's view of the store for one round: its keys prefixed and labelled, its sets pipelined."""
         prefix = self.framework.round_prefix.format(run_id=self.run_id, round=round_number)
-        return KubernetesPrefixStore(prefix, self._store, round_number=round_number, on_write=self._saw_write)
+        return KubernetesPrefixStore(
+            prefix, self._store, round_number=round_number, on_write=self._saw_write, pipelined=True
+        )
 
     def _saw_write(self, key: str) -> None:
         if key.startswith(self.framework.exit_barrier_prefix):
@@ -552,14 +517,14 @@ class NativeHandler:
             server_seconds = time.monotonic() - began
         served = time.monotonic()
         before = dict(self._store.stats)
-        publish = ConcurrentWrites(round_store)
+        # rank 0's two keys (address, port) are written side by side: the view pipelines them
         self._bootstrap_store_info = self.framework.store_info_class.build(
             rank,
-            publish if rank == 0 else WrittenOnceReads(round_store),
+            round_store if rank == 0 else WrittenOnceReads(round_store),
             local_addr=self.node.addr,
             server_port=server_port,
         )
-        publish.flush()
+        round_store.flush()
         self.bootstrap_seconds = {
             "server": server_seconds,
             "address": time.monotonic() - served,

@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -94,6 +95,8 @@ CONFLICT_BACKOFF_BASE = 0.005
 CONFLICT_BACKOFF_MAX = 2.0
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
+#: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
+SETS_IN_FLIGHT = 16
 
 
 def _as_bytes(value: str | bytes | bytearray) -> bytes:
@@ -612,6 +615,38 @@ class KubernetesStore:
         """Return whether ``key`` exists."""
         return self._read(key) is not None
 
+    def multi_get(
+        self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None, *, round_number: int | None = None
+    ) -> list[bytes]:
+        """The values of ``keys``: one LIST for those that exist (a quorum read, so linearizable, as a GET is),
+        then a blocking ``get`` for each one missing. ``round_number``: the round the keys were written in
+        (its label narrows the LIST); keys written in another round are read one by one."""
+        keys = list(keys)
+        wanted = [self._name(key) for key in keys]
+        selector = f"{self._selector},!{ADDS_TO_LABEL}"
+        if round_number is not None:
+            selector += f",{ROUND_LABEL}={round_number}"
+        try:
+            listed = self._call("GET", self._collection, query={"labelSelector": selector})
+        except ApiError as exc:
+            raise self._failure(exc, "list") from exc
+        found = {item["metadata"]["name"]: item for item in listed.get("items", [])}
+        return [
+            self._value_of(found[name]) if name in found else self.get(key, timeout)
+            for name, key in zip(wanted, keys, strict=True)
+        ]
+
+    def multi_set(
+        self, keys: Iterable[str | bytes], values: Iterable[str | bytes], *, round_number: int | None = None
+    ) -> None:
+        """``set`` each key to its value, ``SETS_IN_FLIGHT`` at a time (each exactly once); raise the first failure."""
+        pairs = list(zip(keys, values, strict=True))
+        if not pairs:
+            return
+        with ThreadPoolExecutor(max_workers=min(SETS_IN_FLIGHT, len(pairs)), thread_name_prefix="store set") as pool:
+            for future in [pool.submit(self.set, key, value, round_number=round_number) for key, value in pairs]:
+                future.result()
+
     def check(self, keys: Iterable[str | bytes]) -> bool:
         """Return whether every key exists."""
         return all(self.has(key) for key in keys)
@@ -675,9 +710,17 @@ class KubernetesStore:
 class KubernetesPrefixStore:
     """A view of a ``KubernetesStore`` whose keys are ``prefix + "/" + key``.
 
-    tensorplay's C++ ``PrefixStore`` refuses Python stores, so the handler uses this one.
-    Keys written through a view made for a round carry that round's label, which lets the
-    store delete the keys of finished rounds.
+    tensorplay's C++ ``PrefixStore`` refuses Python stores, so the handler uses this one. Keys written
+    through a view made for a round carry that round's label, which lets the store delete the keys of
+    finished rounds, and lets ``multi_get`` read the round's keys in one LIST.
+
+    ``pipelined``: a ``set`` returns once it is sent (``SETS_IN_FLIGHT`` at a time), not once it is
+    stored; any other call through the view, and ``flush``, first waits for every pending set and
+    raises the first failure, and a second set of a key waits for the first. So what the caller does
+    next through the view sees its writes, while N sets in a row (rank 0 publishing every agent's
+    ranks, one by one, in tensorplay's agent) cost about one round trip per ``SETS_IN_FLIGHT``.
+    Not guaranteed: a set whose process dies before a flush may be lost (as a set whose answer never
+    came); another client may not see it yet when the caller's ``set`` returns.
     """
 
     def __init__(
@@ -686,18 +729,30 @@ class KubernetesPrefixStore:
         store: KubernetesStore,
         round_number: int | None = None,
         on_write: Callable[[str], None] | None = None,
+        pipelined: bool = False,
     ) -> None:
         self.prefix = prefix
         self.underlying_store = store
         self.round_number = round_number
         #: Called with the key (without the prefix) of every write, before it is sent.
         self.on_write = on_write
+        self._pool = ThreadPoolExecutor(SETS_IN_FLIGHT, thread_name_prefix="store set") if pipelined else None
+        self._pending: dict[str, Future[None]] = {}
 
     def _k(self, key: str | bytes, written: bool = False) -> str:
         name = key if isinstance(key, str) else key.decode("utf-8")
         if written and self.on_write is not None:
             self.on_write(name)
+        self.flush()
         return f"{self.prefix}/{name}"
+
+    def flush(self) -> None:
+        """Wait for every pending set; raise the first failure."""
+        pending, self._pending = self._pending, {}
+        failures = [future.exception() for future in pending.values()]
+        failure = next((exc for exc in failures if exc is not None), None)
+        if failure is not None:
+            raise failure
 
     @property
     def timeout(self) -> timedelta:
@@ -708,13 +763,28 @@ class KubernetesPrefixStore:
         self.underlying_store.timeout = value
 
     def set(self, key: str | bytes, value: str | bytes) -> None:
-        self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
+        name = key if isinstance(key, str) else key.decode("utf-8")
+        if self._pool is None or name in self._pending:
+            self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
+            return
+        if self.on_write is not None:
+            self.on_write(name)
+        full = f"{self.prefix}/{name}"
+        self._pending[name] = self._pool.submit(self.underlying_store.set, full, value, round_number=self.round_number)
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get(self._k(key), timeout)
 
     def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get_written_once(self._k(key), timeout)
+
+    def multi_get(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> list[bytes]:
+        names = [self._k(key) for key in keys]
+        return self.underlying_store.multi_get(names, timeout, round_number=self.round_number)
+
+    def multi_set(self, keys: Iterable[str | bytes], values: Iterable[str | bytes]) -> None:
+        names = [self._k(key, True) for key in keys]
+        self.underlying_store.multi_set(names, values, round_number=self.round_number)
 
     def add(self, key: str | bytes, amount: int) -> int:
         return self.underlying_store.add(self._k(key, True), amount, round_number=self.round_number)
@@ -740,6 +810,7 @@ class KubernetesPrefixStore:
         self.underlying_store.delete_key(self._k(key))
 
     def num_keys(self) -> int:
+        self.flush()
         return self.underlying_store.num_keys()
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:

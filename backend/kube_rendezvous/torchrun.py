@@ -111,11 +111,12 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     getNumKeys = num_keys
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [self.get(key) for key in keys]
+        """One LIST for the keys that exist (linearizable, as a GET is), a blocking get for each missing one."""
+        return self._kv.multi_get(keys, self._timeout())
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
-        for key, value in zip(keys, values, strict=True):
-            self._kv.set(key, value)
+        """Every set sent at once, a bounded number in flight (``store.SETS_IN_FLIGHT``)."""
+        self._kv.multi_set(keys, values)
 
     def append(self, key: str, value: str | bytes) -> None:
         self._kv.append(key, value)
