@@ -6,6 +6,11 @@ through torch's (stock torchrun's handlers).
 Prints ``ready`` once its handlers exist, waits for ``go`` on stdin, runs ``next_rendezvous``
 in every thread, writes a JSON report to ``--out`` and optionally keeps heartbeating for
 ``--hold`` seconds (steady-state measurement).
+
+``--assign-ranks``: after its round, every thread runs its framework's own
+``SimpleElasticAgent._assign_worker_ranks`` on the store the round returned, as the launcher does
+before it starts workers (``identical``: with ``TORCH_ELASTIC_WORKER_IDENTICAL=1``, the
+frameworks' path without the store).
 """
 
 from __future__ import annotations
@@ -33,6 +38,29 @@ def create_handler(backend: str, params: dict[str, Any]) -> Any:
     return get_registry().create_handler(RendezvousParameters(backend=backend, **params))
 
 
+#: Workers per agent in the rank assignment (``--nproc-per-node``).
+LOCAL_WORKERS = 2
+
+
+class _Agent:
+    """What ``_assign_worker_ranks`` takes as ``self``: neither framework's reads anything of it."""
+
+
+def assign_ranks(backend: str, handler: Any, store: Any, rank: int, world: int) -> list[int]:
+    """The framework's own rank assignment for an agent of ``rank`` in a round of ``world`` agents;
+    returns its workers' global ranks."""
+    if backend.startswith("torch-"):
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerSpec
+    else:
+        from tensorplay.distributed.elastic.agent.server.api import (  # type: ignore[assignment]
+            SimpleElasticAgent,
+            WorkerSpec,
+        )
+    spec = WorkerSpec(role="trainer", local_world_size=LOCAL_WORKERS, rdzv_handler=handler, entrypoint="train.py")
+    workers = SimpleElasticAgent._assign_worker_ranks(_Agent(), store, rank, world, spec)
+    return [worker.global_rank for worker in workers]
+
+
 def write_json(path: str, report: dict[str, Any]) -> None:
     """Write ``report`` to ``path`` whole or not at all: the driver reads a file as soon as it exists."""
     with open(path + ".part", "w") as handle:
@@ -52,6 +80,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--worker", type=int, default=0)
+    parser.add_argument("--assign-ranks", choices=["none", "store", "identical"], default="none")
     parser.add_argument(
         "--monitor-interval",
         type=float,
@@ -59,6 +88,7 @@ def main() -> None:
         help="while holding, call num_nodes_waiting on every handler this often, as the launcher's monitor loop does",
     )
     args = parser.parse_args()
+    os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1" if args.assign_ranks == "identical" else "0"
     from benchmarks.run import lower_priority
 
     lower_priority()
@@ -104,6 +134,10 @@ def main() -> None:
             bootstrap = getattr(handlers[index], "bootstrap_seconds", None)
             if bootstrap is not None:  # ours: rank 0 starting its TCPStore, then publishing (or reading) its address
                 results[index]["bootstrap"] = bootstrap
+            if args.assign_ranks != "none":
+                began = time.time()
+                ranks = assign_ranks(args.backend, handlers[index], info.store, info.rank, info.world_size)
+                results[index].update(ranks=ranks, assign=time.time() - began, trained=time.time() - started)
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
 
@@ -117,11 +151,12 @@ def main() -> None:
         """Per handler of ours: its API client's counters, and its own and its store's counters."""
         api_stats, handler_stats = [], []
         for handler in handlers:
-            if not isinstance(getattr(handler, "stats", None), dict):
+            api, store = getattr(handler, "_api", None), getattr(handler, "_store", None)
+            if not isinstance(getattr(handler, "stats", None), dict) or api is None or store is None:
                 continue  # p10d's and c10d's handlers count nothing
-            api_stats.append(dict(handler._api.stats))
+            api_stats.append(dict(api.stats))
             counts = dict(handler.stats)
-            counts.update({f"store_{key}": value for key, value in handler._store.stats.items()})
+            counts.update({f"store_{key}": value for key, value in store.stats.items()})
             handler_stats.append(counts)
         return api_stats, handler_stats
 

@@ -116,6 +116,8 @@ class Bench:
         limit: float = 900.0,
         during: Callable[[str], dict[str, Any]] | None = None,
         kill_joiner: bool = False,
+        assign_ranks: str = "none",
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats.
 
@@ -124,10 +126,13 @@ class Bench:
         the moment it logs its join request, so its request may or may not reach the API server.
         The round then admits ``nodes - 1`` to ``nodes`` (a 1 s last call), and every live agent
         must get a distinct rank of one world: no live join lost, no rank given twice.
+        ``assign_ranks`` (``store`` or ``identical``): every agent then runs its framework's rank
+        assignment (``round_worker.assign_ranks``); every worker must get its own global rank.
+        ``env``: added to the agents' environment (a previous release on ``PYTHONPATH``).
         """
         self.current = None
         try:
-            return self._round(backend, nodes, hold, limit, during, kill_joiner)
+            return self._round(backend, nodes, hold, limit, during, kill_joiner, assign_ranks, env or {})
         finally:
             if self.current is not None:
                 self.retire(self.current)
@@ -140,6 +145,8 @@ class Bench:
         limit: float,
         during: Callable[[str], dict[str, Any]] | None,
         kill_joiner: bool = False,
+        assign_ranks: str = "none",
+        extra_env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         from tests.testenv import free_port
 
@@ -147,7 +154,7 @@ class Bench:
         processes = min(live, 8)
         per_process = [live // processes + (1 if i < live % processes else 0) for i in range(processes)]
         least = nodes - 1 if kill_joiner else nodes
-        env = agent_env()
+        env = {**agent_env(), **(extra_env or {})}
         if kill_joiner:
             env["BENCH_RDZV_CONF"] = json.dumps({"last_call_timeout": 1})
         host: Any = None
@@ -208,6 +215,8 @@ class Bench:
                 str(hold),
                 "--worker",
                 str(index),
+                "--assign-ranks",
+                assign_ranks,
             ]
             return subprocess.Popen(
                 command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **options
@@ -293,6 +302,13 @@ class Bench:
             for item in report["results"]
             if "joined" in item
         ]
+        if assign_ranks != "none":  # when the last agent held its workers' ranks; the slowest assignment
+            summary["train_seconds"] = max(
+                report["started"] - start + item["trained"] for report in reports for item in report["results"]
+            )
+            summary["assign_seconds"] = max(item["assign"] for item in results)
+            given = sorted(rank for item in results for rank in item["ranks"])
+            assert given == list(range(len(given))) and len(given) == nodes * len(results[0]["ranks"]), given[:10]
         if joined:  # when the last agent saw the round formed; the rest of ``seconds`` is the store's step
             summary["joined_seconds"] = max(joined)
         rank0 = [item for item in results if item.get("rank") == 0 and "bootstrap" in item]

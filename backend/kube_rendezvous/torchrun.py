@@ -27,12 +27,22 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters
 
-from . import frameworks
-from .native import NativeHandler
-from .store import KubernetesPrefixStore, KubernetesStore
+def handler_creator() -> Callable[[Any], Any]:
+    """The ``torchrun.handlers`` entry point: torch calls it with no arguments and registers what it returns.
+
+    Defined before torch is imported: importing torch's rendezvous package loads the entry points, so
+    when this module is imported first, torch looks this function up on the half-imported module.
+    """
+    return lambda params: create_torch_handler(params)
+
+
+import torch.distributed as dist  # noqa: E402 - after handler_creator (its docstring)
+from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters  # noqa: E402
+
+from . import frameworks  # noqa: E402
+from .native import NativeHandler  # noqa: E402
+from .store import KubernetesPrefixStore, KubernetesStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +154,3 @@ def create_torch_handler(params: RendezvousParameters) -> TorchKubernetesRendezv
     """Create the ``k8s`` handler for torchrun from its parameters (the creator torch's registry calls)."""
     _log_like_torchrun()
     return TorchKubernetesRendezvousHandler.from_parameters(params, frameworks.torch())
-
-
-def handler_creator() -> Callable[[RendezvousParameters], TorchKubernetesRendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: torch calls it with no arguments and registers what it returns."""
-    return create_torch_handler
