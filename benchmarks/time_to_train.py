@@ -151,6 +151,9 @@ def main() -> int:
     parser.add_argument("--limit", type=float, default=180.0, help="seconds before a round counts as failed")
     parser.add_argument("--only", nargs="*", help="run only the variants whose label contains one of these")
     parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the JSON's runs of the sizes and variants not run this time"
+    )
     args = parser.parse_args()
     out = RESULTS / "time_to_train.json"
     if args.report:
@@ -169,6 +172,12 @@ def main() -> int:
         "runs": [],
     }
     variants = [v for v in VARIANTS if not args.only or any(part in v[0] for part in args.only)]
+    if args.keep and out.exists():
+        rerun = {(nodes, v[0]) for nodes in args.sizes for v in variants}
+        kept = json.loads(out.read_text())
+        report["runs"] = [r for r in kept["runs"] if (r["nodes"], r["label"]) not in rerun]
+        report["sizes"] = sorted(set(kept["sizes"]) | set(args.sizes))
+        report["repeats"] = "per run"
     try:
         for nodes in args.sizes:
             for variant in variants:

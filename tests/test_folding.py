@@ -9,7 +9,18 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
-from kube_rendezvous.folding import Desire, JoinSettings, Request, fold, lost_members, satisfied
+from kube_rendezvous.folding import (
+    CompletedBy,
+    Desire,
+    JoinSettings,
+    PodAddresses,
+    Request,
+    TrainingPods,
+    completion_rule,
+    fold,
+    lost_members,
+    satisfied,
+)
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousTimeout
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
@@ -238,3 +249,58 @@ def test_a_node_that_died_after_its_round_completed_is_not_carried_into_the_next
     later = fold(evicted, [joins[1]], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
     assert b not in later.participants
     assert later.complete and sorted(later.participants.values()) == [0, 1]
+
+
+class TestTrainingPodsRule:
+    """With the operator's census of the job's pods, a last call ends once every live pod joined."""
+
+    a, b, c = NodeId("10.0.0.1", 1, 0), NodeId("pod-b", 1, 0), NodeId("pod-c.job.ns.svc", 1, 0)
+    pod_a = PodAddresses(frozenset({"10.0.0.1"}), frozenset({"pod-a"}))
+    pod_b = PodAddresses(frozenset({"10.0.0.2"}), frozenset({"pod-b"}))
+    pod_c = PodAddresses(frozenset({"10.0.0.3"}), frozenset({"pod-c"}))
+
+    def joins(self, *nodes: NodeId, settings: JoinSettings) -> list[Request]:
+        return [Request(node, Desire.JOIN, settings, NOW) for node in nodes]
+
+    def test_a_round_completes_at_once_when_every_live_pod_joined_and_none_is_starting(self) -> None:
+        _, ours = settings_of(2, 4)
+        pods = TrainingPods((self.pod_a, self.pod_b, self.pod_c))
+        before = fold(None, self.joins(self.a, self.b, settings=ours), dead=[], now=NOW, settings=ours, pods=pods)
+        assert not before.complete and before.deadline is not None  # pod c has not joined
+        after = fold(before, self.joins(self.c, settings=ours), dead=[], now=NOW, settings=ours, pods=pods)
+        assert after.complete and dict(after.participants) == {self.a: 0, self.b: 1, self.c: 2}
+        assert completion_rule(before, after, ours, NOW) is CompletedBy.TRAINING_PODS_JOINED
+
+    def test_a_starting_pod_or_a_live_pod_that_has_not_joined_is_waited_for(self) -> None:
+        _, ours = settings_of(2, 4)
+        requests = self.joins(self.a, self.b, settings=ours)
+        for pods in (
+            TrainingPods((self.pod_a, self.pod_b), starting=1),
+            TrainingPods((self.pod_a, self.pod_b, self.pod_c)),
+        ):
+            waiting = fold(None, requests, dead=[], now=NOW, settings=ours, pods=pods)
+            assert not waiting.complete and waiting.deadline is not None
+            # ... until the last call ends, as without pods.
+            done = fold(waiting, [], dead=[], now=NOW + timedelta(seconds=31), settings=ours, pods=pods)
+            assert (
+                done.complete
+                and completion_rule(waiting, done, ours, NOW + timedelta(seconds=31)) is CompletedBy.LAST_CALL
+            )
+
+    def test_below_min_nodes_nothing_completes_and_without_a_census_nothing_changes(self) -> None:
+        _, ours = settings_of(3, 4)
+        pods = TrainingPods((self.pod_a, self.pod_b))  # only two pods left, but min is 3
+        below = fold(None, self.joins(self.a, self.b, settings=ours), dead=[], now=NOW, settings=ours, pods=pods)
+        assert not below.complete
+        assert not TrainingPods().all_joined([self.a])  # no pods known: never "all joined"
+        _, two = settings_of(2, 4)
+        plain = fold(None, self.joins(self.a, self.b, settings=two), dead=[], now=NOW, settings=two)
+        assert not plain.complete and plain.deadline is not None
+
+    def test_a_full_round_is_max_nodes_and_a_node_matches_its_pod_by_ip_name_or_dns_name(self) -> None:
+        _, ours = settings_of(1, 2)
+        full = fold(None, self.joins(self.a, self.b, settings=ours), dead=[], now=NOW, settings=ours)
+        assert completion_rule(None, full, ours, NOW) is CompletedBy.MAX_NODES
+        assert completion_rule(full, full, ours, NOW) is None  # formed before: not completed again
+        assert self.pod_a.ran(self.a) and self.pod_b.ran(self.b) and self.pod_c.ran(self.c)
+        assert not self.pod_a.ran(self.b) and not self.pod_b.ran(NodeId("pod-bb", 1, 0))

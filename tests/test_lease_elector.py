@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kube_rendezvous.kubeapi import KubernetesApi
+from typing import Any
+
+import pytest
+from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
 from kube_rendezvous.leases import WriterLease
 from kubernetes import client
 
@@ -114,3 +117,37 @@ def test_a_candidate_that_takes_a_stale_lease_records_the_dead_holder_and_its_la
     # Renewing its own Lease takes nothing from anybody: the record stays the one take's.
     assert candidate.try_acquire_or_renew()
     assert candidate.taken_from_stale is taken
+
+
+def test_a_holder_silent_through_an_outage_the_candidate_saw_too_is_dated_from_when_the_candidate_got_through(
+    admin_api: client.ApiClient, namespace: str, control_plane: Any
+) -> None:
+    """The CI failure this fixes: after an API server restart, the agent that took the writer Lease dated
+    the old writer's node from the writer Lease's last renewal before the outage, and removed a live node
+    (it could not renew through the outage either). The candidate's own failed steps now bound that date."""
+    import time
+
+    from tests.testenv import wait_until
+
+    holder = elector(admin_api, namespace, "agent/10.0.0.9_7_1", preferred=False)
+    assert holder.try_acquire_or_renew()
+    candidate = elector(admin_api, namespace, "agent/10.0.0.8_7_1", preferred=False)
+    assert not candidate.try_acquire_or_renew()
+    first_seen = time.monotonic()
+    control_plane.stop_apiserver()
+    try:
+        # Through the outage, past the Lease's duration: every step of the candidate fails.
+        while True:
+            with pytest.raises((ApiError, ApiUnavailableError)):
+                candidate.try_acquire_or_renew()
+            if time.monotonic() > first_seen + candidate.duration + 1:
+                break
+            time.sleep(1)
+    finally:
+        control_plane.start_apiserver()
+    last_failure = candidate.unreachable_at
+    assert last_failure > first_seen + candidate.duration
+    wait_until(candidate.try_acquire_or_renew, 60, "the candidate to take the writer Lease", interval=0.5)
+    taken = candidate.taken_from_stale
+    assert taken is not None and taken.identity == "agent/10.0.0.9_7_1"
+    assert taken.seen_at >= last_failure  # not first_seen: the holder's silence counts from the end of the outage

@@ -475,3 +475,29 @@ class TestRoundBroken:
         first = logic.departure_event(None, status)
         assert first is not None
         assert logic.departure_event(None, status, [(first.reason, first.message)]) is None
+
+
+class TestTrainingPodsCensus:
+    """``logic.training_pods``: the census the operator's folder completes a round by."""
+
+    @staticmethod
+    def pod(name: str, phase: str, ip: str | None = None, **extra: Any) -> dict[str, Any]:
+        status: dict[str, Any] = {"phase": phase, **({"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {})}
+        return {"metadata": {"name": name, **extra}, "spec": {"hostname": f"{name}-host"}, "status": status}
+
+    def test_running_pods_are_live_pending_ones_starting_and_gone_ones_neither(self) -> None:
+        pods = [
+            self.pod("a", "Running", "10.0.0.1"),
+            self.pod("b", "Pending"),
+            self.pod("c", "Running"),  # no IP yet: still starting
+            self.pod("d", "Running", "10.0.0.4", deletionTimestamp="2026-12-04T00:00:00Z"),
+            self.pod("e", "Succeeded", "10.0.0.5"),
+        ]
+        census = logic.training_pods(pods)
+        assert census.starting == 2
+        assert [sorted(item.addresses) for item in census.live] == [["10.0.0.1"]]
+        assert census.live[0].names == frozenset({"a", "a-host"})
+        assert census.live[0].ran(NodeId("a-host", 1, 0)) and census.live[0].ran(NodeId("10.0.0.1", 7, 0))
+        assert logic.nodes_of_pod(pods[0], [NodeId("10.0.0.1", 7, 0), NodeId("10.0.0.2", 7, 0)]) == [
+            NodeId("10.0.0.1", 7, 0)
+        ]

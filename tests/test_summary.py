@@ -14,6 +14,7 @@ from kube_rendezvous.summary import (
     PHASES,
     RECENT_ROUNDS,
     SUMMARY_LIST_LIMIT,
+    completed_by_text,
     departure_line,
     departure_of,
     format_time,
@@ -415,3 +416,18 @@ class TestDeparture:
         assert departure is not None and departure["count"] == 20 and len(departure["nodes"]) == 16
         assert departure_line(departure).startswith("20 nodes left round 0: 10.1.0.0_0_0 (removed), ")
         assert departure_line(departure).endswith("and 4 more")
+
+
+def test_a_round_records_the_rule_that_completed_it_and_the_progress_line_names_it() -> None:
+    now = datetime.now(timezone.utc)
+    forming = {"round": 3, "roundStartTime": format_time(now), "phase": "LastCall", "recentRounds": []}
+    formed = RendezvousDocument(round=3, complete=True, participants={NodeId("a", 1, 0): 0})
+    status = summarize_document(formed, now=now, previous=forming, completed_by="TrainingPodsJoined")
+    assert status["recentRounds"][-1]["completedBy"] == "TrainingPodsJoined"
+    assert completed_by_text(status, 3) == " (once every live training pod joined)"
+    assert completed_by_text(status, 2) == ""  # another round: the status does not say
+    # Written again in the same round: the round is not recorded twice.
+    again = summarize_document(formed, now=now, previous={**forming, **status}, completed_by=None)
+    assert again["recentRounds"] == status["recentRounds"]
+    unsaid = summarize_document(formed, now=now, previous=forming)
+    assert "completedBy" not in unsaid["recentRounds"][-1] and completed_by_text(unsaid, 3) == ""

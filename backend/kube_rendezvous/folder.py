@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .folding import Desire, JoinSettings, fold
+from .folding import Desire, JoinSettings, TrainingPods, completion_rule, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
     RENDEZVOUS_LABEL,
@@ -74,6 +74,8 @@ WRITER_RENEW_DEADLINE_SECONDS = 7.0
 WRITER_REQUEST_SECONDS = 3.0
 #: Seconds between an agent's checks whether the writer Lease is free (80-100 % of it, jittered).
 CANDIDATE_RETRY_SECONDS = 4.0
+#: Seconds before a candidate tries again after an election step the API server did not answer.
+ELECTION_FAILED_SECONDS = 1.0
 #: Seconds after the writer Lease as last seen would turn stale that a candidate looks again.
 STALE_MARGIN_SECONDS = 0.2
 #: Seconds between the writer's sweeps for idle node Leases (also the least idle time to delete one).
@@ -183,6 +185,7 @@ class Folder:
         rendezvous: WatchCache,
         default_expiry: float = 15.0,
         decode: Callable[[str], RendezvousDocument] = decode_document,
+        training_pods: Callable[[], TrainingPods | None] | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
@@ -193,6 +196,8 @@ class Folder:
         #: The watch of the Rendezvous object (started by whoever made it).
         self.rendezvous = rendezvous
         self._decode = decode
+        #: The job's training pods, where this folder knows them (the operator's pod watch); None: unknown.
+        self.training_pods = training_pods
         self.elector = WriterLease(
             api,
             namespace,
@@ -319,11 +324,15 @@ class Folder:
         requests = [record.request() for record in current if record.node not in dead]
         reasons.update({request.node: "Left" for request in requests if request.desire is Desire.LEAVE})
         settings = self._settings(spec, current)
-        folded = fold(document, requests, dead=dead, now=now, settings=settings)
+        pods = self.training_pods() if self.training_pods is not None else None
+        folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored
         departure = departure_of(stored, folded, reasons, now, status.get("lastDeparture"))
-        return self._write(obj, folded, run_id, now, departure)
+        rule = completion_rule(document, folded, settings, now)
+        if rule is not None and rule is not rule.MAX_NODES:
+            logger.info("%s: round %d completed (%s)", self.where, folded.round, rule.value)
+        return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value)
 
     @staticmethod
     def _settings(spec: dict[str, Any], records: list[NodeRecord]) -> JoinSettings:
@@ -339,10 +348,15 @@ class Folder:
         run_id: str,
         now: datetime,
         departure: dict[str, Any] | None,
+        completed_by: str | None = None,
     ) -> bool:
         encoded = encode_document(document)
         status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id}
-        status.update(summarize_document(document, now=now, writer=self.identity, previous=obj.get("status")))
+        status.update(
+            summarize_document(
+                document, now=now, writer=self.identity, previous=obj.get("status"), completed_by=completed_by
+            )
+        )
         if departure is not None:
             status["lastDeparture"] = departure
         if (obj.get("status") or {}).get("runId") not in (None, run_id):
@@ -373,14 +387,17 @@ class Folder:
                     obj = None
                 if obj is not None:
                     self.elector.owner = owner_reference(obj)
+            failed = False
             try:
                 self.leader = self.elector.try_acquire_or_renew()
             except (ApiError, ApiUnavailableError) as exc:
-                self.leader = False
+                self.leader, failed = False, True
                 logger.info("writer election for %s failed this time: %s", self.where, exc)
             if not self.leader:
                 self._stop_lease_watch()
-                if self.preferred:
+                if failed:  # not a stale Lease to take at once: the API server did not answer
+                    stopped.wait(ELECTION_FAILED_SECONDS * random.uniform(0.8, 1.2))
+                elif self.preferred:
                     stopped.wait(WRITER_RENEW_SECONDS * random.uniform(0.8, 1.2))
                 else:
                     stopped.wait(candidate_wait(self.elector.seconds_until_stale(), random.uniform(0.8, 1.0)))

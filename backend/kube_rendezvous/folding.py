@@ -25,7 +25,9 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 |                               |                                                   | last call is cancelled    |
 
 - **Completion** assigns ranks 0..n-1 by sorted node, and happens when len(P) reaches max, or once
-  the last call's deadline is past with min <= len(P) <= max.
+  the last call's deadline is past with min <= len(P) <= max, or (only when the folder knows the
+  job's training pods, ``TrainingPods``: the operator) during the last call as soon as every live
+  training pod has a node in P and no pod of the job is starting. ``completion_rule`` names which.
 - **Dead nodes** (evicted by the operator, or their Lease not renewed within its expiry on the
   folder's clock) are removed first, all at once, as the framework's pruning does.
 - **Scope:** a join applies in the round it was asked in, or while N is on the wait or redundancy list,
@@ -101,6 +103,53 @@ class Request:
     #: the node waits (wait or redundancy list): a node that died after its round completed is
     #: never carried into the next round by its last request.
     round: int | None = None
+
+
+class CompletedBy(str, Enum):
+    """Which rule completed a round (``status.recentRounds[].completedBy``)."""
+
+    MAX_NODES = "MaxNodes"
+    LAST_CALL = "LastCall"
+    TRAINING_PODS_JOINED = "TrainingPodsJoined"
+
+
+@dataclass(frozen=True)
+class PodAddresses:
+    """What an agent in one pod may register as its node's address: the pod's IPs, its name or hostname
+    (also as the first label of a longer DNS name)."""
+
+    addresses: frozenset[str]
+    names: frozenset[str]
+
+    def ran(self, node: NodeId) -> bool:
+        """Whether ``node``'s address is one of this pod's."""
+        return (
+            node.addr in self.addresses
+            or node.addr in self.names
+            or any(node.addr.startswith(f"{name}.") for name in self.names)
+        )
+
+
+@dataclass(frozen=True)
+class TrainingPods:
+    """The job's training pods as the operator's pod watch shows them (its pod selection).
+
+    ``live``: the pods that run (phase Running, with an IP). ``starting``: pods of the job that will
+    run but do not yet (Pending, or Running without an IP). Pods that are gone (deleted, terminating,
+    every container ended) are in neither.
+
+    Not guaranteed: the operator's view lags the API server by its watch, and a pod its workload's
+    controller has not created yet is unknown, so a round may complete without a replacement pod
+    that is about to be created: that pod's agent joins the next round, as any late pod does.
+    """
+
+    live: tuple[PodAddresses, ...] = ()
+    starting: int = 0
+
+    def all_joined(self, participants: Iterable[NodeId]) -> bool:
+        """Whether every live pod has a node in ``participants`` and no pod is starting."""
+        nodes = list(participants)
+        return self.starting == 0 and bool(self.live) and all(any(pod.ran(n) for n in nodes) for pod in self.live)
 
 
 class _Working:
@@ -187,13 +236,14 @@ class _Working:
                 self.mark_complete()
                 return
 
-    def complete_if_due(self, settings: JoinSettings, now: datetime) -> None:
-        """MARK_RENDEZVOUS_COMPLETE: last call is over with enough participants."""
+    def complete_if_due(self, settings: JoinSettings, now: datetime, pods: TrainingPods | None) -> None:
+        """MARK_RENDEZVOUS_COMPLETE: last call is over with enough participants, or (with ``pods``) every
+        live training pod joined during the last call."""
         if (
             not self.complete
             and not self.closed
             and self.deadline is not None
-            and self.deadline < now
+            and (self.deadline < now or (pods is not None and pods.all_joined(self.participants)))
             and settings.min_nodes <= len(self.participants) <= settings.max_nodes
         ):
             self.mark_complete()
@@ -206,13 +256,14 @@ def fold(
     dead: Iterable[NodeId],
     now: datetime,
     settings: JoinSettings,
+    pods: TrainingPods | None = None,
 ) -> RendezvousDocument:
     """Return ``document`` with ``dead`` nodes removed and every request applied, in one serial order.
 
     Order: dead nodes first (as the framework's dead-node pruning does: one epilogue for all
     removed participants), then the requests by ``requested_at`` and node, then the last call's
-    completion if it is due. ``settings`` apply to the pruning and the completion; each join
-    uses the settings of the node that asked.
+    completion if it is due (with ``pods``: also once every live training pod joined). ``settings``
+    apply to the pruning and the completion; each join uses the settings of the node that asked.
     """
     state = _Working(document or RendezvousDocument())
     removed = False
@@ -235,8 +286,26 @@ def fold(
             or request.node in state.redundancy_list
         ):
             state.join(request.node, request.settings, now)
-    state.complete_if_due(settings, now)
+    state.complete_if_due(settings, now, pods)
     return state.document()
+
+
+def completion_rule(
+    before: RendezvousDocument | None, after: RendezvousDocument, settings: JoinSettings, now: datetime
+) -> CompletedBy | None:
+    """The rule that completed ``after``'s round in a fold of ``before`` at ``now``; None when no round completed.
+
+    MaxNodes when the round is full; LastCall when the last call ``before`` had set was over; else the
+    round completed during its last call because every live training pod joined.
+    """
+    formed_before = before is not None and before.complete and before.round == after.round
+    if not after.complete or after.closed or formed_before:
+        return None
+    if len(after.participants) >= settings.max_nodes:
+        return CompletedBy.MAX_NODES
+    if before is not None and before.round == after.round and before.deadline is not None and before.deadline < now:
+        return CompletedBy.LAST_CALL
+    return CompletedBy.TRAINING_PODS_JOINED
 
 
 def satisfied(document: RendezvousDocument | None, node: NodeId, desire: Desire) -> bool:

@@ -47,7 +47,7 @@ from .kubeapi import (
 from .leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
 from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE, RendezvousTimings
 from .status import EVICT_ATTEMPTS, add_evictions
-from .summary import departure_line, format_time, rendezvous_phase
+from .summary import completed_by_text, departure_line, format_time, rendezvous_phase
 from .watchcache import WatchCache
 
 #: Seconds one API request may take, and how long requests are retried while the server is unreachable.
@@ -259,7 +259,14 @@ def build_report(
         started, formed = parse_microtime(item.get("startTime")), parse_microtime(item.get("formedTime"))
         if started is not None and formed is not None:
             seconds = round((formed - started).total_seconds(), 3)
-            durations.append({"round": item.get("round"), "nodes": item.get("nodes"), "formedInSeconds": seconds})
+            durations.append(
+                {
+                    "round": item.get("round"),
+                    "nodes": item.get("nodes"),
+                    "formedInSeconds": seconds,
+                    "completedBy": item.get("completedBy"),
+                }
+            )
     departure = status.get("lastDeparture")
     return {
         "namespace": namespace,
@@ -366,6 +373,7 @@ def render_status(report: dict[str, Any]) -> str:
     now = parse_microtime(report["observedAt"]) or datetime.now(timezone.utc)
     past_rounds = ", ".join(
         f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
+        + completed_by_text({"recentRounds": [item]}, item["round"])
         for item in report["roundDurations"]
     )
     departure = "none recorded (status.lastDeparture is not set)"

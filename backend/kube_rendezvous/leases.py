@@ -38,7 +38,16 @@ from typing import Any, Protocol
 
 from .document import NodeId
 from .folding import Desire, JoinSettings, Request
-from .kubeapi import MERGE_PATCH, RENDEZVOUS_LABEL, ConflictError, KubernetesApi, NotFoundError, resource_path
+from .kubeapi import (
+    MERGE_PATCH,
+    RENDEZVOUS_LABEL,
+    ApiError,
+    ApiUnavailableError,
+    ConflictError,
+    KubernetesApi,
+    NotFoundError,
+    resource_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -381,7 +390,8 @@ class StaleHolder:
     identity: str
     #: ``spec.renewTime`` of its last renewal: the old holder's own clock.
     renewed_at: datetime | None
-    #: When this candidate first saw that renewal, on its own monotonic clock.
+    #: When this candidate first saw that renewal, on its own monotonic clock, or, if later, when the
+    #: API server last failed or refused it (the holder may have been cut off by the same outage).
     seen_at: float
 
 
@@ -455,6 +465,8 @@ class LeaseElector:
         self.holder_alive = False
         #: The holder of the last Lease this identity took because it was stale (None otherwise).
         self.taken_from_stale: StaleHolder | None = None
+        #: When an election step last failed or was refused (this clock; -inf: never).
+        self.unreachable_at = float("-inf")
 
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
@@ -491,6 +503,15 @@ class LeaseElector:
         Raises:
             ApiError, ApiUnavailableError: the API server refused or did not answer the read.
         """
+        try:
+            return self._step()
+        except (ApiError, ApiUnavailableError):
+            # A refusal counts too: an API server that has just started refuses (403) until its
+            # authorizer has synced, and the holder's renewals were refused alike.
+            self.unreachable_at = time.monotonic()
+            raise
+
+    def _step(self) -> bool:
         now = datetime.now(timezone.utc)
         if self._held is not None:
             # The holder renews on the version its own last write returned: one write, no quorum
@@ -552,9 +573,10 @@ class LeaseElector:
         self._held = updated
         if stale and holder and not mine:
             renew_time = spec.get("renewTime")
-            self.taken_from_stale = StaleHolder(
-                holder, parse_micro_time(renew_time) if renew_time else None, self._observed[1]
-            )
+            # A holder that did not renew while this candidate could not reach the API server either may
+            # have failed for the same reason: its silence counts only from when this candidate got through.
+            renewed_at = parse_micro_time(renew_time) if renew_time else None
+            self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
         self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
         if not mine:
             self._took_over()

@@ -70,7 +70,7 @@ from .leases import LeaseNodeLock
 from .settings import RendezvousTimings
 from .shared import shared
 from .store import KubernetesPrefixStore, KubernetesStore
-from .summary import forming_line
+from .summary import completed_by_text, forming_line
 
 logger = logging.getLogger(__name__)
 
@@ -534,9 +534,11 @@ class NativeHandler:
         if rank == 0:  # after publishing: the cleanup is off the round's critical path
             kept = range(max(0, document.round - ROUNDS_KEPT_BEHIND), document.round + ROUNDS_KEPT_AHEAD + 1)
             self._store.delete_rounds_except(kept)
+        obj = self._watch.get(self.rendezvous_name) or {}
         logger.info(
-            "round %d formed: rank %d of %d, bootstrap store %s:%s",
+            "round %d formed%s: rank %d of %d, bootstrap store %s:%s",
             document.round,
+            completed_by_text(obj.get("status"), document.round),
             rank,
             world_size,
             self._bootstrap_store_info.master_addr,

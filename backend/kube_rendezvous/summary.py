@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .document import NodeId, RendezvousDocument
+from .folding import CompletedBy
 
 #: Most participants and waiting nodes listed in the summary (the counts are exact).
 SUMMARY_LIST_LIMIT = 16
@@ -55,17 +56,41 @@ def rendezvous_phase(document: RendezvousDocument | None) -> str:
     return "Joining"
 
 
-def round_progress(document: RendezvousDocument, previous: Mapping[str, Any] | None, now: datetime) -> dict[str, Any]:
-    """``roundStartTime`` and ``recentRounds`` for a write of ``document`` over the ``previous`` status."""
+def round_progress(
+    document: RendezvousDocument, previous: Mapping[str, Any] | None, now: datetime, completed_by: str | None = None
+) -> dict[str, Any]:
+    """``roundStartTime`` and ``recentRounds`` for a write of ``document`` over the ``previous`` status
+    (``completed_by``: the rule that completed the round in this write, ``folding.completion_rule``)."""
     before = previous or {}
     same_round = before.get("round") == document.round and isinstance(before.get("roundStartTime"), str)
     start = str(before["roundStartTime"]) if same_round else format_time(now)
     rounds = [item for item in before.get("recentRounds") or [] if isinstance(item, dict)]
     formed_before = same_round and before.get("phase") in ("Complete", "Closed")
     if document.complete and not formed_before:
-        formed = {"round": document.round, "startTime": start, "formedTime": format_time(now)}
-        rounds = [*rounds, {**formed, "nodes": len(document.participants)}]
+        formed: dict[str, Any] = {"round": document.round, "startTime": start, "formedTime": format_time(now)}
+        formed["nodes"] = len(document.participants)
+        if completed_by is not None:
+            formed["completedBy"] = completed_by
+        rounds = [*rounds, formed]
     return {"roundStartTime": start, "recentRounds": rounds[-RECENT_ROUNDS:]}
+
+
+#: How an agent's progress line names each rule that completes a round (``folding.CompletedBy``).
+COMPLETED_BY_TEXT = {
+    CompletedBy.MAX_NODES.value: "with max nodes",
+    CompletedBy.LAST_CALL.value: "at the end of the last call",
+    CompletedBy.TRAINING_PODS_JOINED.value: "once every live training pod joined",
+}
+
+
+def completed_by_text(status: Mapping[str, Any] | None, round_number: int) -> str:
+    """`` (once every live training pod joined)``-style words for round ``round_number``'s rule, from
+    ``status.recentRounds``; empty when the status does not say (yet)."""
+    for item in reversed((status or {}).get("recentRounds") or []):
+        if isinstance(item, dict) and item.get("round") == round_number:
+            text = COMPLETED_BY_TEXT.get(str(item.get("completedBy")))
+            return f" ({text})" if text else ""
+    return ""
 
 
 def summarize_document(
@@ -75,6 +100,7 @@ def summarize_document(
     writer: str | None = None,
     limit: int = SUMMARY_LIST_LIMIT,
     previous: Mapping[str, Any] | None = None,
+    completed_by: str | None = None,
 ) -> dict[str, Any]:
     """Return the ``status`` fields that describe ``document``, written over the ``previous`` status.
 
@@ -94,7 +120,7 @@ def summarize_document(
         "deadline": format_time(document.deadline) if document.deadline is not None and not document.complete else None,
         "lastChangeTime": format_time(now),
         "lastWriter": writer,
-        **round_progress(document, previous, now),
+        **round_progress(document, previous, now, completed_by),
     }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,6 +26,7 @@ from typing import Any
 
 import kopf
 from kube_rendezvous.document import NodeId, RendezvousDocument
+from kube_rendezvous.folding import TrainingPods
 from kube_rendezvous.intents import with_evicted
 from kube_rendezvous.kubeapi import (
     GROUP,
@@ -85,6 +87,30 @@ class OperatorMemo:
     observed: dict[Key, Observed] = field(default_factory=dict)
     #: Which pods are each Rendezvous's training pods (``logic.pod_selector``).
     selectors: dict[Key, logic.PodSelector] = field(default_factory=dict)
+    #: Each Rendezvous's training pods by uid: listed by ``resync_pods``, kept current by ``track_training_pod``.
+    #: A Rendezvous is here only once its pods were listed (before that its census is unknown).
+    pods: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    pods_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Each Rendezvous's folder's wake-up (``writer.fold_requests``), rung when its pods change.
+    wake_folder: dict[Key, Any] = field(default_factory=dict)
+
+
+def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
+    """The census of ``key``'s training pods for its folder; None until they were listed once."""
+    with memo.pods_lock:
+        pods = memo.pods.get(key)
+        listed = None if pods is None else list(pods.values())
+    return None if listed is None else logic.training_pods(listed)
+
+
+def pods_changed(memo: OperatorMemo, key: Key, update: Any) -> None:
+    """Apply ``update(pods)`` to ``key``'s pod index (if listed) and wake its folder."""
+    with memo.pods_lock:
+        if key in memo.pods:
+            update(memo.pods[key])
+    wake = memo.wake_folder.get(key)
+    if wake is not None:
+        wake()
 
 
 def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
@@ -368,6 +394,23 @@ def evict_nodes_of_gone_pods(
         evict_nodes_of_pod(memo, pod, namespace, rendezvous)
 
 
+def track_training_pod(
+    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
+) -> None:
+    """Keep each Rendezvous's pod index current (the census its folder completes rounds by)."""
+    pod = dict(body)
+    uid = str(pod.get("metadata", {}).get("uid") or pod.get("metadata", {}).get("name"))
+
+    def update(pods: dict[str, dict[str, Any]]) -> None:
+        if type == "DELETED":
+            pods.pop(uid, None)
+        else:
+            pods[uid] = pod
+
+    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
+        pods_changed(memo, (namespace, rendezvous), update)
+
+
 def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
     """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
     observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
@@ -428,8 +471,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     and those without any pod while the others are recognised by their pods.
     """
     status = dict(status or {})
-    document = stored_state(memo, (namespace, name), status.get("state")).document
-    if document is None or document.closed or status.get("closed"):
+    if status.get("closed"):
         return
     selector = memo.selectors.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
     selectors = [selector.describe()]
@@ -446,6 +488,12 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     except (ApiError, ApiUnavailableError) as exc:
         metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
         logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
+        return
+    with memo.pods_lock:
+        memo.pods[(namespace, name)] = dict(pods)
+    pods_changed(memo, (namespace, name), lambda _: None)
+    document = stored_state(memo, (namespace, name), status.get("state")).document
+    if document is None or document.closed:
         return
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
@@ -531,6 +579,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     kopf.on.update(*rendezvous, field="spec", registry=registry)(reconcile_spec)
     kopf.on.event(*rendezvous, registry=registry)(observe_rendezvous)
     kopf.on.event("", "v1", "pods", when=is_training_pod, registry=registry)(evict_nodes_of_gone_pods)
+    kopf.on.event("", "v1", "pods", when=is_training_pod, registry=registry)(track_training_pod)
     kopf.timer(*rendezvous, interval=config.resync_seconds, initial_delay=1, registry=registry)(resync_pods)
     kopf.on.delete(*rendezvous, registry=registry)(close_before_delete)
     kopf.daemon(*rendezvous, cancellation_timeout=5, when=has_ttl, registry=registry)(delete_after_ttl)

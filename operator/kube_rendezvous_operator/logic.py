@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kube_rendezvous.document import NodeId, RendezvousDocument, StateDocumentError, decode_document
+from kube_rendezvous.folding import PodAddresses, TrainingPods
 from kube_rendezvous.settings import RendezvousTimings
 from kube_rendezvous.summary import departure_line, format_time, parse_time
 
@@ -420,6 +421,29 @@ def pod_gone_at(pod: dict[str, Any], now: datetime) -> datetime:
     return max(finished) if finished else now
 
 
+def pod_addresses(pod: dict[str, Any]) -> PodAddresses:
+    """The addresses an agent in ``pod`` may register under: its IPs, name and hostname."""
+    metadata, spec, status = pod.get("metadata", {}), pod.get("spec") or {}, pod.get("status") or {}
+    names = frozenset({metadata.get("name"), spec.get("hostname")} - {None, ""})
+    addresses = frozenset({status.get("podIP")} | {item.get("ip") for item in status.get("podIPs") or []}) - {None, ""}
+    return PodAddresses(addresses, names)  # type: ignore[arg-type]  # None and "" removed
+
+
+def training_pods(pods: Iterable[dict[str, Any]]) -> TrainingPods:
+    """The census the folder completes a round by (``folding.TrainingPods``) from a Rendezvous's training pods."""
+    live: list[PodAddresses] = []
+    starting = 0
+    for pod in pods:
+        if pod_is_gone(pod, None):
+            continue
+        addresses = pod_addresses(pod)
+        if (pod.get("status") or {}).get("phase") == "Running" and addresses.addresses:
+            live.append(addresses)
+        else:
+            starting += 1
+    return TrainingPods(tuple(live), starting)
+
+
 def nodes_of_pod(
     pod: dict[str, Any],
     nodes: Iterable[NodeId],
@@ -434,15 +458,8 @@ def nodes_of_pod(
     another pod that reused the address or the hostname (a replacement, or a new pod that got a
     dead pod's IP), and must never be evicted for this pod's end.
     """
-    metadata, spec, status = pod.get("metadata", {}), pod.get("spec") or {}, pod.get("status") or {}
-    names = {metadata.get("name"), spec.get("hostname")} - {None, ""}
-    addresses = {status.get("podIP")} | {item.get("ip") for item in status.get("podIPs") or []}
-    addresses -= {None, ""}
-    matched = [
-        node
-        for node in nodes
-        if node.addr in addresses or node.addr in names or any(node.addr.startswith(f"{name}.") for name in names)
-    ]
+    addresses = pod_addresses(pod)
+    matched = [node for node in nodes if addresses.ran(node)]
     if document is None or gone_at is None:
         return matched
     return [

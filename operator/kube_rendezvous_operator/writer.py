@@ -52,10 +52,22 @@ FOLDER_STOP_SECONDS = 10.0
 
 async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
     """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
+    from .handlers import training_pods  # handlers imports this module
+
     assert namespace is not None  # Rendezvous objects are namespaced
     done = threading.Event()
     watch = object_watch(memo.api, namespace, name).start()
-    folder = Folder(memo.api, namespace, name, identity=memo.config.writer_identity, preferred=True, rendezvous=watch)
+    key = (namespace, name)
+    folder = Folder(
+        memo.api,
+        namespace,
+        name,
+        identity=memo.config.writer_identity,
+        preferred=True,
+        rendezvous=watch,
+        training_pods=lambda: training_pods(memo, key),
+    )
+    memo.wake_folder[key] = folder.wake
     thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
     thread.start()
     try:
@@ -66,6 +78,8 @@ async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: Op
         while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
         watch.stop()
+        if memo.wake_folder.get(key) == folder.wake:
+            del memo.wake_folder[key]
 
 
 def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:
