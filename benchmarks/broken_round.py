@@ -128,6 +128,21 @@ class Cases:
                 operator.stop()
 
 
+def ratio(report: dict[str, Any], case: str, launcher: str) -> str:
+    """This release's median over the previous release's; an upper bound where the previous never recovered."""
+    medians = []
+    for code in CODES:
+        runs = [r for r in report["runs"] if (r["case"], r["launcher"], r["code"]) == (case, launcher, code)]
+        if not runs:
+            return "-"
+        seconds = sorted(r["seconds"] if r["recovered"] else float("inf") for r in runs)
+        medians.append((seconds[len(seconds) // 2], min(r.get("limit", 0.0) for r in runs)))
+    (this, _), (before, limit) = medians
+    if before == float("inf"):
+        return f"< {this / limit:.2f}x" if this != float("inf") else "-"
+    return f"{this / before:.2f}x"
+
+
 def write_report(report: dict[str, Any]) -> None:
     rows = [
         "## A round that loses a member (issue #29)",
@@ -138,8 +153,8 @@ def write_report(report: dict[str, Any]) -> None:
         "survivor training in the new round, every repeat; *not within N s*: the survivors had not trained "
         f"again after `--limit` seconds (their workers wait for the process group timeout, 30 min).",
         "",
-        "| case | launcher | this release (s), every repeat | previous release, every repeat |",
-        "|---|---|---|---|",
+        "| case | launcher | this release (s), every repeat | previous release, every repeat | ratio of medians |",
+        "|---|---|---|---|---|",
     ]
     for case in CASES:
         for launcher in LAUNCHERS:
@@ -152,12 +167,15 @@ def write_report(report: dict[str, Any]) -> None:
                     )
                     or "-"
                 )
-            rows.append(f"| {case} | {launcher} | {cells[0]} | {cells[1]} |")
+            rows.append(f"| {case} | {launcher} | {cells[0]} | {cells[1]} | {ratio(report, case, launcher)} |")
     rows += [
         "",
-        f"Of each recovery, {LAST_CALL} s is the job's last call: the two survivors are fewer than `--nnodes` "
-        "max, so the round waits for more nodes until the last call ends (issue #28 removes that wait for "
-        "pods that are gone). The rest is the monitor interval, the re-rendezvous and the workers' restart.",
+        f"In the SIGTERM cases (no operator), {LAST_CALL} s of each recovery is the job's last call: the two "
+        "survivors are fewer than `--nnodes` max, so the round waits for more nodes until the last call ends. "
+        "In the pod-deleted case the operator runs: it evicts the deleted pod's node and, seeing every running "
+        "training pod joined, completes the round at once (`completedBy: TrainingPodsJoined`, issue #28), so "
+        "no last call is waited out. The rest is the monitor interval, the re-rendezvous and the workers' "
+        "restart.",
         "",
         "![broken round](broken-round.png)",
     ]
