@@ -210,7 +210,7 @@ def plot(report: dict[str, Any]) -> None:
     axis.set_xlabel("seconds from the fault to every survivor training (x: not recovered by the limit)")
     handles, names = axis.get_legend_handles_labels()
     unique = dict(zip(names, handles, strict=False))
-    axis.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+    axis.legend(unique.values(), unique.keys(), fontsize=8, loc="center right")
     axis.set_title("A round that loses a member: every repeat")
     figure.tight_layout()
     figure.savefig(DOCS / "broken-round.png", dpi=110)
