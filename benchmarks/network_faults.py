@@ -25,7 +25,8 @@ RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- network-faults:begin (python -m benchmarks.network_faults) -->", "<!-- network-faults:end -->"
 MEASURED = re.compile(r"^measured: (.+): ([0-9.]+) s$", re.MULTILINE)
-OUTCOME = re.compile(r"^(tests/test_network\.py::\S+) (PASSED|FAILED|ERROR)", re.MULTILINE)
+#: pytest -rA's summary lines (with -s a test's own output sits between its name and its outcome).
+OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR) (tests/test_network\.py::\S+)", re.MULTILINE)
 
 #: What each test injects and what it checks was lost (the tests assert it).
 FAULTS = {
@@ -59,7 +60,7 @@ FAULTS = {
 
 def run_once(extra_env: dict[str, str], selection: str | None) -> dict[str, Any]:
     """One pytest run of tests/test_network.py: every measurement and every test's outcome."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v", "tests/test_network.py"]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v", "-rA", "tests/test_network.py"]
     if selection:
         command += ["-k", selection]
     began = time.monotonic()
@@ -68,7 +69,8 @@ def run_once(extra_env: dict[str, str], selection: str | None) -> dict[str, Any]
         "seconds": round(time.monotonic() - began, 1),
         "env": extra_env,
         "measured": [{"what": what, "seconds": float(value)} for what, value in MEASURED.findall(done.stdout)],
-        "outcomes": {name.split("::")[1]: outcome for name, outcome in OUTCOME.findall(done.stdout)},
+        "returncode": done.returncode,
+        "outcomes": {name.split("::")[1]: outcome for outcome, name in OUTCOME.findall(done.stdout)},
     }
 
 
@@ -94,7 +96,14 @@ def write_report(report: dict[str, Any]) -> None:
         "|---|---|---|---|",
     ]
     for name, (injected, lost) in FAULTS.items():
-        rows.append(f"| `{name}` | {injected} | {lost} | {', '.join(outcomes.get(name, [])) or '-'} |")
+        rows.append(f"| `{name}` | {injected} | {lost} | {', '.join(outcomes.get(name, [])) or 'not recorded'} |")
+    if any(name not in outcomes for name in FAULTS):
+        rows += [
+            "",
+            "*not recorded*: the runs' parser read only the outcomes of tests that print nothing (with `-s`, a "
+            "test's output sits between its name and its outcome); it reads pytest's `-rA` summary since. Each "
+            "measurement is printed before the test's last assertions, so it alone does not prove a pass.",
+        ]
     rows += ["", "| measurement | seconds, every repeat |", "|---|---|"]
     rows += [f"| {what} | {', '.join(found)} |" for what, found in values.items()]
     rows += ["", "![network faults](network-faults.png)"]
