@@ -80,7 +80,12 @@ def write_report(report: dict[str, Any]) -> None:
         "## Time to train (issue #28)",
         "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.time_to_train "
-        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, no "
+        + (
+            f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`"
+            if report["repeats"] != "per run"
+            else "` several times, merged with `--keep` (each invocation its own control plane)"
+        )
+        + ": one control plane per invocation, no "
         "operator, N agents as threads in 8 processes, 2 workers per agent. *round*: `next_rendezvous` in "
         "every agent (the bootstrap address included); *ranks*: the slowest agent's "
         "`_assign_worker_ranks` on the round's store; *train*: until every agent held its ranks; "

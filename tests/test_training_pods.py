@@ -3,7 +3,7 @@ training pods, a round completes as soon as every live training pod's agent join
 
 Real agents (tensorplay's launcher and torchrun), the real operator, real Pod objects (no kubelet runs:
 the tests set their phase and IP, as ``create_training_pod`` does). Without the operator the rule does
-not apply: every other end-to-end test runs so.
+not apply (the last test here; every other end-to-end test runs so too).
 """
 
 from __future__ import annotations
@@ -112,4 +112,28 @@ def test_a_pod_still_starting_is_waited_for_until_the_last_call(
     wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training in a round of 3")
     rounds = formed_rounds(control_plane, namespace)
     assert [(item["nodes"], item.get("completedBy")) for item in rounds] == [(3, "LastCall")], rounds
+    assert job.wait(agents, 120) == [0, 0, 0], job.logs()
+
+
+def test_without_the_operator_the_last_call_holds_as_before(
+    make_job: MakeJob,
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    admin_api: client.ApiClient,
+    namespace: str,
+    crds: None,
+) -> None:
+    """The same three running training pods, all joined, but no operator: the agents' own writer knows no
+    pods, so the round waits out the last call (8 s) before it completes with the three."""
+    create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
+    core = client.CoreV1Api(admin_api)
+    addresses = [f"127.0.0.{51 + index}" for index in range(3)]
+    for index, address in enumerate(addresses):
+        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    job = make_job(nnodes="2:4", steps=3, rdzv_conf={"last_call_timeout": "8"})
+    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
+    wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training in a round of 3")
+    rounds = formed_rounds(control_plane, namespace)
+    assert [(item["nodes"], item.get("completedBy")) for item in rounds] == [(3, "LastCall")], rounds
+    assert not any("once every live training pod joined" in agent.output() for agent in agents), job.logs()
     assert job.wait(agents, 120) == [0, 0, 0], job.logs()
