@@ -529,12 +529,17 @@ class TestTheExamples:
             "--max-restarts=3",
             "train.py",
         ]
-        fields = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
+        fields = {
+            item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"] if "valueFrom" in item
+        }
         assert fields == {
             "POD_NAMESPACE": "metadata.namespace",
             "POD_IP": "status.podIP",
             "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         }
+        # Identical pods: the frameworks' own fast path for worker ranks, no store round trip (#28).
+        values = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+        assert values == {"TORCH_ELASTIC_WORKER_IDENTICAL": "1"}
         assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
 
     @pytest.mark.parametrize("name", ["indexed-job", "jobset", "pytorchjob", "trainjob"])
