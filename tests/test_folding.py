@@ -304,3 +304,20 @@ class TestTrainingPodsRule:
         assert completion_rule(full, full, ours, NOW) is None  # formed before: not completed again
         assert self.pod_a.ran(self.a) and self.pod_b.ran(self.b) and self.pod_c.ran(self.c)
         assert not self.pod_a.ran(self.b) and not self.pod_b.ran(NodeId("pod-bb", 1, 0))
+
+
+def test_all_joined_is_every_live_pod_matched_by_some_node() -> None:
+    """The set-based ``all_joined`` agrees with its definition (``PodAddresses.ran`` per pod and node)."""
+    rng = random.Random(28)
+    addrs = ["10.0.0.1", "10.0.0.2", "pod-a", "pod-b", "pod-a.job.ns.svc", "pod-bb", "pod-c.x", "10.0.0.9"]
+    pods = [
+        PodAddresses(frozenset({"10.0.0.1"}), frozenset({"pod-a"})),
+        PodAddresses(frozenset({"10.0.0.2"}), frozenset({"pod-b"})),
+        PodAddresses(frozenset({"10.0.0.3"}), frozenset({"pod-c", "pod-c-host"})),
+    ]
+    for _ in range(500):
+        live = tuple(rng.sample(pods, rng.randint(1, len(pods))))
+        nodes = [NodeId(rng.choice(addrs), rng.randint(1, 9), 0) for _ in range(rng.randint(0, 4))]
+        expected = all(any(pod.ran(node) for node in nodes) for pod in live)
+        assert TrainingPods(live).all_joined(nodes) is expected, (live, nodes)
+        assert not TrainingPods(live, starting=1).all_joined(nodes)

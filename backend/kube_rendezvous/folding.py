@@ -148,8 +148,18 @@ class TrainingPods:
 
     def all_joined(self, participants: Iterable[NodeId]) -> bool:
         """Whether every live pod has a node in ``participants`` and no pod is starting."""
-        nodes = list(participants)
-        return self.starting == 0 and bool(self.live) and all(any(pod.ran(n) for n in nodes) for pod in self.live)
+        if self.starting or not self.live:
+            return False
+        # One pass over the nodes, then one set test per pod: a fold at N=1024 does this on every
+        # change during a last call (``PodAddresses.ran`` per pair would be N x N).
+        addrs = {node.addr for node in participants}
+        first_labels = {addr.split(".", 1)[0] for addr in addrs if "." in addr}
+        return all(
+            not pod.addresses.isdisjoint(addrs)
+            or not pod.names.isdisjoint(addrs)
+            or not pod.names.isdisjoint(first_labels)
+            for pod in self.live
+        )
 
 
 class _Working:
