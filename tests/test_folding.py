@@ -321,3 +321,18 @@ def test_all_joined_is_every_live_pod_matched_by_some_node() -> None:
         expected = all(any(pod.ran(node) for node in nodes) for pod in live)
         assert TrainingPods(live).all_joined(nodes) is expected, (live, nodes)
         assert not TrainingPods(live, starting=1).all_joined(nodes)
+
+
+def test_a_running_pod_whose_agent_is_gone_is_not_waited_for_unless_it_runs_a_new_agent() -> None:
+    """``without_gone_agents``: a pod that ran a dead node and runs no node with a live Lease drops out."""
+    pod_a = PodAddresses(frozenset({"10.0.0.1"}), frozenset({"pod-a"}))
+    pod_b = PodAddresses(frozenset({"10.0.0.2"}), frozenset({"pod-b"}))
+    a, b, frozen = NodeId("10.0.0.1", 1, 0), NodeId("pod-b", 1, 0), NodeId("10.0.0.2", 7, 0)
+    pods = TrainingPods((pod_a, pod_b))
+    assert pods.without_gone_agents([], [a, b]) is pods  # nothing dead: unchanged
+    assert pods.without_gone_agents([frozen], [a]).live == (pod_a,)  # pod-b's agent expired: not waited for
+    assert pods.without_gone_agents([frozen], [a]).all_joined([a])
+    restarted = NodeId("pod-b", 2, 5)  # a new incarnation in pod-b has a Lease: pod-b is waited for
+    assert pods.without_gone_agents([frozen], [a, restarted]).live == (pod_a, pod_b)
+    assert not pods.without_gone_agents([frozen], [a, restarted]).all_joined([a])
+    assert TrainingPods((pod_a, pod_b), starting=1).without_gone_agents([frozen], [a]).starting == 1

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from kubernetes import client
 
@@ -83,6 +84,46 @@ def test_a_round_completes_once_every_live_training_pod_joined_and_again_after_o
     rounds = formed_rounds(control_plane, namespace)
     assert (rounds[-1]["nodes"], rounds[-1].get("completedBy")) == (2, "TrainingPodsJoined"), rounds
     assert status_of(control_plane, namespace)["evictedNodes"] == [victim.node_name]
+
+
+def test_a_running_pod_whose_agent_froze_is_not_waited_for_once_its_lease_expired(
+    operator: OperatorProcess,
+    make_job: MakeJob,
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    admin_api: client.ApiClient,
+    namespace: str,
+) -> None:
+    """One agent of three is frozen (SIGSTOP, its workers too) while its pod stays Running. Its node goes
+    when its Lease expires (3 s here), and the two survivors form the next round at once: the pod is
+    live, but its agent is gone, so the 600 s last call is not waited out for it."""
+    create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
+    core = client.CoreV1Api(admin_api)
+    addresses = [f"127.0.0.{61 + index}" for index in range(3)]
+    for index, address in enumerate(addresses):
+        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    job = make_job(
+        nnodes="2:4",
+        steps=60,
+        step_seconds=0.5,
+        rdzv_conf={"last_call_timeout": LONG_LAST_CALL, "keep_alive_interval": "1", "keep_alive_max_attempt": "3"},
+    )
+    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
+    by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training in a round of 3")
+    victim = by_group[1]
+    survivors = [agent for agent in agents if agent is not victim]
+    frozen = [psutil.Process(victim.process.pid), *psutil.Process(victim.process.pid).children(recursive=True)]
+    try:
+        for process in frozen:
+            process.suspend()
+        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "the 2 survivors training")
+        rounds = formed_rounds(control_plane, namespace)
+        assert (rounds[-1]["nodes"], rounds[-1].get("completedBy")) == (2, "TrainingPodsJoined"), rounds
+        assert core.read_namespaced_pod(victim.name, namespace).status.phase == "Running"
+        departure = status_of(control_plane, namespace)["lastDeparture"]
+        assert departure["nodes"] == [{"node": victim.node_name, "reason": "Expired"}], departure
+    finally:
+        victim.kill_pod()
 
 
 def test_a_pod_still_starting_is_waited_for_until_the_last_call(

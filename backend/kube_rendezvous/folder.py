@@ -325,6 +325,8 @@ class Folder:
         reasons.update({request.node: "Left" for request in requests if request.desire is Desire.LEAVE})
         settings = self._settings(spec, current)
         pods = self.training_pods() if self.training_pods is not None else None
+        if pods is not None:
+            pods = pods.without_gone_agents(dead, [record.node for record in current if record.node not in dead])
         folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored

@@ -28,6 +28,8 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
   the last call's deadline is past with min <= len(P) <= max, or (only when the folder knows the
   job's training pods, ``TrainingPods``: the operator) during the last call as soon as every live
   training pod has a node in P and no pod of the job is starting. ``completion_rule`` names which.
+  A Running pod whose agent is gone (its node evicted or expired, no live Lease of it) is not
+  waited for (``TrainingPods.without_gone_agents``).
 - **Dead nodes** (evicted by the operator, or their Lease not renewed within its expiry on the
   folder's clock) are removed first, all at once, as the framework's pruning does.
 - **Scope:** a join applies in the round it was asked in, or while N is on the wait or redundancy list,
@@ -44,7 +46,7 @@ by the next fold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -150,16 +152,30 @@ class TrainingPods:
         """Whether every live pod has a node in ``participants`` and no pod is starting."""
         if self.starting or not self.live:
             return False
-        # One pass over the nodes, then one set test per pod: a fold at N=1024 does this on every
-        # change during a last call (``PodAddresses.ran`` per pair would be N x N).
-        addrs = {node.addr for node in participants}
-        first_labels = {addr.split(".", 1)[0] for addr in addrs if "." in addr}
-        return all(
-            not pod.addresses.isdisjoint(addrs)
-            or not pod.names.isdisjoint(addrs)
-            or not pod.names.isdisjoint(first_labels)
-            for pod in self.live
-        )
+        ran = _ran_any(participants)
+        return all(ran(pod) for pod in self.live)
+
+    def without_gone_agents(self, dead: Iterable[NodeId], alive: Iterable[NodeId]) -> TrainingPods:
+        """These pods without the live ones whose agent is gone: a pod that ran a ``dead`` node (evicted,
+        or its Lease expired) and runs no node of ``alive`` (nodes whose Lease the folder still counts).
+
+        Such a pod is Running but its agent is frozen, cut off or dead: waiting the last call for it
+        only delays the others, and it joins the next round if it comes back, as a late pod does. An
+        agent that restarted in its pod writes a new Lease at once, so its pod is waited for.
+        """
+        ran_dead, ran_alive = _ran_any(dead), _ran_any(alive)
+        kept = tuple(pod for pod in self.live if ran_alive(pod) or not ran_dead(pod))
+        return self if len(kept) == len(self.live) else TrainingPods(kept, self.starting)
+
+
+def _ran_any(nodes: Iterable[NodeId]) -> Callable[[PodAddresses], bool]:
+    """Whether a pod ran any of ``nodes`` (``PodAddresses.ran`` for some node), in one set test per pod:
+    a fold at N=1024 asks this on every change during a last call, where a test per pair is N x N."""
+    addrs = {node.addr for node in nodes}
+    first_labels = {addr.split(".", 1)[0] for addr in addrs if "." in addr}
+    return lambda pod: (
+        not pod.addresses.isdisjoint(addrs) or not pod.names.isdisjoint(addrs) or not pod.names.isdisjoint(first_labels)
+    )
 
 
 class _Working:
