@@ -11,6 +11,13 @@ in every thread, writes a JSON report to ``--out`` and optionally keeps heartbea
 ``SimpleElasticAgent._assign_worker_ranks`` on the store the round returned, as the launcher does
 before it starts workers (``identical``: with ``TORCH_ELASTIC_WORKER_IDENTICAL=1``, the
 frameworks' path without the store).
+
+``--recover SECONDS`` (with ``--assign-ranks``): after the first round, the launcher's monitor loop
+on every handler; a handler whose ``num_nodes_waiting`` turns positive (its round lost a member)
+re-rendezvouses and assigns its ranks again, as the launcher restarts its workers. Writes
+``--out`` + ``.recovered`` when every handler has, or after SECONDS. ``--addr-start I``: thread t
+registers the address ``agent_address(I + t)``, one per agent, as pods have (the operator's pod
+rule matches agents to pods by address).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ def create_handler(backend: str, params: dict[str, Any]) -> Any:
 
 #: Workers per agent in the rank assignment (``--nproc-per-node``).
 LOCAL_WORKERS = 2
+
+
+def agent_address(index: int) -> str:
+    """The loopback address of agent ``index`` (Linux routes all of 127.0.0.0/8 to lo): 127.1.x.y."""
+    return f"127.1.{index // 200}.{index % 200 + 1}"
 
 
 class _Agent:
@@ -87,6 +99,8 @@ def main() -> None:
         default=0.1,
         help="while holding, call num_nodes_waiting on every handler this often, as the launcher's monitor loop does",
     )
+    parser.add_argument("--recover", type=float, default=0.0)
+    parser.add_argument("--addr-start", type=int)
     args = parser.parse_args()
     os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1" if args.assign_ranks == "identical" else "0"
     from benchmarks.run import lower_priority
@@ -106,13 +120,13 @@ def main() -> None:
     if args.backend.startswith("torch-"):
         config["timeout"] = config.pop("join_timeout")  # torchrun's name
     handlers = []
-    for _ in range(args.threads):
+    for position in range(args.threads):
         params = {
             "endpoint": args.endpoint,
             "run_id": args.run_id,
             "min_nodes": args.nodes if args.min_nodes is None else args.min_nodes,
             "max_nodes": args.nodes,
-            "local_addr": "127.0.0.1",
+            "local_addr": "127.0.0.1" if args.addr_start is None else agent_address(args.addr_start + position),
             **{key: value for key, value in config.items()},
         }
         if not args.backend.startswith("torch-"):
@@ -172,7 +186,50 @@ def main() -> None:
             time.sleep(args.monitor_interval)
         api_after, backend_after = stats()
         write_json(args.out + ".hold", {"api": api_after, "backend": backend_after})
+    if args.recover:
+        recover(args.backend, handlers, args.recover, args.monitor_interval, args.out + ".recovered")
     os._exit(0)  # do not close the rendezvous or wait for tensorplay's threads
+
+
+def recover(backend: str, handlers: list[Any], seconds: float, interval: float, out: str) -> None:
+    """The launcher's monitor loop and restart: see ``--recover``. Times are ``time.time()``."""
+    results: list[dict[str, Any]] = [{} for _ in handlers]
+
+    def again(index: int, detected: float) -> None:
+        handler = handlers[index]
+        try:
+            info = handler.next_rendezvous()
+            formed = time.time()
+            ranks = assign_ranks(backend, handler, info.store, info.rank, info.world_size)
+            results[index] = {
+                "detected": detected,
+                "formed": formed,
+                "trained": time.time(),
+                "rank": info.rank,
+                "world": info.world_size,
+                "ranks": ranks,
+                "bootstrap": getattr(handler, "bootstrap_seconds", None),
+            }
+        except Exception as exc:  # noqa: BLE001 - reported to the driver
+            results[index] = {"error": f"{type(exc).__name__}: {exc}", "detected": detected}
+
+    def requests() -> int:
+        """API requests of this process's handlers so far (handlers may share one client)."""
+        clients = {id(api): api for api in (getattr(handler, "_api", None) for handler in handlers) if api is not None}
+        return sum(int(api.stats.get("requests", 0)) for api in clients.values())
+
+    before = requests()
+    started: dict[int, threading.Thread] = {}
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and len(started) < len(handlers):
+        for index, handler in enumerate(handlers):
+            if index not in started and handler.num_nodes_waiting() > 0:
+                started[index] = threading.Thread(target=again, args=(index, time.time()), daemon=True)
+                started[index].start()
+        time.sleep(interval)
+    for thread in started.values():
+        thread.join(max(0.0, until - time.monotonic()))
+    write_json(out, {"results": results, "requests": requests() - before})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ assignment, and time to train, plus its ratio to the round of the same repeat. W
 ``benchmarks/results/time_to_train.json``, a table in ``docs/benchmarks.md`` (between the markers)
 and ``docs/time-to-train.png``.
 
-Not measured here: recovery (a pod deleted, an agent frozen) at N=128 and N=1024.
+Recovery (a pod deleted, an agent frozen) at N=128 and N=1024: ``benchmarks.recovery_at_scale``.
 """
 
 from __future__ import annotations

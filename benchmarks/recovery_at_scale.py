@@ -1,0 +1,372 @@
+"""Recovery at scale (issue #28): from one agent's failure to every survivor holding its new ranks
+(``python -m benchmarks.recovery_at_scale``).
+
+An elastic job of N agents (``--nnodes=N-8:N``, the default 30 s last call, threads in 8 processes
+plus the victim alone in a ninth, 2 workers per agent, ``TORCH_ELASTIC_WORKER_IDENTICAL=1``) forms
+its round; then the victim fails. Every survivor runs the launcher's monitor loop
+(``num_nodes_waiting`` every 0.1 s) and, when its round lost a member, re-rendezvouses and assigns
+its ranks (``round_worker --recover``). Modes, every repeat reported:
+
+- ``pod deleted``: the operator runs and knows the job's N pods (played: no kubelet); the victim is
+  SIGKILLed and its pod deleted. The operator evicts its node, and its pods rule completes the round
+  as soon as every live pod's node has joined.
+- ``agent frozen``: the operator runs; the victim is SIGSTOPped and its pod stays Running. Its node
+  goes by heartbeat expiry (15 s); its agent is gone, so the pods rule does not wait for its pod.
+- ``pod deleted, operator stopped`` (the baseline): no operator; the agents fold. The node goes by
+  heartbeat expiry and the round waits out the last call, as every failure did before the pods rule.
+
+Phases, in seconds after the failure, each the slowest survivor's: *detected* (its
+``num_nodes_waiting`` turned positive), *formed* (its ``next_rendezvous`` returned: the round and
+the bootstrap address), *ranks* (its rank assignment), *held* (every survivor held its new ranks).
+Writes ``benchmarks/results/recovery_at_scale.json``, a table in ``docs/benchmarks.md`` and
+``docs/recovery-at-scale.png``.
+
+Not measured: starting the workers (no backend changes that), torchrun's agent (the handler and
+folder are the same; its round benchmark is in ``time_to_train``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.round_worker import agent_address
+from benchmarks.run import GROUP, REPO, RESULTS, VERSION, Bench, agent_env, log, start_operator
+
+DOCS = REPO / "docs"
+BEGIN = "<!-- recovery-at-scale:begin (python -m benchmarks.recovery_at_scale) -->"
+END = "<!-- recovery-at-scale:end -->"
+BASELINE = "pod deleted, operator stopped"
+#: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
+MODES = (
+    ("pod deleted", True, True, signal.SIGKILL),
+    ("agent frozen", True, False, signal.SIGSTOP),
+    (BASELINE, False, False, signal.SIGKILL),
+)
+#: Survivors have this long to hold new ranks after the failure.
+RECOVER_SECONDS = 240.0
+PROCESSES = 8
+
+
+def create_pods(bench: Bench, name: str, nodes: int) -> None:
+    """The job's ``nodes`` pods, Running with agent ``i``'s address (no kubelet runs: we play it)."""
+    from kubernetes import client, config
+
+    from tests.e2e.operator_process import create_training_pod
+
+    core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: create_training_pod(core, "bench", f"pod-{i}", name, agent_address(i)), range(nodes)))
+
+
+def start_worker(
+    bench: Bench, backend: str, name: str, nodes: int, index: int, count: int, first: int, out: Path
+) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.round_worker",
+        "--backend",
+        backend,
+        "--endpoint",
+        f"bench/{name}",
+        "--run-id",
+        "none",
+        "--nodes",
+        str(nodes),
+        "--min-nodes",
+        str(nodes - 8),
+        "--threads",
+        str(count),
+        "--out",
+        str(out),
+        "--kubeconfig",
+        str(bench.trainer),
+        "--worker",
+        str(index),
+        "--assign-ranks",
+        "identical",
+        "--recover",
+        str(RECOVER_SECONDS),
+        "--addr-start",
+        str(first),
+    ]
+    with (bench.workdir / "agents.log").open("a") as log_file:  # the handlers' warnings, not the console
+        return subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env=agent_env(),
+        )
+
+
+def wait_for(paths: list[Path], seconds: float, what: str, workers: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + seconds
+    while any(not path.exists() for path in paths):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {seconds:.0f} s")
+        if any(worker.poll() not in (None, 0) for worker in workers):
+            raise RuntimeError(f"{what}: an agent process failed")
+        time.sleep(0.2)
+
+
+def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool, signal.Signals]) -> dict[str, Any]:
+    """One recovery; the phases of the slowest survivor, in seconds after the failure."""
+    label, operator_runs, delete_pod, sent = mode
+    name = bench.new_rendezvous(nodes)
+    bench.objects.patch_namespaced_custom_object(
+        GROUP, VERSION, "bench", "rendezvouses", name, {"spec": {"minNodes": nodes - 8}}
+    )
+    operator = None
+    if operator_runs:
+        create_pods(bench, name, nodes)
+        # A fresh operator per run: another run's cleanup (1024 pods gone) must not queue ahead of this one.
+        operator = start_operator(bench, bench.workdir / f"operator-{name}")
+    survivors = nodes - 1
+    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
+    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
+    stamp = time.time_ns()
+    outs = [bench.workdir / f"recovery-{nodes}-{stamp}-{i}.json" for i in range(PROCESSES + 1)]
+    workers = [
+        start_worker(bench, backend, name, nodes, i, count, first, out)
+        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
+    ]
+    victim = start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[-1])
+    everyone = [*workers, victim]
+    try:
+        for worker in everyone:
+            assert worker.stdout is not None
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("an agent process could not create its handlers")
+        for worker in everyone:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        wait_for(outs, 300, f"the first round of {nodes}", everyone)
+        first = [item for out in outs for item in json.loads(out.read_text())["results"]]
+        errors = [item["error"] for item in first if "error" in item]
+        if errors or sorted(item["rank"] for item in first) != list(range(nodes)):
+            raise RuntimeError(f"the first round of {nodes} was not whole: {errors[:1]}")
+        if operator is not None:  # the operator folds (its pods rule applies) before the failure
+            from tests.testenv import wait_until
+
+            def operator_writes() -> bool:
+                found: Any = bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
+                return str((found.get("status") or {}).get("lastWriter")).startswith("operator/")
+
+            wait_until(operator_writes, 60, "the operator writing the Rendezvous")
+        time.sleep(2)  # the job trains: the first round's writes and bootstrap are over
+        failed_at = time.time()
+        os.kill(victim.pid, sent)
+        if delete_pod:
+            from kubernetes import client, config
+
+            core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+            core.delete_namespaced_pod(f"pod-{survivors}", "bench", grace_period_seconds=0)
+        recovered = [Path(f"{out}.recovered") for out in outs[:-1]]
+        wait_for(recovered, RECOVER_SECONDS + 30, f"{label}: survivors holding new ranks", workers)
+        reports = [json.loads(path.read_text()) for path in recovered]
+        results = [item for report in reports for item in report["results"]]
+        errors = [item.get("error", "no restart") for item in results if "trained" not in item]
+        if errors:
+            raise RuntimeError(f"{label}: {len(errors)} survivors did not hold new ranks, e.g. {errors[0]}")
+        worlds = sorted({item["world"] for item in results})
+        given = sorted(rank for item in results for rank in item["ranks"])
+        if worlds != [survivors] or given != list(range(2 * survivors)):
+            raise RuntimeError(f"{label}: worlds {worlds}, ranks {given[:6]}...: not one world of the survivors")
+        found = bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
+        status: dict[str, Any] = found["status"]  # type: ignore[index]
+        rounds = status.get("recentRounds") or [{}]
+        rank0: dict[str, Any] = next(item for item in results if item["rank"] == 0)
+        return {
+            "detected": max(item["detected"] for item in results) - failed_at,
+            "formed": max(item["formed"] for item in results) - failed_at,
+            "ranks": max(item["trained"] - item["formed"] for item in results),
+            "held": max(item["trained"] for item in results) - failed_at,
+            "bootstrap": rank0["bootstrap"],
+            "completed_by": rounds[-1].get("completedBy"),
+            # API requests of the survivors' handlers from the failure to the end (Lease renewals included)
+            "requests_per_survivor": sum(report["requests"] for report in reports) / survivors,
+        }
+    finally:
+        if sent == signal.SIGSTOP:
+            os.kill(victim.pid, signal.SIGCONT)
+        for worker in everyone:
+            worker.kill()
+            worker.wait(30)
+        if operator is not None:
+            operator.terminate()
+            operator.wait(30)
+        # The next run starts alone: its Leases are left to the garbage collector after 30 s.
+        bench.retire(name, timeout=30)
+        if operator_runs:  # one request: kubectl deletes (and waits for) 1024 pods one by one
+            from kubernetes import client, config
+
+            core = client.CoreV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
+            core.delete_collection_namespaced_pod("bench", grace_period_seconds=0, _request_timeout=120)
+
+
+def write_report(report: dict[str, Any]) -> None:
+    rows = [
+        "## Recovery at scale (issue #28)",
+        "",
+        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.recovery_at_scale "
+        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, "
+        "an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call, 15 s heartbeat expiry) "
+        "as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with "
+        "`TORCH_ELASTIC_WORKER_IDENTICAL=1`. Seconds after the failure, each the slowest survivor's: "
+        "*detected* (its `num_nodes_waiting` turned positive), *formed* (its `next_rendezvous` returned, "
+        "the bootstrap address included), *ranks* (its rank assignment), *held* (every survivor held its "
+        "new ranks). *requests/survivor*: API requests of the survivors' handlers from the failure until "
+        "they all held new ranks (heartbeats included), per survivor. *ratio*: median *held* over the "
+        "baseline's (no operator) at the same N and framework. "
+        "Every repeat, in order. Starting the workers is not included.",
+        "",
+        "| N | framework | failure | detected | formed | ranks | held | ratio | completed by | requests/survivor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def runs_of(nodes: int, framework: str, label: str) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in report["runs"]
+            if r["nodes"] == nodes and r["framework"] == framework and r["mode"] == label and "failed" not in r
+        ]
+
+    for nodes in report["sizes"]:
+        for framework in report["frameworks"]:
+            base = runs_of(nodes, framework, BASELINE)
+            for label, *_ in MODES:
+                done = runs_of(nodes, framework, label)
+                failed = [
+                    r
+                    for r in report["runs"]
+                    if r["nodes"] == nodes and r["framework"] == framework and r["mode"] == label and "failed" in r
+                ]
+                if not done and not failed:
+                    continue
+                cells = [", ".join(f"{r[key]:.1f}" for r in done) or "-" for key in ("detected", "formed", "ranks")]
+                held = ", ".join(f"{r['held']:.1f}" for r in done)
+                if failed:
+                    held = (held + "; " if held else "") + f"failed: {failed[0]['failed'][:80]}"
+                ratio = "-"
+                if done and base:
+                    held_median = statistics.median(r["held"] for r in done)
+                    ratio = f"{held_median / statistics.median(r['held'] for r in base):.2f}"
+                completed = ", ".join(sorted({str(r["completed_by"]) for r in done})) or "-"
+                requests = ", ".join(f"{r['requests_per_survivor']:.1f}" for r in done) or "-"
+                row = " | ".join([*cells, held, ratio, completed, requests])
+                rows.append(f"| {nodes} | {framework} | {label} | {row} |")
+    rows += ["", "![recovery at scale](recovery-at-scale.png)"]
+    page = DOCS / "benchmarks.md"
+    content = page.read_text()
+    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
+    if BEGIN in content and END in content:
+        head, rest = content.split(BEGIN, 1)
+        content = head + block + rest.split(END, 1)[1]
+    else:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    page.write_text(content)
+    plot(report)
+
+
+def plot(report: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    sizes = report["sizes"]
+    figure, axes = plt.subplots(1, len(sizes), figsize=(5.0 * len(sizes), 3.6), squeeze=False)
+    markers = {"detected": ("tab:orange", "|"), "formed": ("tab:blue", "|"), "held": ("tab:green", "o")}
+    for axis, nodes in zip(axes[0], sizes, strict=True):
+        labels: list[str] = []
+        for framework in report["frameworks"]:
+            for label, *_ in MODES:
+                index = len(labels)
+                labels.append(f"{framework}: {label}")
+                for r in report["runs"]:
+                    if (r["nodes"], r["framework"], r["mode"]) != (nodes, framework, label):
+                        continue
+                    if "failed" in r:
+                        axis.scatter(0, index, color="black", marker="x")
+                        continue
+                    for key, (color, marker) in markers.items():
+                        axis.scatter(r[key], index, color=color, marker=marker, s=80 if marker == "|" else 18)
+        axis.set_yticks(range(len(labels)), labels if axis is axes[0][0] else [""] * len(labels), fontsize=7)
+        axis.set_title(f"N={nodes}")
+        axis.set_xlabel("seconds after the failure")
+    handles = [
+        Line2D([], [], color=color, marker=marker, linestyle="", label=key) for key, (color, marker) in markers.items()
+    ]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
+    figure.suptitle("Recovery at scale: every repeat (x: failed)")
+    figure.tight_layout()
+    figure.savefig(DOCS / "recovery-at-scale.png", dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 1024])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--frameworks", nargs="+", default=["tensorplay", "torch"], choices=["tensorplay", "torch"])
+    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
+    args = parser.parse_args()
+    out = RESULTS / "recovery_at_scale.json"
+    if args.report:
+        write_report(json.loads(out.read_text()))
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-recovery-"))
+    log(f"starting the control plane in {workdir}")
+    bench = Bench(workdir)
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{os.cpu_count()} cores",
+        "sizes": args.sizes,
+        "repeats": args.repeats,
+        "frameworks": args.frameworks,
+        "runs": [],
+    }
+    try:
+        for nodes in args.sizes:
+            for label, operator_runs, *rest in MODES:
+                for framework in args.frameworks:
+                    backend = "k8s" if framework == "tensorplay" else "torch-k8s"
+                    for repeat in range(args.repeats):
+                        try:
+                            run = one_run(bench, backend, nodes, (label, operator_runs, *rest))  # type: ignore[arg-type]
+                            log(
+                                f"{framework} N={nodes} {label} {repeat + 1}/{args.repeats}: "
+                                + ", ".join(f"{k} {v:.1f}" for k, v in run.items() if isinstance(v, float))
+                                + f", completed by {run['completed_by']}"
+                            )
+                        except (RuntimeError, AssertionError, TimeoutError) as exc:
+                            log(f"{framework} N={nodes} {label} {repeat + 1}/{args.repeats}: FAILED {exc}")
+                            run = {"failed": str(exc)[:300]}
+                        report["runs"].append({"nodes": nodes, "framework": framework, "mode": label, **run})
+                        RESULTS.mkdir(parents=True, exist_ok=True)
+                        out.write_text(json.dumps(report, indent=2))
+                        if "failed" in run:
+                            break
+    finally:
+        bench.stop()
+    write_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
