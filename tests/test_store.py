@@ -418,11 +418,19 @@ class TestBlockingCalls:
             text=True,
         )
         assert waiter.stdout is not None and json.loads(waiter.stdout.readline()) == {"ready": True}
+        assert waiter.stderr is not None
+        errors: list[str] = []
+        reader = threading.Thread(target=lambda: errors.extend(waiter.stderr or []), daemon=True)
+        reader.start()
+        # The key is set only once the waiter is blocked and has said why it reads again instead of
+        # watching; set earlier, its first read could simply find it (seen under CI load).
+        wait_until(lambda: any("cannot watch" in line for line in errors), 30, "the waiter to find it cannot watch")
         store.set("late", "arrived")
-        out, err = waiter.communicate(timeout=60)
-        assert waiter.returncode == 0, err[-2000:]
+        out = waiter.stdout.read()
+        waiter.wait(60)
+        reader.join(10)
+        assert waiter.returncode == 0, "".join(errors)[-2000:]
         assert json.loads(out.strip().splitlines()[-1])["value"] == "arrived"
-        assert "cannot watch" in err  # it said why it reads again instead
 
     def test_wait_for_several_keys_returns_once_all_exist(
         self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
