@@ -235,6 +235,16 @@ def write_report(report: dict[str, Any]) -> None:
         "baseline's (no operator) at the same N and framework. "
         "Every repeat, in order. Starting the workers is not included.",
         "",
+        *(
+            [
+                "Merged from these invocations (`--keep`; each run's date is in the JSON): "
+                + "; ".join(f"`{item}`" for item in report["invocations"])
+                + ".",
+                "",
+            ]
+            if len(report.get("invocations", [])) > 1
+            else []
+        ),
         "| N | framework | failure | detected | formed | ranks | held | ratio | completed by | requests/survivor |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -324,12 +334,17 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 1024])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frameworks", nargs="+", default=["tensorplay", "torch"], choices=["tensorplay", "torch"])
+    parser.add_argument("--modes", nargs="+", default=[label for label, *_ in MODES], choices=[m[0] for m in MODES])
+    parser.add_argument(
+        "--keep", action="store_true", help="merge into the JSON, replacing the runs of these sizes, frameworks, modes"
+    )
     parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
     args = parser.parse_args()
     out = RESULTS / "recovery_at_scale.json"
     if args.report:
         write_report(json.loads(out.read_text()))
         return 0
+    invocation = " ".join(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-recovery-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
@@ -341,9 +356,23 @@ def main() -> int:
         "frameworks": args.frameworks,
         "runs": [],
     }
+    if args.keep and out.exists():
+        kept = json.loads(out.read_text())
+        redone = {(n, f, m) for n in args.sizes for f in args.frameworks for m in args.modes}
+        runs = [r for r in kept["runs"] if (r["nodes"], r["framework"], r["mode"]) not in redone]
+        for r in runs:
+            r.setdefault("measured", kept["date"])
+        report.update(
+            sizes=sorted(set(kept["sizes"]) | set(args.sizes), reverse=True),
+            frameworks=[f for f in ("tensorplay", "torch") if f in set(kept["frameworks"]) | set(args.frameworks)],
+            runs=runs,
+            invocations=[*kept.get("invocations", [f"{kept['date']}: --sizes {' '.join(map(str, kept['sizes']))}"])],
+        )
+    report.setdefault("invocations", [])
+    report["invocations"].append(f"{report['date']}: {invocation}")
     try:
         for nodes in args.sizes:
-            for label, operator_runs, *rest in MODES:
+            for label, operator_runs, *rest in [mode for mode in MODES if mode[0] in args.modes]:
                 for framework in args.frameworks:
                     backend = "k8s" if framework == "tensorplay" else "torch-k8s"
                     for repeat in range(args.repeats):
@@ -357,7 +386,9 @@ def main() -> int:
                         except (RuntimeError, AssertionError, TimeoutError) as exc:
                             log(f"{framework} N={nodes} {label} {repeat + 1}/{args.repeats}: FAILED {exc}")
                             run = {"failed": str(exc)[:300]}
-                        report["runs"].append({"nodes": nodes, "framework": framework, "mode": label, **run})
+                        report["runs"].append(
+                            {"nodes": nodes, "framework": framework, "mode": label, "measured": report["date"], **run}
+                        )
                         RESULTS.mkdir(parents=True, exist_ok=True)
                         out.write_text(json.dumps(report, indent=2))
                         if "failed" in run:

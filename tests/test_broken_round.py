@@ -127,6 +127,8 @@ def test_a_participants_pod_deleted_while_the_others_workers_start_is_evicted_an
     victim.kill_pod()  # the pod's death: no leave is written
     core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
     recovered(job, survivors, killed, f"{launcher}: pod of a participant deleted while the others' workers start")
+    # The carry rule: the fold that evicted it opened round 1 with the survivors in it, so they asked nothing.
+    assert all("was carried into round 1" in agent.output() for agent in survivors), job.logs()
     status = status_of(control_plane, namespace)
     assert status["evictedNodes"] == [victim.node_name]
     assert status["lastDeparture"]["nodes"] == [{"node": victim.node_name, "reason": "Evicted"}]

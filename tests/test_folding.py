@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ from kube_rendezvous.folding import (
     TrainingPods,
     completion_rule,
     fold,
+    join_scope,
     lost_members,
     satisfied,
 )
@@ -229,9 +231,10 @@ def test_a_node_that_died_after_its_round_completed_is_not_carried_into_the_next
         now=NOW,
         settings=ours,
     )
+    # round 0 is complete with b alone: a and c ask for the next round (join_scope), and wait for it
     waiting = fold(
         left,
-        [Request(a, Desire.JOIN, ours, NOW, 0), Request(c, Desire.JOIN, ours, NOW, 0), joins[1]],
+        [Request(a, Desire.JOIN, ours, NOW, 1), Request(c, Desire.JOIN, ours, NOW, 1), joins[1]],
         dead=[],
         now=NOW,
         settings=ours,
@@ -239,7 +242,7 @@ def test_a_node_that_died_after_its_round_completed_is_not_carried_into_the_next
     assert waiting.wait_list == {a, c} and set(waiting.participants) == {b}
     evicted = fold(
         waiting,
-        [Request(a, Desire.JOIN, ours, NOW, 0), Request(c, Desire.JOIN, ours, NOW, 0)],
+        [Request(a, Desire.JOIN, ours, NOW, 1), Request(c, Desire.JOIN, ours, NOW, 1)],
         dead=[b],
         now=NOW,
         settings=ours,
@@ -336,3 +339,143 @@ def test_a_running_pod_whose_agent_is_gone_is_not_waited_for_unless_it_runs_a_ne
     assert pods.without_gone_agents([frozen], [a, restarted]).live == (pod_a, pod_b)
     assert not pods.without_gone_agents([frozen], [a, restarted]).all_joined([a])
     assert TrainingPods((pod_a, pod_b), starting=1).without_gone_agents([frozen], [a]).starting == 1
+
+
+class TestJoinScope:
+    """A join names the round it asks to be in: the forming round, or the next after a complete one."""
+
+    a, b, c = (NodeId(name, 1, 0) for name in "abc")
+
+    def test_the_scope_is_the_forming_round_or_the_next_after_a_complete_one(self) -> None:
+        assert join_scope(None) == 0
+        assert join_scope(RendezvousDocument(round=3)) == 3
+        assert join_scope(RendezvousDocument(round=3, complete=True, participants={self.a: 0})) == 4
+
+    def test_a_participant_removed_for_expiry_is_not_put_back_when_a_folder_judges_it_alive_again(self) -> None:
+        # The bug the recovery benchmark found (no operator): the folder's observer gap made a dead node
+        # look alive for one more expiry, and its standing join (asked while round 0 formed) put it on the
+        # wait list of the still-complete round 0, and then into round 1 as a world of 1024.
+        _, ours = settings_of(2, 3)
+        standing = [Request(node, Desire.JOIN, ours, NOW, 0) for node in (self.a, self.b, self.c)]
+        done = fold(None, standing, dead=[], now=NOW, settings=ours)
+        assert done.complete
+        expired = fold(done, standing, dead=[self.b], now=NOW, settings=ours)
+        assert expired.complete and set(expired.participants) == {self.a, self.c}
+        gap = fold(expired, standing, dead=[], now=NOW + timedelta(seconds=1), settings=ours)
+        assert gap == expired and self.b not in gap.nodes()
+
+    def test_a_late_node_asks_for_the_next_round_and_waits(self) -> None:
+        _, ours = settings_of(2, 3)
+        done = fold(
+            None,
+            [Request(node, Desire.JOIN, ours, NOW, 0) for node in (self.a, self.b)],
+            dead=[],
+            now=NOW,
+            settings=ours,
+        )
+        done = fold(done, [], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+        assert done.complete
+        late = Request(self.c, Desire.JOIN, ours, NOW, join_scope(done))
+        assert fold(done, [late], dead=[], now=NOW, settings=ours).wait_list == {self.c}
+        # the same join scoped to the complete round is a spent one: nothing
+        assert fold(done, [dataclasses.replace(late, round=0)], dead=[], now=NOW, settings=ours) == done
+
+
+class TestCarry:
+    """A complete round that loses a participant opens the next round with the others in it."""
+
+    a, b, c, w = (NodeId(name, 1, 0) for name in "abcw")
+
+    def formed(self, *nodes: NodeId, low: int = 2, high: int = 4) -> tuple[RendezvousDocument, JoinSettings]:
+        _, ours = settings_of(low, high)
+        joins = [Request(node, Desire.JOIN, ours, NOW, 0) for node in nodes]
+        done = fold(None, joins, dead=[], now=NOW, settings=ours, pods=None)
+        done = fold(done, [], dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+        assert done.complete and done.round == 0 and set(done.participants) == set(nodes)
+        return done, ours
+
+    def test_a_dead_participant_carries_the_others_into_the_next_round_with_its_last_call(self) -> None:
+        done, ours = self.formed(self.a, self.b, self.c)
+        later = NOW + timedelta(seconds=40)
+        broken = fold(done, [], dead=[self.b], now=later, settings=ours, carry=ALL)
+        assert broken.round == 1 and not broken.complete
+        assert set(broken.participants) == {self.a, self.c}
+        assert broken.deadline == later + ours.last_call  # two participants: min reached
+        assert lost_members(broken, frozenset(done.participants)) == {self.b}
+
+    def test_with_the_training_pods_known_the_carried_round_completes_in_the_same_fold(self) -> None:
+        done, ours = self.formed(self.a, self.b, self.c)
+        pods = TrainingPods(
+            live=(PodAddresses(frozenset({"a"}), frozenset()), PodAddresses(frozenset({"c"}), frozenset())),
+            starting=0,
+        )
+        broken = fold(done, [], dead=[self.b], now=NOW, settings=ours, pods=pods, carry=pods.on_live_pod())
+        assert broken.round == 1 and broken.complete and broken.participants == {self.a: 0, self.c: 1}
+        assert completion_rule(done, broken, ours, NOW) is CompletedBy.TRAINING_PODS_JOINED
+
+    def test_a_participant_that_leaves_carries_no_one(self) -> None:
+        # A survivor whose workers crashed on a peer's death leaves before that peer's eviction: carrying
+        # the others then would carry the dead peer too.
+        done, ours = self.formed(self.a, self.b, self.c)
+        left = fold(done, [Request(self.b, Desire.LEAVE, ours, NOW, 0)], dead=[], now=NOW, settings=ours, carry=ALL)
+        assert left.round == 0 and set(left.participants) == {self.a, self.c} and left.complete
+
+    def test_below_min_the_carried_round_waits_without_a_last_call(self) -> None:
+        done, ours = self.formed(self.a, self.b, low=2, high=2)
+        broken = fold(done, [], dead=[self.b], now=NOW, settings=ours, carry=ALL)
+        assert broken.round == 1 and set(broken.participants) == {self.a} and broken.deadline is None
+
+    def test_the_dead_nodes_standing_join_is_spent_even_when_its_lease_looks_alive_again(self) -> None:
+        # The bug the recovery benchmark found: after the folder's observer gap, a dead node was not
+        # judged dead for one more expiry, and its join (scoped to the still-complete round) took it
+        # back onto the wait list and into the next round.
+        done, ours = self.formed(self.a, self.b, self.c)
+        standing = [Request(node, Desire.JOIN, ours, NOW, 0) for node in (self.a, self.b, self.c)]
+        broken = fold(done, standing, dead=[self.b], now=NOW, settings=ours, carry=ALL)
+        gap = fold(broken, standing, dead=[], now=NOW + timedelta(seconds=1), settings=ours, carry=ALL)
+        assert self.b not in gap.nodes()
+        finished = fold(gap, standing, dead=[], now=NOW + timedelta(seconds=31), settings=ours)
+        assert finished.complete and set(finished.participants) == {self.a, self.c}
+
+    def test_a_waiting_node_joins_the_round_that_opened_in_the_same_fold(self) -> None:
+        done, ours = self.formed(self.a, self.b)
+        waiting = fold(done, [Request(self.w, Desire.JOIN, ours, NOW, 1)], dead=[], now=NOW, settings=ours)
+        assert waiting.wait_list == {self.w}
+        # w's standing join comes first in the order; a and b leave after it, which opens round 1
+        requests = [
+            Request(self.w, Desire.JOIN, ours, NOW, 1),
+            Request(self.a, Desire.LEAVE, ours, NOW + timedelta(seconds=1), 0),
+            Request(self.b, Desire.LEAVE, ours, NOW + timedelta(seconds=1), 0),
+        ]
+        opened = fold(waiting, requests, dead=[], now=NOW + timedelta(seconds=2), settings=ours, carry=ALL)
+        assert opened.round == 1 and set(opened.participants) == {self.w} and not opened.wait_list
+        # with carry, an eviction opens it for the waiting node and the survivor alike
+        carried = fold(waiting, requests[:1], dead=[self.b], now=NOW + timedelta(seconds=2), settings=ours, carry=ALL)
+        assert carried.round == 1 and set(carried.participants) == {self.a, self.w}
+
+    def test_a_closed_rendezvous_carries_no_one(self) -> None:
+        done, ours = self.formed(self.a, self.b, self.c)
+        closed = dataclasses.replace(done, closed=True)
+        assert fold(closed, [], dead=[self.b], now=NOW, settings=ours, carry=ALL).round == 0
+
+    def test_without_carry_the_framework_keeps_the_round_complete_with_the_others(self) -> None:
+        done, ours = self.formed(self.a, self.b, self.c)
+        kept = fold(done, [], dead=[self.b], now=NOW, settings=ours)
+        assert kept.round == 0 and kept.complete and set(kept.participants) == {self.a, self.c}
+
+    def test_a_member_not_vouched_for_is_left_to_rejoin_by_itself(self) -> None:
+        # c's pod is gone too, but its eviction has not come yet: it must not be carried into a round
+        # that the training-pods rule would complete with it (the others would wait for it)
+        done, ours = self.formed(self.a, self.b, self.c, low=1)
+        pods = TrainingPods(live=(PodAddresses(frozenset({"a"}), frozenset()),), starting=0)
+        broken = fold(done, [], dead=[self.b], now=NOW, settings=ours, pods=pods, carry=pods.on_live_pod())
+        assert broken.round == 1 and broken.complete and broken.participants == {self.a: 0}
+        assert lost_members(broken, frozenset(done.participants)) == {self.b, self.c}
+        # c's agent restarts (its round lost members) and asks to join round 1 in its own time
+        rejoined = fold(broken, [Request(self.c, Desire.JOIN, ours, NOW, 2)], dead=[], now=NOW, settings=ours)
+        assert rejoined.wait_list == {self.c}
+
+
+def ALL(node: NodeId) -> bool:
+    """The carry rule vouching for every member."""
+    return True

@@ -19,9 +19,10 @@ are patched, in each test only (pytest's monkeypatch):
   expire, so deadlines and heartbeats can be compared exactly.
 
 **Our side** is ``folding.fold`` plus a model of ``NativeHandler.next_rendezvous``. A participant asks LEAVE.
-Then the node asks JOIN, scoped to the round it sees, and waits until the document shows it as a participant
-of a complete round. If a new round overtakes a join and the document does not name the node, it asks again.
-Leaving (a shutdown without success) asks LEAVE. Every request is folded when it is made, as a batch of one.
+Then the node asks JOIN, scoped to the round it asks to be in (``join_scope``), and waits until the document
+shows it as a participant of a complete round. If a new round overtakes a join and the document does not name
+the node, it asks again. Leaving (a shutdown without success) asks LEAVE. Every request is folded when it is
+made, as a batch of one.
 
 **Scenarios** (seeded ``random.Random``): 2..6 nodes, 1 <= min <= max <= N, 6..24 events. The events are:
 
@@ -72,7 +73,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
-from kube_rendezvous.folding import Desire, JoinSettings, Request, fold, role_of, satisfied
+from kube_rendezvous.folding import Desire, JoinSettings, Request, fold, join_scope, role_of, satisfied
 from tensorplay.distributed.elastic.rendezvous import dynamic_rendezvous
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousTimeout, RendezvousTimeoutError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
@@ -416,7 +417,8 @@ class Ours:
     def _ask(self, node: NodeId, desire: Desire) -> Request:
         self._sequence += 1
         asked_at = self.clock.now + timedelta(microseconds=self._sequence)
-        request = Request(node, desire, self.settings, asked_at, self.document.round)
+        scope = join_scope(self.document) if desire is Desire.JOIN else self.document.round
+        request = Request(node, desire, self.settings, asked_at, scope)
         self.requests[node] = request
         self._fold(request)
         return request
@@ -442,7 +444,7 @@ class Ours:
     def _look(self, node: NodeId) -> None:
         """NativeHandler._settle on a new document: done once in a complete round; asks again when overtaken."""
         document = self.document
-        if document.round != self.asked[node] and role_of(document, node) is None:
+        if role_of(document, node) is None and join_scope(document) != self.asked[node]:
             self.overtaken += 1
             self.asked[node] = self._ask(node, Desire.JOIN).round
             document = self.document

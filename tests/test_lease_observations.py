@@ -49,6 +49,17 @@ def test_a_renewed_lease_is_not_expired() -> None:
     assert observations.expired([record("2")], [NODE], 15.0, now=20.0) == set()
 
 
+def test_changed_within_tells_a_recent_renewal_from_an_old_one_and_an_unseen_lease() -> None:
+    observations = LeaseObservations()
+    assert not observations.changed_within(NODE, 7.5, now=0.0)  # never seen: not vouched for
+    watch_every_second(observations, 0, 5)
+    assert observations.changed_within(NODE, 7.5, now=5.0)
+    watch_every_second(observations, 6, 9)
+    assert not observations.changed_within(NODE, 7.5, now=9.0)  # unchanged since second 0
+    watch_every_second(observations, 10, 10, version="2")
+    assert observations.changed_within(NODE, 7.5, now=10.0)
+
+
 def test_after_a_gap_in_looking_every_clock_starts_again() -> None:
     # The observer was frozen from 10 s to 30 s: the renewals of the gap may still wait in its watch.
     observations = LeaseObservations()

@@ -93,9 +93,9 @@ def test_a_join_overtaken_by_a_new_round_is_asked_again_in_the_open_round(
     admin_api: client.ApiClient,
     namespace: str,
 ) -> None:
-    """The race a late pod meets: it asks to join from its view of round 0 (a full round), but round 0
-    ends before a fold takes it in. The fold drops a join asked on a round that has ended, so the
-    handler must ask again in round 1, at once, not after its join timeout."""
+    """The race a late pod meets: it asks to join the round after round 0 (a full round), but that round
+    forms and ends before a fold takes it in. The fold drops a join for a round that has ended, so the
+    handler must ask again in the open round, at once, not after its join timeout."""
     late = make_handler(min_nodes=2, max_nodes=2)
     other = make_handler(min_nodes=2, max_nodes=2)
     gone_a, gone_b = (late.node._replace(addr=addr) for addr in ("10.9.9.1", "10.9.9.2"))
@@ -111,15 +111,15 @@ def test_a_join_overtaken_by_a_new_round_is_asked_again_in_the_open_round(
         annotations = lease.metadata.annotations or {}
         return annotations.get(ANNOTATION_ROUND) if annotations.get(ANNOTATION_DESIRE) == "join" else None
 
-    wait_until(lambda: asked_round() == "0", 30, "the late node to ask to join in round 0")
-    # Round 0 ends (its members left) before the late node is taken in: round 1 is open.
-    write_state(objects, namespace, RendezvousDocument(round=1))
-    wait_until(lambda: asked_round() == "1", 30, "the late node to ask again in round 1")
+    wait_until(lambda: asked_round() == "1", 30, "the late node to ask for the round after round 0")
+    # Round 1 forms and ends without it before a fold takes it in: round 2 is open.
+    write_state(objects, namespace, RendezvousDocument(round=2))
+    wait_until(lambda: asked_round() == "2", 30, "the late node to ask again in round 2")
     [info] = in_threads(other.next_rendezvous)
     thread.join(60)
     assert results and results[0].world_size == 2 and {results[0].rank, info.rank} == {0, 1}
     assert late.stats["overtaken"] >= 1
-    assert status_of(objects, namespace)["round"] == 1
+    assert status_of(objects, namespace)["round"] == 2
 
 
 def test_a_member_that_leaves_breaks_the_round_for_the_others_and_says_so(

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .folding import Desire, JoinSettings, TrainingPods, completion_rule, fold
+from .folding import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
     RENDEZVOUS_LABEL,
@@ -90,6 +90,9 @@ TICK_SECONDS = 0.5
 #: Of the shortest node expiry: how long the watch of the node Leases may hear nothing before it is listed
 #: again (live nodes renew every keep-alive, a third of the expiry by default).
 QUIET_FRACTION = 0.4
+#: The carry rule vouches for a member of a broken round whose Lease this folder saw change within this
+#: fraction of its expiry (one keep-alive and a half, by default): a member that missed more may be dead.
+CARRY_FRESH_FRACTION = 0.5
 #: How an agent's folder names itself as writer: this prefix, then its node (``addr_pid_localid``).
 AGENT_IDENTITY_PREFIX = "agent/"
 
@@ -327,7 +330,8 @@ class Folder:
         pods = self.training_pods() if self.training_pods is not None else None
         if pods is not None:
             pods = pods.without_gone_agents(dead, [record.node for record in current if record.node not in dead])
-        folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods)
+        carry = self._vouched(pods, current) if pods is not None and judge_expiry else None
+        folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored
         departure = departure_of(stored, folded, reasons, now, status.get("lastDeparture"))
@@ -335,6 +339,16 @@ class Folder:
         if rule is not None and rule is not rule.MAX_NODES:
             logger.info("%s: round %d completed (%s)", self.where, folded.round, rule.value)
         return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value)
+
+    def _vouched(self, pods: TrainingPods, records: list[NodeRecord]) -> Carry:
+        """The carry rule's judgement: a member whose pod is live and whose Lease changed recently."""
+        on_live_pod = pods.on_live_pod()
+        expiry = {record.node: record.expiry_seconds for record in records}
+        return lambda node: (
+            node in expiry
+            and on_live_pod(node)
+            and self.observations.changed_within(node, expiry[node] * CARRY_FRESH_FRACTION)
+        )
 
     @staticmethod
     def _settings(spec: dict[str, Any], records: list[NodeRecord]) -> JoinSettings:

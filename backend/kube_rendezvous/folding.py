@@ -16,7 +16,8 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 | N redundant, len(P) == max    | stays redundant                                   | leaves the list           |
 | N redundant, len(P) < max     | leaves the list, then as below                    | leaves the list           |
 | complete, N in P              | nothing (it is in the round)                      | out of P; if P is empty,  |
-|                               |                                                   | round + 1, not complete   |
+|                               |                                                   | round + 1, not complete;  |
+|                               |                                                   | else the carry rule       |
 | complete, N not in P          | wait list if len(P) < max, else redundancy list   | leaves its list           |
 | forming, N not in P           | into P (off the wait list); len(P) == min starts  | leaves its list           |
 |                               | the last call (deadline = now + last_call);       |                           |
@@ -32,16 +33,35 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
   waited for (``TrainingPods.without_gone_agents``).
 - **Dead nodes** (evicted by the operator, or their Lease not renewed within its expiry on the
   folder's clock) are removed first, all at once, as the framework's pruning does.
-- **Scope:** a join applies in the round it was asked in, or while N is on the wait or redundancy list,
-  so a node that died after its round completed is never carried into the next round.
-- **Order:** requests of one fold apply by the time they were asked, then node.
+- **Scope:** a join names the round it asks to be in (``join_scope``): the round that forms, or the
+  next one once the round is complete (N then waits on the wait or redundancy list). It applies in
+  that round or while N is on a list, so a node removed after its round completed (dead, evicted) is
+  never put back by its last request, even when a folder judges it alive again.
+- **Order:** requests of one fold apply by the time they were asked, then node. When the round moves
+  on during a fold, its requests apply once more (the waiting nodes' turns in the new round).
 
-``lost_members`` is the rule the handler adds on top (no framework has it): a complete round that
-lost a member is broken, and its other members restart at once.
+Two rules are added on top (no framework has them):
+
+- **Carry** (only with ``fold(carry=...)``; the folder passes it when it knows the job's training
+  pods): a complete round whose dead participants are removed (evicted or expired) while others remain
+  is broken. The next round opens at once with the others that ``carry`` vouches for as its
+  participants (the last call starts if they are at least min; max completes it), as if each had asked
+  to join it: a broken round's survivors write nothing to re-form. The folder vouches for a member
+  whose pod is live and whose Lease it saw renewed recently. A member not vouched for rejoins by
+  itself, as before. A leave carries no one: it comes when the leaving agent chooses, often right
+  after a peer died unnoticed (its workers crashed on the lost connection), which would carry the
+  dead peer into a round that waits for it. The framework would keep the round complete with fewer
+  participants, whose workers wait for the lost one.
+- ``lost_members``: a member of a round sees that round lose a member (the state moved on without
+  it, or dropped it) and its agent restarts at once; its ``next_rendezvous`` then finds itself
+  carried into the new round, or asks to join it.
 
 Not guaranteed: a request is a standing wish within its scope. A node whose Lease says ``join`` for
 the current round and that is removed while its Lease keeps renewing (a false eviction) is put back
-by the next fold.
+by the next fold, unless carry has moved the round on: its agent then sees its round lost a member
+(itself) and rejoins. A carried member that died unnoticed (its pod's deletion not yet seen by the
+operator) is in the new round until its eviction breaks that round too; the others' workers wait for it
+until then, and an agent assigning ranks through the store waits for its key.
 """
 
 from __future__ import annotations
@@ -101,9 +121,9 @@ class Request:
     settings: JoinSettings
     #: When the node asked (its own clock); orders the requests of one fold, nothing else.
     requested_at: datetime
-    #: The round the node saw when it asked to join. A join applies only in that round, or while
-    #: the node waits (wait or redundancy list): a node that died after its round completed is
-    #: never carried into the next round by its last request.
+    #: The round a join asks to be in (``join_scope`` of the state the node saw). A join applies only
+    #: in that round, or while the node waits (wait or redundancy list): a node removed after its round
+    #: completed is never put back by its last request.
     round: int | None = None
 
 
@@ -155,6 +175,14 @@ class TrainingPods:
         ran = _ran_any(participants)
         return all(ran(pod) for pod in self.live)
 
+    def on_live_pod(self) -> Callable[[NodeId], bool]:
+        """Whether a node ran in one of the live pods (``PodAddresses.ran`` for some pod), one set test per node."""
+        addresses = {address for pod in self.live for address in pod.addresses}
+        names = {name for pod in self.live for name in pod.names}
+        return lambda node: (
+            node.addr in addresses or node.addr in names or (node.addr.split(".", 1)[0] in names and "." in node.addr)
+        )
+
     def without_gone_agents(self, dead: Iterable[NodeId], alive: Iterable[NodeId]) -> TrainingPods:
         """These pods without the live ones whose agent is gone: a pod that ran a ``dead`` node (evicted,
         or its Lease expired) and runs no node of ``alive`` (nodes whose Lease the folder still counts).
@@ -176,6 +204,10 @@ def _ran_any(nodes: Iterable[NodeId]) -> Callable[[PodAddresses], bool]:
     return lambda pod: (
         not pod.addresses.isdisjoint(addrs) or not pod.names.isdisjoint(addrs) or not pod.names.isdisjoint(first_labels)
     )
+
+
+#: The carry rule's judgement of a broken round's member: True when it is alive enough to be carried.
+Carry = Callable[[NodeId], bool]
 
 
 class _Working:
@@ -203,14 +235,29 @@ class _Working:
             last_heartbeats=self.heartbeats,
         )
 
-    def epilogue(self, settings: JoinSettings) -> None:
-        """``_remove_participant_epilogue``: a complete round emptied moves to the next round."""
+    def epilogue(self, settings: JoinSettings, now: datetime, carry: Carry | None) -> None:
+        """``_remove_participant_epilogue``: a complete round emptied moves to the next round; with
+        ``carry``, a complete round that lost a participant does too, with the others ``carry`` keeps."""
         if self.complete:
             if not self.participants:
                 self.complete = False
                 self.round += 1
+            elif carry is not None and not self.closed:
+                self.carry(settings, now, carry)
         elif len(self.participants) < settings.min_nodes:
             self.deadline = None
+
+    def carry(self, settings: JoinSettings, now: datetime, keep: Carry) -> None:
+        """The carry rule: open the next round with the broken round's other members that ``keep`` vouches for."""
+        self.round += 1
+        self.complete = False
+        for node in [node for node in self.participants if not keep(node)]:
+            del self.participants[node]
+            self.heartbeats.pop(node, None)
+        self.participants = dict.fromkeys(self.participants, 0)
+        self.deadline = now + settings.last_call if len(self.participants) >= settings.min_nodes else None
+        if len(self.participants) >= settings.max_nodes:
+            self.mark_complete()
 
     def mark_complete(self) -> None:
         self.complete = True
@@ -218,14 +265,14 @@ class _Working:
         for rank, node in enumerate(sorted(self.participants)):
             self.participants[node] = rank
 
-    def remove(self, node: NodeId, settings: JoinSettings) -> None:
+    def remove(self, node: NodeId, settings: JoinSettings, now: datetime, carry: Carry | None) -> None:
         """Drop ``node`` from every role; the epilogue runs if it was a participant."""
         self.heartbeats.pop(node, None)
         self.wait_list.discard(node)
         self.redundancy_list.discard(node)
         if node in self.participants:
             del self.participants[node]
-            self.epilogue(settings)
+            self.epilogue(settings, now, carry)
 
     def join(self, node: NodeId, settings: JoinSettings, now: datetime) -> None:
         """Apply the join operation's actions for ``node`` until it would only wait (SYNC)."""
@@ -283,13 +330,17 @@ def fold(
     now: datetime,
     settings: JoinSettings,
     pods: TrainingPods | None = None,
+    carry: Carry | None = None,
 ) -> RendezvousDocument:
     """Return ``document`` with ``dead`` nodes removed and every request applied, in one serial order.
 
     Order: dead nodes first (as the framework's dead-node pruning does: one epilogue for all
     removed participants), then the requests by ``requested_at`` and node, then the last call's
-    completion if it is due (with ``pods``: also once every live training pod joined). ``settings``
-    apply to the pruning and the completion; each join uses the settings of the node that asked.
+    completion if it is due (with ``pods``: also once every live training pod joined). When the
+    round moved on during the requests, they apply once more in the same order (the waiting nodes'
+    turns in the round that opened). ``settings`` apply to the pruning and the completion; each
+    join uses the settings of the node that asked. ``carry``: the carry rule, for the members it vouches
+    for (None: the framework's own rules).
     """
     state = _Working(document or RendezvousDocument())
     removed = False
@@ -301,17 +352,22 @@ def fold(
             del state.participants[node]
             removed = True
     if removed:
-        state.epilogue(settings)
-    for request in sorted(requests, key=lambda item: (item.requested_at, item.node)):
-        if request.desire is Desire.LEAVE:
-            state.remove(request.node, request.settings)
-        elif (
-            request.round is None
-            or request.round == state.round
-            or request.node in state.wait_list
-            or request.node in state.redundancy_list
-        ):
-            state.join(request.node, request.settings, now)
+        state.epilogue(settings, now, carry)
+    ordered = sorted(requests, key=lambda item: (item.requested_at, item.node))
+    for _ in range(2):
+        round_before = state.round
+        for request in ordered:
+            if request.desire is Desire.LEAVE:  # no carry: see the rule
+                state.remove(request.node, request.settings, now, None)
+            elif (
+                request.round is None
+                or request.round == state.round + (1 if state.complete else 0)
+                or request.node in state.wait_list
+                or request.node in state.redundancy_list
+            ):
+                state.join(request.node, request.settings, now)
+        if state.round == round_before:
+            break
     state.complete_if_due(settings, now, pods)
     return state.document()
 
@@ -332,6 +388,13 @@ def completion_rule(
     if before is not None and before.round == after.round and before.deadline is not None and before.deadline < now:
         return CompletedBy.LAST_CALL
     return CompletedBy.TRAINING_PODS_JOINED
+
+
+def join_scope(document: RendezvousDocument | None) -> int:
+    """The round a node that sees ``document`` asks to join: the round that forms, else the next one."""
+    if document is None:
+        return 0
+    return document.round + (1 if document.complete else 0)
 
 
 def satisfied(document: RendezvousDocument | None, node: NodeId, desire: Desire) -> bool:

@@ -353,6 +353,11 @@ class LeaseObservations:
     def forget(self, node: NodeId) -> None:
         self._seen.pop(node, None)
 
+    def changed_within(self, node: NodeId, seconds: float, now: float | None = None) -> bool:
+        """Whether this observer saw ``node``'s Lease change within the last ``seconds`` (False when never seen)."""
+        seen = self._seen.get(node)
+        return seen is not None and (time.monotonic() if now is None else now) - seen[1] <= seconds
+
     def idle_for(self, node: NodeId, now: float | None = None) -> float:
         """Seconds since ``node``'s Lease last changed (0 when never seen)."""
         clock = time.monotonic() if now is None else now

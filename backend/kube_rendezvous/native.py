@@ -5,7 +5,7 @@ framework's ``RendezvousHandler`` base and its classes. The protocol, as torch's
 join / wait / confirm:
 
 - **Ask.** A node states what it wants on its own Lease (``leases.LeaseNodeLock``): ``join``, scoped
-  to the round it saw, or ``leave``. From its first join to its leave the process's
+  to the round it asks to be in (``folding.join_scope``), or ``leave``. From its first join to its leave the process's
   ``leases.LeaseRenewer`` renews that Lease every keep-alive: that is its heartbeat.
 - **Wait.** The folder (the operator; else the agent process that holds the writer Lease; else, after
   a grace period, this agent itself) folds every pending request into the state document with
@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from .document import NodeId, RendezvousDocument, StateDocumentError
 from .factory import connect
 from .folder import AGENT_IDENTITY_PREFIX, owner_reference
-from .folding import Desire, JoinSettings, lost_members, role_of, satisfied
+from .folding import Desire, JoinSettings, join_scope, lost_members, role_of, satisfied
 from .frameworks import Framework
 from .intents import RendezvousReading, read_rendezvous
 from .kubeapi import (
@@ -184,7 +184,7 @@ class NativeHandler:
         #: (publishing or reading it), and the store's ``requests`` and ``retries`` in it.
         self.bootstrap_seconds: dict[str, float] | None = None
         #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "waiting_answers": 0, "renewals": 0}
+        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0, "renewals": 0}
 
     @classmethod
     def from_parameters(cls: type[HandlerT], params: Any, framework: Framework) -> HandlerT:
@@ -246,9 +246,17 @@ class NativeHandler:
         deadline = time.monotonic() + self.timings.join
         try:
             reading = self._read(deadline)
-            if reading.document is not None and self.node in reading.document.participants:
-                self._settle(Desire.LEAVE, deadline)
-            reading = self._settle(Desire.JOIN, deadline, previous[1] if previous else None)
+            document = reading.document
+            last_members = previous[1] if previous else None
+            if previous is not None and document is not None and carried(document, self.node, previous[0]):
+                # The fold opened the next round with this node in it (its round broke): nothing to ask.
+                self.stats["carried"] += 1
+                logger.info("node %s was carried into round %d", self.node, document.round)
+                reading = self._settle(Desire.JOIN, deadline, last_members, ask=False)
+            else:
+                if document is not None and self.node in document.participants:
+                    self._settle(Desire.LEAVE, deadline)
+                reading = self._settle(Desire.JOIN, deadline, last_members)
         except self.framework.closed_error as exc:
             self._record_closed()
             raise self.framework.graceful_exit_error(f"the rendezvous {self.run_id} is closed: {exc}") from exc
@@ -256,6 +264,7 @@ class NativeHandler:
         assert document is not None
         self.joined_at = time.time()
         self._round = (document.round, frozenset(document.participants))
+        self._waiting = ("", 0)  # a carried node's round may be in the very version that broke its last one
         return self._confirm(document)
 
     def num_nodes_waiting(self) -> int:
@@ -391,17 +400,19 @@ class NativeHandler:
         self._folder.wake()
 
     def _settle(
-        self, desire: Desire, deadline: float, last_members: frozenset[NodeId] | None = None
+        self, desire: Desire, deadline: float, last_members: frozenset[NodeId] | None = None, *, ask: bool = True
     ) -> RendezvousReading:
-        """Ask for ``desire`` and wait until the state shows it taken in (a join: a complete round with this node).
+        """Ask for ``desire`` (unless the state has it already: ``ask=False``) and wait until the state shows it
+        taken in (a join: a complete round with this node).
 
         Raises:
             RendezvousClosedError: the rendezvous is closed.
             RendezvousTimeoutError: not taken in by ``deadline``.
         """
         reading = self._read(deadline)
-        asked = reading.document.round if reading.document is not None else 0
-        self._ask(desire, asked, deadline)
+        asked = join_scope(reading.document) if desire is Desire.JOIN else self._lease.round
+        if ask:
+            self._ask(desire, asked, deadline)
         waiting_since = progress_logged = time.monotonic()
         last_change = waiting_since
         while True:
@@ -413,10 +424,10 @@ class NativeHandler:
             if desire is Desire.JOIN and document is not None:
                 if document.complete and self.node in document.participants:
                     return reading
-                if document.round != asked and role_of(document, self.node) is None:
-                    # Overtaken: the fold dropped a join asked on a round that has ended. Ask in the open one.
+                if role_of(document, self.node) is None and join_scope(document) != asked:
+                    # Overtaken: the round it asked for formed or ended before a fold took the join in.
                     self.stats["overtaken"] += 1
-                    asked = document.round
+                    asked = join_scope(document)
                     self._ask(desire, asked, deadline)
                     last_change = time.monotonic()
                 if document.complete:
@@ -610,6 +621,12 @@ class NativeHandler:
             self._shutdown_result = self._leave(time.monotonic() + EXIT_LEAVE_SECONDS)
         finally:
             self._stop_bootstrap_store()
+
+
+def carried(document: RendezvousDocument, node: NodeId, last_round: int) -> bool:
+    """Whether ``document`` shows ``node`` carried past ``last_round`` (``folding``'s carry rule): a later
+    round, not closed, with ``node`` a participant."""
+    return document.round > last_round and not document.closed and node in document.participants
 
 
 def waiting_count(reading: RendezvousReading) -> int:

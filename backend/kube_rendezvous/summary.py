@@ -133,11 +133,12 @@ def departure_of(
 ) -> dict[str, Any] | None:
     """``status.lastDeparture`` when going from ``before`` to ``after`` broke a formed round, else None.
 
-    A formed round (complete, not closed) that loses participants is broken: its other members
-    restart (``folding.lost_members``) and leave it in turn, which breaks nothing more. So only the
-    first departure of a round is recorded: None when ``previous`` (the last ``lastDeparture``) is of
-    the same round. ``reasons`` says why each node went (``Left``, ``Evicted``, ``Expired``;
-    ``Removed`` when unknown). Lists at most ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
+    A formed round (complete, not closed) that loses participants is broken: its other members'
+    agents restart (``folding.lost_members``), carried into the next round by the fold when it can
+    (``folding``'s carry rule). Only the first departure of a round is recorded: None when
+    ``previous`` (the last ``lastDeparture``) is of the same round. ``reasons`` says why each node
+    went (``Left``, ``Evicted``, ``Expired``; ``Removed`` when unknown or not carried). Lists at most
+    ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
     """
     if before is None or not before.complete or before.closed or after.closed:
         return None
