@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import RESULTS, Bench, log, operator_kubeconfig
+from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -180,14 +181,7 @@ def write_report(report: dict[str, Any]) -> None:
         "![broken round](broken-round.png)",
     ]
     page = DOCS / "benchmarks.md"
-    content = page.read_text()
-    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
-    if BEGIN in content and END in content:
-        head, rest = content.split(BEGIN, 1)
-        content = head + block + rest.split(END, 1)[1]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    page.write_text(content)
+    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
     plot(report)
 
 

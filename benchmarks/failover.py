@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, operator_kubeconfig
-from benchmarks.scale import percentile
+from benchmarks.scale import percentile, splice
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -174,14 +174,7 @@ def write_report(report: dict[str, Any]) -> None:
         "![operator failover](failover.png)",
     ]
     page = DOCS / "benchmarks.md"
-    content = page.read_text() if page.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n" + "\n".join(lines) + f"\n{END}"
-    if BEGIN in content and END in content:
-        head, rest = content.split(BEGIN, 1)
-        content = head + block + rest.split(END, 1)[1]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    page.write_text(content)
+    splice(page, "\n".join(lines), BEGIN, END, at_end=True)
     plot(by_mode)
 
 

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scale import splice
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
@@ -108,14 +110,7 @@ def write_report(report: dict[str, Any]) -> None:
     rows += [f"| {what} | {', '.join(found)} |" for what, found in values.items()]
     rows += ["", "![network faults](network-faults.png)"]
     page = DOCS / "reliability.md"
-    content = page.read_text()
-    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
-    if BEGIN in content and END in content:
-        head, rest = content.split(BEGIN, 1)
-        content = head + block + rest.split(END, 1)[1]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    page.write_text(content)
+    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
     plot(values)
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, REPO, RESULTS, VERSION, Bench, agent_env, log, start_operator
+from benchmarks.scale import splice
 
 DOCS = REPO / "docs"
 BEGIN = "<!-- recovery-at-scale:begin (python -m benchmarks.recovery_at_scale) -->"
@@ -282,14 +283,7 @@ def write_report(report: dict[str, Any]) -> None:
                 rows.append(f"| {nodes} | {framework} | {label} | {row} |")
     rows += ["", "![recovery at scale](recovery-at-scale.png)"]
     page = DOCS / "benchmarks.md"
-    content = page.read_text()
-    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
-    if BEGIN in content and END in content:
-        head, rest = content.split(BEGIN, 1)
-        content = head + block + rest.split(END, 1)[1]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    page.write_text(content)
+    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
     plot(report)
 
 

@@ -432,13 +432,16 @@ def write_report(report: dict[str, Any]) -> None:
 BEGIN, END = "<!-- scale:begin (python -m benchmarks.scale) -->", "<!-- scale:end -->"
 
 
-def splice(page: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``text`` between the ``begin`` and ``end`` markers of ``page`` (after its first heading when it has none)."""
+def splice(page: Path, text: str, begin: str = BEGIN, end: str = END, *, at_end: bool = False) -> None:
+    """Put ``text`` between the ``begin`` and ``end`` markers of ``page``; where it has none, after its first
+    heading (or at its end with ``at_end``). Every benchmark writes its section of a page with this."""
     content = page.read_text() if page.exists() else "# Benchmarks\n"
     block = f"{begin}\n{text.strip()}\n{end}"
     if begin in content and end in content:
         head, rest = content.split(begin, 1)
         content = head + block + rest.split(end, 1)[1]
+    elif at_end:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
     else:
         first, _, rest = content.partition("\n")
         content = f"{first}\n\n{block}\n{rest}"

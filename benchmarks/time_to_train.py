@@ -35,6 +35,7 @@ from typing import Any
 
 from benchmarks.broken_round import checkout
 from benchmarks.run import RESULTS, Bench, log
+from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -110,14 +111,7 @@ def write_report(report: dict[str, Any]) -> None:
             rows.append(f"| {nodes} | {label} | " + " | ".join(cells) + " |")
     rows += ["", "![time to train](time-to-train.png)"]
     page = DOCS / "benchmarks.md"
-    content = page.read_text()
-    block = f"{BEGIN}\n" + "\n".join(rows) + f"\n{END}"
-    if BEGIN in content and END in content:
-        head, rest = content.split(BEGIN, 1)
-        content = head + block + rest.split(END, 1)[1]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    page.write_text(content)
+    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
     plot(report)
 
 

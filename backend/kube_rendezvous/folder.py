@@ -330,7 +330,11 @@ class Folder:
         pods = self.training_pods() if self.training_pods is not None else None
         if pods is not None:
             pods = pods.without_gone_agents(dead, [record.node for record in current if record.node not in dead])
-        carry = self._vouched(pods, current) if pods is not None and judge_expiry else None
+        # Carry only where the participants keep Leases (native handlers): a stock handler over the
+        # compare-and-swap backend keeps its heartbeats in the state and would not follow a carried round.
+        leased = {record.node for record in current}
+        native = document is not None and all(node in leased or node in dead for node in document.participants)
+        carry = self._vouched(pods, current) if pods is not None and judge_expiry and native and leased else None
         folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored

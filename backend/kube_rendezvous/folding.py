@@ -43,7 +43,7 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 Two rules are added on top (no framework has them):
 
 - **Carry** (only with ``fold(carry=...)``; the folder passes it when it knows the job's training
-  pods): a complete round whose dead participants are removed (evicted or expired) while others remain
+  pods and the participants keep Leases, i.e. run the native handler): a complete round whose dead participants are removed (evicted or expired) while others remain
   is broken. The next round opens at once with the others that ``carry`` vouches for as its
   participants (the last call starts if they are at least min; max completes it), as if each had asked
   to join it: a broken round's survivors write nothing to re-form. The folder vouches for a member
