@@ -43,15 +43,16 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 Two rules are added on top (no framework has them):
 
 - **Carry** (only with ``fold(carry=...)``; the folder passes it when it knows the job's training
-  pods and the participants keep Leases, i.e. run the native handler): a complete round whose dead participants are removed (evicted or expired) while others remain
-  is broken. The next round opens at once with the others that ``carry`` vouches for as its
-  participants (the last call starts if they are at least min; max completes it), as if each had asked
-  to join it: a broken round's survivors write nothing to re-form. The folder vouches for a member
-  whose pod is live and whose Lease it saw renewed recently. A member not vouched for rejoins by
-  itself, as before. A leave carries no one: it comes when the leaving agent chooses, often right
-  after a peer died unnoticed (its workers crashed on the lost connection), which would carry the
-  dead peer into a round that waits for it. The framework would keep the round complete with fewer
-  participants, whose workers wait for the lost one.
+  pods and the participants keep Leases, i.e. run the native handler): a complete round whose dead
+  participants are removed (evicted or expired) while others remain is broken. The next round opens
+  at once with the others that ``carry`` vouches for as its participants (the last call starts if
+  they are at least min; max completes it), as if each had asked to join it: a broken round's
+  survivors write nothing to re-form. The folder vouches for a member whose pod is live and whose
+  Lease it saw renewed recently. A member not vouched for rejoins by itself, as before. A leave
+  carries no one: it comes when the leaving agent chooses, often right after a peer died unnoticed
+  (its workers crashed on the lost connection), which would carry the dead peer into a round that
+  waits for it. The framework would keep the round complete with fewer participants, whose workers
+  wait for the lost one.
 - ``lost_members``: a member of a round sees that round lose a member (the state moved on without
   it, or dropped it) and its agent restarts at once; its ``next_rendezvous`` then finds itself
   carried into the new round, or asks to join it.
