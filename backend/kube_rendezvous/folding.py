@@ -236,14 +236,14 @@ class _Working:
             last_heartbeats=self.heartbeats,
         )
 
-    def epilogue(self, settings: JoinSettings, now: datetime, carry: Carry | None) -> None:
+    def epilogue(self, settings: JoinSettings, now: datetime | None, carry: Carry | None) -> None:
         """``_remove_participant_epilogue``: a complete round emptied moves to the next round; with
         ``carry``, a complete round that lost a participant does too, with the others ``carry`` keeps."""
         if self.complete:
             if not self.participants:
                 self.complete = False
                 self.round += 1
-            elif carry is not None and not self.closed:
+            elif carry is not None and now is not None and not self.closed:
                 self.carry(settings, now, carry)
         elif len(self.participants) < settings.min_nodes:
             self.deadline = None
@@ -266,14 +266,14 @@ class _Working:
         for rank, node in enumerate(sorted(self.participants)):
             self.participants[node] = rank
 
-    def remove(self, node: NodeId, settings: JoinSettings, now: datetime, carry: Carry | None) -> None:
+    def remove(self, node: NodeId, settings: JoinSettings) -> None:
         """Drop ``node`` from every role; the epilogue runs if it was a participant."""
         self.heartbeats.pop(node, None)
         self.wait_list.discard(node)
         self.redundancy_list.discard(node)
         if node in self.participants:
             del self.participants[node]
-            self.epilogue(settings, now, carry)
+            self.epilogue(settings, None, None)
 
     def join(self, node: NodeId, settings: JoinSettings, now: datetime) -> None:
         """Apply the join operation's actions for ``node`` until it would only wait (SYNC)."""
@@ -359,7 +359,7 @@ def fold(
         round_before = state.round
         for request in ordered:
             if request.desire is Desire.LEAVE:  # no carry: see the rule
-                state.remove(request.node, request.settings, now, None)
+                state.remove(request.node, request.settings)
             elif (
                 request.round is None
                 or request.round == state.round + (1 if state.complete else 0)
