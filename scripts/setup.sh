@@ -6,14 +6,18 @@ cd "$(dirname "$0")/.."
 for tool in go npm python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool: install it first (Go >= 1.26, Node.js with npm, Python >= 3.10)" >&2; exit 1; }
 done
-if ! command -v iptables >/dev/null || ! command -v ip >/dev/null; then
-  # Pods with networks of their own (tests/testenv/podnet.py): iproute2 for namespaces, iptables for faults.
-  echo "== Debian packages: iproute2 iptables (network namespaces and packet-level faults in the tests)"
+# Debian packages: iproute2 (network namespaces), iptables (packet-level faults, the node's Service rule),
+# containerd, runc and containernetworking-plugins (the real node's runtime and pod network).
+PACKAGES="iproute2 iptables containerd runc containernetworking-plugins"
+if ! command -v iptables >/dev/null || ! command -v ip >/dev/null || ! command -v containerd >/dev/null \
+    || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ]; then
+  echo "== Debian packages: $PACKAGES"
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 iptables \
-      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 iptables; }
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PACKAGES \
+      || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $PACKAGES; }
   else
-    echo "   not root or no apt-get: install iproute2 and iptables yourself (tests/test_network.py needs them)" >&2
+    echo "   not root or no apt-get: install $PACKAGES yourself (the network tests and the real node need them)" >&2
   fi
 fi
 echo "== Python packages (into .venv)"

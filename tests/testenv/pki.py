@@ -136,3 +136,26 @@ def create_pki(directory: Path, extra_addresses: tuple[str, ...] = ()) -> Pki:
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def create_client_certificate(pki: Pki, directory: Path, common_name: str, organization: str) -> tuple[Path, Path]:
+    """Issue a client certificate signed by ``pki``'s CA (a kubelet's: ``system:node:<name>``, ``system:nodes``)."""
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    certificate = _issue(
+        _name(common_name, organization),
+        key.public_key(),
+        ca.subject,
+        ca_key,
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = (
+        directory / f"{common_name.replace(':', '-')}.crt",
+        directory / f"{common_name.replace(':', '-')}.key",
+    )
+    _write_key(key_path, key)
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
