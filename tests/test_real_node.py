@@ -1,68 +1,26 @@
-"""Real pods on a real node (``tests.testenv.node``): the README's example Job, run by the kubelet.
-
-The Job is ``examples/training-job.yaml`` as shipped, with only what this cluster needs changed: the
-image (built here, no registry), the host's interpreter mounted into it, smaller requests, and the
-test's training script. Its agents use in-cluster credentials (the projected ServiceAccount token,
-``KUBERNETES_SERVICE_HOST``) and ``POD_IP`` from the downward API.
-"""
+"""Real pods on a real node (``tests.testenv.node``): the README's example Jobs, run by the kubelet."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 
+from tests.e2e.operator_process import OperatorProcess
+from tests.e2e.real_pods import (
+    REPO,
+    apply,
+    example_objects,
+    formed_with,
+    rendezvous_status,
+    training_pods,
+    worker_rounds,
+)
 from tests.testenv import wait_until
-from tests.testenv.images import TRAINING_IMAGE, training_mounts, venv_python
 from tests.testenv.node import Node
-
-REPO = Path(__file__).resolve().parents[1]
-RENDEZVOUS = "llama-train"
-
-
-def example_objects(**environment: str) -> list[dict[str, Any]]:
-    """``examples/`` (ServiceAccount, Role, RoleBinding, Job, Rendezvous), fitted to this node."""
-    objects = [
-        item
-        for name in ("rendezvous.yaml", "training-job.yaml")
-        for item in yaml.safe_load_all((REPO / "examples" / name).read_text())
-        if item
-    ]
-    job = next(item for item in objects if item["kind"] == "Job")
-    pod = job["spec"]["template"]["spec"]
-    pod["terminationGracePeriodSeconds"] = 30
-    container = pod["containers"][0]
-    container["image"] = TRAINING_IMAGE
-    container["imagePullPolicy"] = "Never"
-    container["command"] = [venv_python(), "-m", "kube_rendezvous.run"]
-    container["args"] = [
-        *(arg for arg in container["args"] if arg != "train.py"),
-        "--monitor-interval=0.5",
-        str(REPO / "tests" / "e2e" / "train.py"),
-    ]
-    container["env"] += [
-        {"name": name, "value": value}
-        for name, value in {
-            "OMP_NUM_THREADS": "1",
-            "LOGLEVEL": "INFO",
-            "RESULT_DIR": "/tmp",
-            "STEPS": "100000",
-            "STEP_SECONDS": "0.5",
-            **environment,
-        }.items()
-    ]
-    container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-    mounts = training_mounts()
-    pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
-    container["volumeMounts"] = [
-        {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
-    ]
-    return objects
 
 
 @pytest.fixture
@@ -81,40 +39,6 @@ def node_namespace(real_node: Node, node_api: client.ApiClient, request: pytest.
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name, grace_period_seconds=0)
-
-
-def apply(node: Node, namespace: str, objects: list[dict[str, Any]]) -> None:
-    node.plane.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
-
-
-def training_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
-    pods = core.list_namespaced_pod(namespace, label_selector=f"kube-rendezvous.io/rendezvous={RENDEZVOUS}").items
-    return [
-        pod for pod in pods if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running")
-    ]
-
-
-def rendezvous_status(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
-    found = objects.get_namespaced_custom_object(
-        "kube-rendezvous.io", "v1alpha1", namespace, "rendezvouses", RENDEZVOUS
-    )
-    return dict(found.get("status") or {})
-
-
-def formed_with(status: dict[str, Any], addresses: set[str], after_round: int = -1) -> bool:
-    """Whether the current round is complete with exactly the nodes at ``addresses``, later than ``after_round``."""
-    nodes = {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
-    return status.get("phase") == "Complete" and status.get("round", -1) > after_round and nodes == addresses
-
-
-def worker_rounds(node: Node, namespace: str, pod: str, world: int) -> int:
-    """How many rounds of ``world`` workers ``pod``'s agent started whose workers then trained a step."""
-    lines = node.plane.kubectl("-n", namespace, "logs", pod, check=False).stdout.splitlines()
-    starts = [i for i, line in enumerate(lines) if f"init_process_group world {world}" in line]
-    trained = [i for i, line in enumerate(lines) if f"/{world} group_rank" in line and " step " in line]
-    return sum(
-        1 for n, start in enumerate(starts) if any(start < i < (starts[n + 1 :] or [len(lines)])[0] for i in trained)
-    )
 
 
 def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.ApiClient, node_namespace: str) -> None:
@@ -165,3 +89,94 @@ def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.Ap
             120,
             f"{pod} training in the new round",
         )
+
+
+@pytest.fixture
+def node_operator(real_node: Node, node_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator, as a local process with its documented RBAC, watching the real node's cluster.
+
+    Not yet its image in a Deployment (the chart's pod): building the image needs a base image that
+    this environment cannot pull (README, "A real node").
+    """
+    plane = real_node.plane
+    plane.kubectl("create", "namespace", "kube-rendezvous-system", check=False)
+    plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"))
+    kubeconfig = plane.serviceaccount_kubeconfig("kube-rendezvous-system", "kube-rendezvous-operator")
+    with OperatorProcess(kubeconfig, node_namespace, tmp_path / "operator.log") as operator:
+        yield operator
+
+
+def running_pods(core: client.CoreV1Api, namespace: str, count: int = 3) -> dict[str, str] | None:
+    """The training pods' names and addresses when exactly ``count`` exist and all run with an address."""
+    pods = training_pods(core, namespace)
+    ready = {
+        pod.metadata.name: pod.status.pod_ip for pod in pods if pod.status.phase == "Running" and pod.status.pod_ip
+    }
+    return ready if len(ready) == count and len(pods) == count else None
+
+
+def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
+    real_node: Node, node_api: client.ApiClient, node_namespace: str, node_operator: OperatorProcess
+) -> None:
+    """restartPolicy Never: the kubelet marks the pod Failed, the operator evicts its node at once (no expiry
+    wait), the survivors are carried into the next round and the Job controller's replacement joins it."""
+    core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
+    apply(real_node, node_namespace, example_objects())
+    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
+    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    trained = {
+        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
+    }
+    before = rendezvous_status(objects, node_namespace)
+
+    victim = sorted(first)[1]
+    container = core.read_namespaced_pod(victim, node_namespace).status.container_statuses[0].container_id
+    real_node.kill_container(container)
+    wait_until(
+        lambda: core.read_namespaced_pod(victim, node_namespace).status.phase == "Failed", 60, f"{victim} Failed"
+    )
+    second = wait_until(
+        lambda: (pods := running_pods(core, node_namespace)) and victim not in pods and pods, 180, "a replacement"
+    )
+    status = wait_until(
+        lambda: (
+            (found := rendezvous_status(objects, node_namespace))
+            and formed_with(found, set(second.values()), before["round"])
+            and found
+        ),
+        180,
+        "a round with the replacement pod",
+    )
+    assert status["participantCount"] == 3
+    evicted = [
+        event.message
+        for event in core.list_namespaced_event(node_namespace, field_selector="reason=NodeEvicted").items
+        if f"evicted {first[victim]}_" in event.message
+    ]
+    assert evicted, "the operator posted no NodeEvicted Event for the killed pod's node"
+    for pod in second:
+        wait_until(
+            lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3) > trained.get(pod, 0),
+            120,
+            f"{pod} training in the new round",
+        )
+
+
+def test_a_stock_torchrun_job_trains_and_completes_on_real_pods(
+    real_node: Node, node_api: client.ApiClient, node_namespace: str
+) -> None:
+    """examples/torch/indexed-job.yaml with stock torchrun: 3 pods train together, succeed, and close the Rendezvous."""
+    batch, objects = client.BatchV1Api(node_api), client.CustomObjectsApi(node_api)
+    apply(real_node, node_namespace, example_objects("torch/indexed-job.yaml", STEPS="20", STEP_SECONDS="0.2"))
+    job = wait_until(
+        lambda: (found := batch.read_namespaced_job("llama-train", node_namespace)).status.succeeded == 3 and found,
+        240,
+        "the torchrun Job to succeed with 3 pods",
+    )
+    assert not job.status.failed
+    status = rendezvous_status(objects, node_namespace)
+    assert status["phase"] == "Closed" and status["participantCount"] == 3, status
+    pods = client.CoreV1Api(node_api).list_namespaced_pod(node_namespace).items
+    for pod in pods:
+        logs = real_node.plane.kubectl("-n", node_namespace, "logs", pod.metadata.name).stdout
+        assert "/3 group_rank" in logs and " step 19:" in logs, logs[-2000:]

@@ -246,6 +246,11 @@ state = "{folder / "state"}"
         conditions = node.get("status", {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
+    def kill_container(self, container_id: str, signal_name: str = "SIGKILL") -> None:
+        """Signal a container's main process through containerd (its id, or a pod status' ``containerd://<id>``)."""
+        run("ctr", f"--address={self.containerd_socket}", "-n", "k8s.io", "task", "kill", "-s", signal_name,
+            container_id.rsplit("/", 1)[-1])  # fmt: skip
+
     def fail(self) -> None:
         """A node failure: the kubelet and containerd die (SIGKILL) and so do every pod's processes.
 

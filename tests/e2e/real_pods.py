@@ -1,0 +1,111 @@
+"""The README's example Jobs as real pods on the test node (``tests.testenv.node``), and what to watch in them.
+
+``example_objects`` takes ``examples/`` as shipped and changes only what this cluster needs: the image
+(built here, no registry), the host's interpreter mounted into it, smaller requests, and this
+repository's training script. Its agents use in-cluster credentials (the projected ServiceAccount
+token, ``KUBERNETES_SERVICE_HOST``) and ``POD_IP`` from the downward API, as in any cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from tests.testenv.images import TRAINING_IMAGE, training_mounts, venv_python
+from tests.testenv.node import Node
+
+REPO = Path(__file__).resolve().parents[2]
+RENDEZVOUS = "llama-train"
+
+
+#: Each example Job's launcher (a console script of the virtualenv, or the module) and training script.
+LAUNCHERS = {
+    "training-job.yaml": ([venv_python(), "-m", "kube_rendezvous.run"], REPO / "tests" / "e2e" / "train.py"),
+    "torch/indexed-job.yaml": (
+        [str(Path(venv_python()).parent / "torchrun")],
+        REPO / "tests" / "e2e" / "train_torch.py",
+    ),
+}
+
+
+def example_objects(job_file: str = "training-job.yaml", **environment: str) -> list[dict[str, Any]]:
+    """``examples/``: the Rendezvous, ServiceAccount, Role, RoleBinding and the Job of ``job_file``, fitted here."""
+    objects = [
+        item
+        for name in ("rendezvous.yaml", "training-job.yaml")
+        for item in yaml.safe_load_all((REPO / "examples" / name).read_text())
+        if item and item["kind"] != "Job"
+    ]
+    job = next(
+        item
+        for item in yaml.safe_load_all((REPO / "examples" / job_file).read_text())
+        if item and item["kind"] == "Job"
+    )
+    objects.append(job)
+    launcher, script = LAUNCHERS[job_file]
+    pod = job["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 30
+    container = pod["containers"][0]
+    container["image"] = TRAINING_IMAGE
+    container["imagePullPolicy"] = "Never"
+    container["command"] = launcher
+    container["args"] = [
+        *(arg.replace("--nproc-per-node=8", "--nproc-per-node=1") for arg in container["args"] if arg != "train.py"),
+        "--monitor-interval=0.5",
+        str(script),
+    ]
+    container["env"] += [
+        {"name": name, "value": value}
+        for name, value in {
+            "OMP_NUM_THREADS": "1",
+            "LOGLEVEL": "INFO",
+            "RESULT_DIR": "/tmp",
+            "STEPS": "100000",
+            "STEP_SECONDS": "0.5",
+            **environment,
+        }.items()
+    ]
+    container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    mounts = training_mounts()
+    pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
+    container["volumeMounts"] = [
+        {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
+    ]
+    return objects
+
+
+def apply(node: Node, namespace: str, objects: list[dict[str, Any]]) -> None:
+    node.plane.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
+
+
+def training_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"kube-rendezvous.io/rendezvous={RENDEZVOUS}").items
+    return [
+        pod for pod in pods if pod.metadata.deletion_timestamp is None and pod.status.phase in ("Pending", "Running")
+    ]
+
+
+def rendezvous_status(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
+    found = objects.get_namespaced_custom_object(
+        "kube-rendezvous.io", "v1alpha1", namespace, "rendezvouses", RENDEZVOUS
+    )
+    return dict(found.get("status") or {})
+
+
+def formed_with(status: dict[str, Any], addresses: set[str], after_round: int = -1) -> bool:
+    """Whether the current round is complete with exactly the nodes at ``addresses``, later than ``after_round``."""
+    nodes = {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
+    return status.get("phase") == "Complete" and status.get("round", -1) > after_round and nodes == addresses
+
+
+def worker_rounds(node: Node, namespace: str, pod: str, world: int) -> int:
+    """How many rounds of ``world`` workers ``pod``'s agent started whose workers then trained a step."""
+    lines = node.plane.kubectl("-n", namespace, "logs", pod, check=False).stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if f"init_process_group world {world}" in line]
+    trained = [i for i, line in enumerate(lines) if f"/{world} group_rank" in line and " step " in line]
+    return sum(
+        1 for n, start in enumerate(starts) if any(start < i < (starts[n + 1 :] or [len(lines)])[0] for i in trained)
+    )
