@@ -501,3 +501,115 @@ class TestTrainingPodsCensus:
         assert logic.nodes_of_pod(pods[0], [NodeId("10.0.0.1", 7, 0), NodeId("10.0.0.2", 7, 0)]) == [
             NodeId("10.0.0.1", 7, 0)
         ]
+
+
+class TestNodeNotReady:
+    """A Kubernetes Node NotReady past the grace: which pods' nodes the operator evicts (``logic``)."""
+
+    SINCE = NOW - timedelta(seconds=30)
+
+    @staticmethod
+    def node(status: str | None, since: str | None = "2025-01-02T03:03:35Z", name: str = "node-a") -> dict[str, Any]:
+        conditions: list[dict[str, Any]] = [{"type": "MemoryPressure", "status": "False"}]
+        if status is not None:
+            ready = {"type": "Ready", "status": status, "reason": "NodeStatusUnknown"}
+            conditions.append(ready if since is None else {**ready, "lastTransitionTime": since})
+        return {"metadata": {"name": name}, "status": {"conditions": conditions}}
+
+    @staticmethod
+    def pod(name: str, ip: str, node: str | None = "node-a", **status: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {} if node is None else {"nodeName": node}
+        return {
+            "metadata": {"name": name},
+            "spec": spec,
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], **status},
+        }
+
+    @pytest.mark.parametrize("status", ["False", "Unknown"])
+    def test_a_node_whose_ready_condition_is_false_or_unknown_is_not_ready_since_its_transition(
+        self, status: str
+    ) -> None:
+        assert logic.node_not_ready_since(self.node(status)) == self.SINCE
+
+    @pytest.mark.parametrize("status", ["True", None, "Maybe"])
+    def test_a_ready_node_or_one_without_a_ready_condition_is_not_not_ready(self, status: str | None) -> None:
+        assert logic.node_not_ready_since(self.node(status)) is None
+        assert logic.node_not_ready_since({"metadata": {"name": "n"}}) is None
+
+    @pytest.mark.parametrize("since", [None, "yesterday", ""])
+    def test_a_not_ready_condition_without_a_readable_transition_counts_from_when_it_was_seen(
+        self, since: str | None
+    ) -> None:
+        assert logic.node_not_ready_since(self.node("Unknown", since), seen=NOW) == NOW
+        assert logic.node_not_ready_since(self.node("Unknown", since)) is None
+
+    def test_the_wait_is_the_grace_but_never_shorter_than_a_keep_alive_past_the_slack(self) -> None:
+        grace = timedelta(seconds=10)
+        assert logic.not_ready_wait(grace, 5.0) == grace  # the defaults: 5 + 2 + 1 < 10
+        assert logic.not_ready_wait(grace, 30.0) == timedelta(seconds=33)
+        assert logic.not_ready_wait(timedelta(seconds=1), 5.0) == timedelta(seconds=8)
+        # The default grace is shorter than the agents' default heartbeat expiry: it acts first.
+        from kube_rendezvous_operator.config import NODE_NOT_READY_SECONDS
+
+        defaults = RendezvousTimings()
+        wait = logic.not_ready_wait(timedelta(seconds=NODE_NOT_READY_SECONDS), defaults.keep_alive_interval)
+        assert wait < timedelta(seconds=defaults.heartbeat_expiry)
+
+    def test_only_live_pods_on_a_node_not_ready_for_the_wait_are_taken(self) -> None:
+        pods = [
+            self.pod("a", "10.0.0.1"),
+            self.pod("b", "10.0.0.2", node="node-b"),  # NotReady, but not for long enough
+            self.pod("c", "10.0.0.3", node="node-c"),  # Ready
+            self.pod("d", "10.0.0.4", phase="Failed"),  # gone: the pod rule's
+            self.pod("e", "10.0.0.5", node=None),  # not scheduled
+            self.pod("f", "10.0.0.6"),
+        ]
+        not_ready = {"node-a": self.SINCE, "node-b": NOW - timedelta(seconds=9)}
+        found = logic.pods_on_not_ready_nodes(pods, not_ready, NOW, timedelta(seconds=10))
+        assert {node: [item["metadata"]["name"] for item in items] for node, items in found.items()} == {
+            "node-a": ["a", "f"]
+        }
+        later = logic.pods_on_not_ready_nodes(pods, not_ready, NOW + timedelta(seconds=1), timedelta(seconds=10))
+        assert sorted(later) == ["node-a", "node-b"]
+
+    def test_silent_agents_are_evicted_and_an_agent_heartbeating_after_the_transition_is_spared(self) -> None:
+        slack = logic.HEARTBEAT_SLACK
+        silent, within_slack, alive, no_beat = (NodeId(f"10.0.0.{index}", 7, 0) for index in (1, 2, 3, 4))
+        doc = document(
+            participants={silent: 0, within_slack: 1, alive: 2},
+            wait_list=frozenset({no_beat}),
+            last_heartbeats={
+                silent: self.SINCE - timedelta(seconds=40),  # its machine died before the kubelet was missed
+                within_slack: self.SINCE + slack,
+                alive: self.SINCE + slack + timedelta(microseconds=1),  # only the kubelet failed
+            },
+        )
+        pods = [self.pod(f"p{index}", f"10.0.0.{index}") for index in (1, 2, 3, 4)]
+        evict, spared = logic.nodes_on_not_ready_node(pods, doc, self.SINCE)
+        assert evict == [silent, within_slack, no_beat]
+        assert spared == [alive]
+
+    def test_nodes_of_other_pods_are_never_taken(self) -> None:
+        other = NodeId("10.0.0.9", 7, 0)
+        doc = document(participants={other: 0}, last_heartbeats={other: self.SINCE - timedelta(seconds=60)})
+        assert logic.nodes_on_not_ready_node([self.pod("a", "10.0.0.1")], doc, self.SINCE) == ([], [])
+
+
+class TestNodeNotReadySetting:
+    """``--node-not-ready-seconds``: flag, then the chart's variable, then the default."""
+
+    def test_the_default_and_the_environment_and_the_flag(self) -> None:
+        from kube_rendezvous_operator.config import NODE_NOT_READY_SECONDS, OperatorConfig
+
+        assert OperatorConfig.from_arguments([], {}).node_not_ready_seconds == NODE_NOT_READY_SECONDS == 10.0
+        environ = {"KUBE_RENDEZVOUS_NODE_NOT_READY_SECONDS": "25"}
+        assert OperatorConfig.from_arguments([], environ).node_not_ready_seconds == 25.0
+        flag = ["--node-not-ready-seconds", "4.5"]
+        assert OperatorConfig.from_arguments(flag, environ).node_not_ready_seconds == 4.5
+
+    @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+    def test_a_value_that_is_not_positive_seconds_is_refused_naming_the_flag(self, value: str) -> None:
+        from kube_rendezvous_operator.config import OperatorConfig
+
+        with pytest.raises(ValueError, match="--node-not-ready-seconds"):
+            OperatorConfig.from_arguments(["--node-not-ready-seconds", value], {})

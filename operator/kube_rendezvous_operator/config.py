@@ -12,6 +12,14 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+#: The default of ``--node-not-ready-seconds``. Shorter than the agents' default heartbeat expiry
+#: (``RendezvousTimings``: 5 s x 3 = 15 s), so it acts before the expiry would, yet two keep-alives
+#: long, so a Ready condition that flips for a moment (a kubelet restart, one missed status update)
+#: evicts nothing. The node-lifecycle controller itself marks a silent node Unknown only after its
+#: --node-monitor-grace-period (40-50 s upstream); a kubelet that reports Ready=False is alive and
+#: says so at once. Either way an agent that still heartbeats is never evicted (``logic.nodes_of_pod``).
+NODE_NOT_READY_SECONDS = 10.0
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
@@ -24,6 +32,9 @@ class OperatorConfig:
         log_format: ``json`` or ``plain``.
         leader_election: act only while holding the Lease ``kube-rendezvous-operator``.
         resync_seconds: seconds between two resyncs of a Rendezvous with its pods.
+        node_not_ready_seconds: how long a Kubernetes Node must have been NotReady (its ``Ready``
+            condition ``False`` or ``Unknown``, counted from that condition's ``lastTransitionTime``)
+            before the nodes of the training pods on it are evicted (``NODE_NOT_READY_SECONDS``).
         identity: this replica's name (``POD_NAME``, else host and pid).
         pod_namespace: the operator's own namespace (the election Lease's), None when unknown.
         kubeconfig: a kubeconfig to use instead of in-cluster credentials.
@@ -36,6 +47,7 @@ class OperatorConfig:
     log_format: str = "json"
     leader_election: bool = False
     resync_seconds: float = 10.0
+    node_not_ready_seconds: float = NODE_NOT_READY_SECONDS
     identity: str = "operator"
     pod_namespace: str | None = None
     kubeconfig: str | None = None
@@ -46,6 +58,8 @@ class OperatorConfig:
             raise ValueError(f"--metrics-port {self.metrics_port}: must be a port number (1-65535)")
         if self.resync_seconds <= 0:
             raise ValueError(f"--resync-seconds {self.resync_seconds:g}: must be positive seconds")
+        if not 0 < self.node_not_ready_seconds < float("inf"):
+            raise ValueError(f"--node-not-ready-seconds {self.node_not_ready_seconds:g}: must be positive seconds")
         if self.log_format not in ("json", "plain"):
             raise ValueError(f"--log-format {self.log_format!r}: must be json or plain")
 
@@ -96,6 +110,12 @@ class OperatorConfig:
             default=float(environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", cls.resync_seconds)),
             help="seconds between resyncs of each Rendezvous with its pods (default %(default)s)",
         )
+        parser.add_argument(
+            "--node-not-ready-seconds",
+            type=float,
+            default=float(environ.get("KUBE_RENDEZVOUS_NODE_NOT_READY_SECONDS", cls.node_not_ready_seconds)),
+            help="evict the nodes of training pods on a Kubernetes Node NotReady for this long (default %(default)s)",
+        )
         parser.add_argument("--verbose", action="store_true")
         args = parser.parse_args(list(argv))
         return cls(
@@ -105,6 +125,7 @@ class OperatorConfig:
             log_format=args.log_format,
             leader_election=args.leader_election,
             resync_seconds=args.resync_seconds,
+            node_not_ready_seconds=args.node_not_ready_seconds,
             identity=environ.get("POD_NAME") or f"{socket.gethostname()}-{pid}",
             pod_namespace=environ.get("POD_NAMESPACE") or None,
             kubeconfig=environ.get("KUBECONFIG") or None,

@@ -4,7 +4,9 @@ The operator is never required in the data path (it is the preferred writer, see
 agents elect one of their own when it is down). It watches Rendezvous objects and the training pods,
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
 them to ``status.evictedNodes``, which every writer folds into the state), holds a deleted
-Rendezvous until its agents have closed, and deletes closed ones after their TTL. It writes to
+Rendezvous until its agents have closed, and deletes closed ones after their TTL. It also evicts
+the nodes of training pods on a Kubernetes Node NotReady for ``--node-not-ready-seconds`` (``nodes``
+tells which are), unless their agents still heartbeat. It writes to
 a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
 resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
 ended while the operator was down or its watch was broken are noticed too.
@@ -20,8 +22,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import kopf
@@ -43,10 +46,11 @@ from kube_rendezvous.kubeapi import (
 )
 from kube_rendezvous.status import add_evictions as evict
 from kube_rendezvous.status import write_status
-from kube_rendezvous.summary import parse_time
+from kube_rendezvous.summary import format_time, parse_time
 
 from . import logic, metrics
 from .config import OperatorConfig
+from .nodes import NodeReadiness, NotReady
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,29 @@ class Observed:
 
 
 @dataclass
+class NodeRule:
+    """The state of the NotReady-node rule, shared by every copy of the memo."""
+
+    #: The NotReady Kubernetes Nodes (None until the operator started watching them).
+    readiness: NodeReadiness | None = None
+    #: The wake-up of each Rendezvous's ``evict_on_not_ready_nodes`` daemon, rung when a Node's readiness changes.
+    wakes: dict[Key, asyncio.Event] = field(default_factory=dict)
+    #: (Rendezvous, Node, NotReady since) already judged after its grace ended, by the daemon or a resync.
+    judged: set[tuple[Key, str, datetime]] = field(default_factory=set)
+    #: (Rendezvous, Node, NotReady since) whose live agents were logged as spared (logged once).
+    spared: set[tuple[Key, str, datetime]] = field(default_factory=set)
+    #: Guards ``judged`` and ``spared`` (held briefly, also from the event loop).
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: One judgement at a time (a daemon and a resync), so one eviction posts one Event (worker threads only).
+    judging: threading.Lock = field(default_factory=threading.Lock)
+
+    def wake_all(self) -> None:
+        """Wake every daemon (from the event loop: ``loop.call_soon_threadsafe``)."""
+        for wake in list(self.wakes.values()):
+            wake.set()
+
+
+@dataclass
 class OperatorMemo:
     """Kopf's memo: the operator's whole memory (Kopf hands each Rendezvous a shallow copy, so the dicts are shared).
 
@@ -93,6 +120,10 @@ class OperatorMemo:
     pods_lock: threading.Lock = field(default_factory=threading.Lock)
     #: Each Rendezvous's folder's wake-up (``writer.fold_requests``), rung when its pods change.
     wake_folder: dict[Key, Any] = field(default_factory=dict)
+    #: Each Rendezvous's keep-alive interval (its spec's, as the agents resolve it without rdzv-conf).
+    keep_alive: dict[Key, float] = field(default_factory=dict)
+    #: The rule that evicts the nodes of training pods on NotReady Kubernetes Nodes.
+    node_rule: NodeRule = field(default_factory=NodeRule)
 
 
 def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
@@ -283,6 +314,7 @@ def observe_rendezvous(
         memo.observed.pop(key, None)
         memo.states.pop(key, None)
         memo.selectors.pop(key, None)
+        memo.keep_alive.pop(key, None)
         metrics.forget(namespace, name)
         return
     status = dict(status or {})
@@ -304,6 +336,7 @@ def observe_rendezvous(
     if previous is None and stored.document is not None:
         baseline, last_formed = logic.announced_baseline(stored.document, announced)
     memo.observed[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
+    memo.keep_alive[key] = logic.timings(spec or {}).keep_alive_interval
     selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if memo.selectors.get(key) != selector:
         memo.selectors[key] = selector
@@ -468,7 +501,9 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
 
     Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
     evicted) and evicts the nodes ``logic.nodes_to_evict_on_resync`` finds: those of gone pods,
-    and those without any pod while the others are recognised by their pods.
+    and those without any pod while the others are recognised by their pods. Then, with the
+    same pods and heartbeats, the nodes of pods on a Kubernetes Node NotReady past its grace
+    (``evict_on_not_ready``), so that rule holds after a restart or a missed Node event too.
     """
     status = dict(status or {})
     if status.get("closed"):
@@ -495,13 +530,167 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     document = stored_state(memo, (namespace, name), status.get("state")).document
     if document is None or document.closed:
         return
-    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
+    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
 
-    document = with_lease_heartbeats(memo.api, document, namespace, name) or document
-    nodes = logic.nodes_to_evict_on_resync(document, pods.values(), datetime.now(timezone.utc))
+    try:
+        beats: dict[NodeId, datetime] | None = heartbeats(memo.api, namespace, name)
+    except (ApiError, ApiUnavailableError):
+        beats = None
+    now = datetime.now(timezone.utc)
+    nodes = logic.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)
     already = set(status.get("evictedNodes") or [])
     evicting = [str(node) for node in nodes if str(node) not in already]
     evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")
+    if beats is not None:  # never judge a NotReady node's agents without their heartbeats
+        evict_on_not_ready(memo, (namespace, name), pods.values(), merge_heartbeats(document, beats, every_node=True))
+
+
+# -- pods on NotReady Kubernetes Nodes -------------------------------------------------------
+
+
+def not_ready_wait(memo: OperatorMemo, key: Key) -> timedelta:
+    """How long after its Node went NotReady a pod of ``key`` has its nodes evicted (``logic.not_ready_wait``)."""
+    grace = timedelta(seconds=memo.config.node_not_ready_seconds)
+    return logic.not_ready_wait(grace, memo.keep_alive.get(key, logic.timings({}).keep_alive_interval))
+
+
+def not_ready_nodes(memo: OperatorMemo) -> dict[str, NotReady]:
+    """The NotReady Kubernetes Nodes (none while they are not watched or cannot be read)."""
+    readiness = memo.node_rule.readiness
+    return {} if readiness is None else readiness.not_ready()
+
+
+def evict_on_not_ready(
+    memo: OperatorMemo,
+    key: Key,
+    pods: Iterable[dict[str, Any]],
+    document: RendezvousDocument,
+    only: str | None = None,
+) -> None:
+    """Evict the nodes of ``key``'s ``pods`` that run on a Node NotReady past its wait (Node ``only``, if given).
+
+    ``document`` must carry the nodes' current heartbeats (their Leases): a node that heartbeats
+    after its Node went NotReady (plus the slack) is alive and is not evicted (``logic.nodes_on_not_ready_node``).
+    """
+    namespace, name = key
+    observed = memo.observed.get(key)
+    if document.closed or (observed is not None and observed.status.get("closed")):
+        return
+    states = not_ready_nodes(memo)
+    if only is not None:
+        states = {only: states[only]} if only in states else {}
+    now = datetime.now(timezone.utc)
+    on_nodes = logic.pods_on_not_ready_nodes(
+        pods, {node: state.since for node, state in states.items()}, now, not_ready_wait(memo, key)
+    )
+    rule = memo.node_rule
+    for node, on_node in sorted(on_nodes.items()):
+        state = states[node]
+        judged = (key, node, state.since)
+        evict, alive = logic.nodes_on_not_ready_node(on_node, document, state.since)
+        with rule.lock:
+            rule.judged.add(judged)
+            spare = bool(alive) and judged not in rule.spared
+            if spare:
+                rule.spared.add(judged)
+        if spare:
+            logger.info(
+                "Kubernetes node %s is NotReady since %s, but nodes %s of rendezvous %s/%s on it heartbeat "
+                "after that: their agents are alive; not evicted",
+                node,
+                format_time(state.since),
+                ", ".join(str(item) for item in alive),
+                namespace,
+                name,
+            )
+        whose = "its" if len(evict) == 1 else "their"
+        with rule.judging:
+            evict_and_report(
+                memo,
+                namespace,
+                name,
+                [str(item) for item in evict],
+                f"{whose} Kubernetes node {node} is NotReady (Ready={state.status}) since {format_time(state.since)}",
+            )
+
+
+def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
+    """Judge ``key``'s pods on Node ``node`` now that its grace ended: read heartbeats, evict the silent."""
+    stored = memo.states.get(key)
+    if stored is None or stored.document is None:
+        return
+    with memo.pods_lock:
+        pods = list((memo.pods.get(key) or {}).values())
+    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
+
+    try:
+        beats = heartbeats(memo.api, *key)
+    except (ApiError, ApiUnavailableError) as exc:
+        logger.info("could not read the heartbeats of %s/%s (the next resync judges node %s): %s", *key, node, exc)
+        return
+    evict_on_not_ready(memo, key, pods, merge_heartbeats(stored.document, beats, every_node=True), only=node)
+
+
+def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str], datetime | None]:
+    """The Nodes whose grace ended for ``key``'s pods and that were not judged yet; when the next grace ends."""
+    states = not_ready_nodes(memo)
+    rule = memo.node_rule
+    with rule.lock:  # forget what was judged of Nodes that are Ready again (or NotReady anew)
+        current = {(node, state.since) for node, state in states.items()}
+        rule.judged = {item for item in rule.judged if (item[1], item[2]) in current}
+        rule.spared = {item for item in rule.spared if (item[1], item[2]) in current}
+        judged = {item[1] for item in rule.judged if item[0] == key}
+    if not states:
+        return [], None
+    with memo.pods_lock:
+        pods = list((memo.pods.get(key) or {}).values())
+    wait = not_ready_wait(memo, key)
+    since = {node: state.since for node, state in states.items()}
+    due = [node for node in logic.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
+    return due, min((moment + wait for moment in since.values() if moment + wait > now), default=None)
+
+
+async def evict_on_not_ready_nodes(namespace: str, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
+    """When the grace of a Node that runs this Rendezvous's pods ends, judge them at once (a Kopf daemon).
+
+    Wakes when a Node's readiness changes and when the next grace ends, at least every resync
+    interval; the resyncs judge the Nodes again (``resync_pods``).
+    """
+    key = (namespace, name)
+    wake = asyncio.Event()
+    memo.node_rule.wakes[key] = wake
+    try:
+        while not stopped:
+            wake.clear()
+            now = datetime.now(timezone.utc)
+            due, next_at = due_not_ready(memo, key, now)
+            for node in due:
+                await asyncio.to_thread(evict_on_not_ready_node, memo, key, node)
+            delay = memo.config.resync_seconds
+            if next_at is not None:
+                delay = min(delay, max(0.05, (next_at - datetime.now(timezone.utc)).total_seconds()))
+            waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+    finally:
+        if memo.node_rule.wakes.get(key) is wake:
+            del memo.node_rule.wakes[key]
+
+
+async def start_node_rule(memo: OperatorMemo, **_: Any) -> None:
+    """Watch the Kubernetes Nodes for the NotReady-node rule (Kopf's startup)."""
+    loop = asyncio.get_running_loop()
+    rule = memo.node_rule
+    rule.readiness = NodeReadiness(memo.api, on_change=lambda: loop.call_soon_threadsafe(rule.wake_all)).start()
+
+
+async def stop_node_rule(memo: OperatorMemo, **_: Any) -> None:
+    """Stop watching the Nodes (Kopf's cleanup)."""
+    if memo.node_rule.readiness is not None:
+        memo.node_rule.readiness.stop()
 
 
 def close_before_delete(
@@ -574,6 +763,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     # Kopf's own watches log in as our API client does: the kubeconfig, else the pod's service account.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.startup(registry=registry)(start_node_rule)
+    kopf.on.cleanup(registry=registry)(stop_node_rule)
     for on in (kopf.on.resume, kopf.on.create):
         on(*rendezvous, registry=registry)(reconcile_spec)
     kopf.on.update(*rendezvous, field="spec", registry=registry)(reconcile_spec)
@@ -584,3 +775,4 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     kopf.on.delete(*rendezvous, registry=registry)(close_before_delete)
     kopf.daemon(*rendezvous, cancellation_timeout=5, when=has_ttl, registry=registry)(delete_after_ttl)
     kopf.daemon(*rendezvous, cancellation_timeout=FOLDER_STOP_SECONDS + 5, registry=registry)(fold_requests)
+    kopf.daemon(*rendezvous, cancellation_timeout=5, registry=registry)(evict_on_not_ready_nodes)

@@ -109,11 +109,23 @@ def with_lease_heartbeats(
         beats = heartbeats(client, namespace, rendezvous_name)
     except (ApiError, ApiUnavailableError):
         return document
+    return merge_heartbeats(document, beats)
+
+
+def merge_heartbeats(
+    document: RendezvousDocument, beats: dict[NodeId, datetime], *, every_node: bool = False
+) -> RendezvousDocument:
+    """``document`` with the heartbeats of ``beats`` (from ``heartbeats``).
+
+    For the participants and the nodes the document has a heartbeat of; with ``every_node``, for
+    every node the document names (waiting ones included), so that none is taken for silent.
+    """
     if not beats:
         return document
     merged = dict(document.last_heartbeats)
-    merged.update({node: beat for node, beat in beats.items() if node in merged or node in document.participants})
+    wanted = set(document.nodes()) if every_node else set(merged) | set(document.participants)
+    merged.update({node: beat for node, beat in beats.items() if node in wanted})
     return dataclasses.replace(document, last_heartbeats=merged)
 
 
-__all__ = ["FOLDER_STOP_SECONDS", "fold_requests", "heartbeats", "with_lease_heartbeats"]
+__all__ = ["FOLDER_STOP_SECONDS", "fold_requests", "heartbeats", "merge_heartbeats", "with_lease_heartbeats"]

@@ -145,6 +145,15 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
   verbs: [get, list, watch]
 {{- end }}
 
+{{/* The operator's read of Kubernetes Nodes: cluster-scoped, so a ClusterRole in either scope. */}}
+{{- define "kube-rendezvous.operatorNodeRules" -}}
+# Kubernetes Nodes (cluster-scoped), to evict the nodes of training pods on a NotReady one.
+# Without it the operator logs one warning and evicts them only when their heartbeats expire.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- end }}
+
 {{/* The metadata: line of a CRD with the chart's labels and, with crds.keep, the keep policy. */}}
 {{- define "kube-rendezvous.crdMetadata" -}}
 metadata:
