@@ -1,5 +1,10 @@
-"""The demo: a local control plane, the operator, and a 3-agent elastic tensorplay job that
+"""The demo: a local control plane, the operator, and a 3-pod elastic tensorplay job that
 rendezvouses through a Rendezvous object, loses a pod, recovers and finishes.
+
+By default the pods are real: a node (containerd, kubelet, scheduler) runs the README's example
+Indexed Job, and ``kubectl delete pod`` makes the kubelet SIGTERM one agent. Where a real node is not
+possible (not root, or scripts/setup.sh's Debian packages missing) it says why and, as with
+``--simulated``, plays the kubelet: agents run as local processes beside Pod objects it writes.
 
 Run it with ``bash scripts/demo.sh`` (which installs what it needs first).
 """
@@ -21,7 +26,19 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.harness import ElasticJob, training_in_world  # noqa: E402
 from tests.e2e.operator_process import create_training_pod  # noqa: E402
+from tests.e2e.real_pods import (  # noqa: E402
+    RENDEZVOUS as EXAMPLE_RENDEZVOUS,
+)
+from tests.e2e.real_pods import (  # noqa: E402
+    apply,
+    example_objects,
+    formed_with,
+    rendezvous_status,
+    training_pods,
+    worker_rounds,
+)
 from tests.testenv import ControlPlane, free_port, wait_until  # noqa: E402
+from tests.testenv.node import Node, unavailable  # noqa: E402
 
 NAMESPACE = "demo"
 RENDEZVOUS = """
@@ -44,11 +61,154 @@ def show(plane: ControlPlane, *args: str) -> None:
     print(plane.kubectl(*args).stdout.rstrip(), flush=True)
 
 
+def start_operator(plane: ControlPlane, workdir: Path) -> subprocess.Popen[bytes]:
+    """The CRDs, the operator's documented RBAC, and the operator as a local process under its ServiceAccount."""
+    say("installing the CRDs and the operator (with its documented RBAC)")
+    show(plane, "apply", "-f", str(REPO / "crds"))
+    plane.kubectl("wait", "--for=condition=established", "crd", "--all", "--timeout=60s")
+    plane.kubectl("create", "namespace", NAMESPACE)
+    plane.kubectl("create", "namespace", "kube-rendezvous-system")
+    show(plane, "apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"))
+    operator_kubeconfig = plane.serviceaccount_kubeconfig("kube-rendezvous-system", "kube-rendezvous-operator")
+    operator_log = workdir / "operator.log"
+    with operator_log.open("wb") as log:
+        operator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kube_rendezvous_operator",
+                "--log-format",
+                "plain",
+                "--metrics-port",
+                str(free_port()),
+                "--liveness",
+                f"http://127.0.0.1:{free_port()}/healthz",
+            ],
+            env=dict(os.environ, KUBECONFIG=str(operator_kubeconfig)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    print(f"operator log: {operator_log}")
+    return operator
+
+
+def show_events(plane: ControlPlane) -> None:
+    say("kubectl get events (the Rendezvous)")
+    show(
+        plane,
+        "-n",
+        NAMESPACE,
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=llama-train",
+        "--sort-by=.metadata.creationTimestamp",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20, help="training steps of one second each (default 20)")
+    parser.add_argument("--simulated", action="store_true", help="play the kubelet instead of running a real node")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-demo-"))
+    missing = None if args.simulated else unavailable()
+    if missing is not None:
+        say(f"no real node on this machine ({missing}): the demo plays the kubelet instead")
+    if args.simulated or missing is not None:
+        return simulated(args.steps, workdir)
+    return real_node(args.steps, workdir)
+
+
+def real_node(steps: int, workdir: Path) -> int:
+    """The README's example Job as 3 real pods on a real node; ``kubectl delete pod`` one; the Job finishes."""
+    say(f"starting a local control plane and a real node (containerd, kubelet, kube-scheduler) in {workdir}")
+    plane = ControlPlane(workdir / "control-plane", with_node=True)
+    plane.start()
+    node: Node | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        node = Node(plane)
+        node.start()
+        print(f"kubeconfig: {plane.admin_kubeconfig}")
+        show(plane, "get", "nodes", "-o", "wide")
+        operator = start_operator(plane, workdir)
+        api = config.new_client_from_config(str(plane.admin_kubeconfig))
+        core, objects, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
+
+        say("examples/rendezvous.yaml and examples/training-job.yaml: an Indexed Job of 3 pods, 1 worker each")
+        print("(fitted here: the image is built locally and mounts this machine's Python; smaller requests)")
+        apply(node, NAMESPACE, example_objects(STEPS=str(steps), STEP_SECONDS="1"))
+        started = time.monotonic()
+
+        def running(exclude: str = "") -> dict[str, str] | None:
+            pods = training_pods(core, NAMESPACE)
+            ready = {p.metadata.name: p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip}
+            return ready if len(ready) == 3 and len(pods) == 3 and exclude not in ready else None
+
+        first = wait_until(running, 240, "3 training pods Running")
+        wait_until(
+            lambda: (
+                formed_with(rendezvous_status(objects, NAMESPACE), set(first.values()))
+                and all(worker_rounds(node, NAMESPACE, pod, 3) for pod in first)
+            ),
+            180,
+            "the 3 pods' workers training together",
+        )
+        print(f"round formed and training in {time.monotonic() - started:.1f} s: 3 real pods, world size 3")
+        show(plane, "-n", NAMESPACE, "get", "pods", "-o", "wide")
+        show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
+
+        victim = sorted(first)[1]
+        survivors = sorted(set(first) - {victim})
+        rounds = {pod: worker_rounds(node, NAMESPACE, pod) for pod in first}
+        say(
+            f"kubectl delete pod {victim}: the operator evicts its node, the kubelet SIGTERMs its agent (it leaves), "
+            "and the Job controller creates a replacement pod"
+        )
+        deleted = time.monotonic()
+        show(plane, "-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
+        wait_until(
+            lambda: all(worker_rounds(node, NAMESPACE, pod) > rounds[pod] for pod in survivors),
+            180,
+            "the survivors training in a new round",
+        )
+        print(f"survivors training again in a new round {time.monotonic() - deleted:.1f} s after the delete")
+        show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
+        second = wait_until(lambda: running(victim), 180, "the Job controller's replacement pod Running")
+        replacement = next(pod for pod in second if pod not in first)
+        wait_until(lambda: worker_rounds(node, NAMESPACE, replacement, 3) > 0, 180, f"{replacement} training")
+        print(
+            f"replacement pod {replacement} joined: 3 pods training {time.monotonic() - deleted:.1f} s after the delete"
+        )
+        show(plane, "-n", NAMESPACE, "get", "pods", "-o", "wide")
+        show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
+
+        say("waiting for the Job to finish")
+        job = wait_until(
+            lambda: (found := batch.read_namespaced_job(EXAMPLE_RENDEZVOUS, NAMESPACE)).status.succeeded == 3 and found,
+            120 + 3 * steps,
+            "the Job to complete",
+        )
+        print(f"Job complete: {job.status.succeeded} pods succeeded, {job.status.failed or 0} failed")
+        say("kubectl get rdzv")
+        show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
+        show_events(plane)
+        return 0
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.terminate()
+            operator.wait(20)
+        if node is not None:
+            node.stop()
+        plane.stop()
+
+
+def simulated(steps: int, workdir: Path) -> int:
+    """The kubelet played: Pod objects written here, each agent a local process with its own address."""
     say(f"starting a local control plane (etcd, kube-apiserver with RBAC, controller-manager) in {workdir}")
     plane = ControlPlane(workdir / "control-plane")
     plane.start()
@@ -56,33 +216,7 @@ def main() -> int:
     job: ElasticJob | None = None
     try:
         print(f"kubeconfig: {plane.admin_kubeconfig}")
-        say("installing the CRDs and the operator (with its documented RBAC)")
-        show(plane, "apply", "-f", str(REPO / "crds"))
-        plane.kubectl("wait", "--for=condition=established", "crd", "--all", "--timeout=60s")
-        plane.kubectl("create", "namespace", NAMESPACE)
-        plane.kubectl("create", "namespace", "kube-rendezvous-system")
-        show(plane, "apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"))
-        operator_kubeconfig = plane.serviceaccount_kubeconfig("kube-rendezvous-system", "kube-rendezvous-operator")
-        operator_log = workdir / "operator.log"
-        with operator_log.open("wb") as log:
-            operator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kube_rendezvous_operator",
-                    "--log-format",
-                    "plain",
-                    "--metrics-port",
-                    str(free_port()),
-                    "--liveness",
-                    f"http://127.0.0.1:{free_port()}/healthz",
-                ],
-                env=dict(os.environ, KUBECONFIG=str(operator_kubeconfig)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        print(f"operator log: {operator_log}")
+        operator = start_operator(plane, workdir)
 
         say("the training pods' ServiceAccount 'trainer' with the agent Role, and the Rendezvous")
         show(plane, "-n", NAMESPACE, "apply", "-f", str(REPO / "docs" / "rbac.yaml"))
@@ -111,7 +245,7 @@ def main() -> int:
             f"{NAMESPACE}/llama-train",
             "2:3",
             rdzv_conf={"kubeconfig": str(trainer)},
-            steps=args.steps,
+            steps=steps,
             step_seconds=1.0,
         )
         command = " ".join(job.command("<pod IP>")[1:])
@@ -141,19 +275,7 @@ def main() -> int:
         )
         say("kubectl get rdzv")
         show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
-        say("kubectl get events (the Rendezvous)")
-        show(
-            plane,
-            "-n",
-            NAMESPACE,
-            "get",
-            "events",
-            "--field-selector",
-            "involvedObject.name=llama-train",
-            "--sort-by=.metadata.creationTimestamp",
-            "-o",
-            "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
-        )
+        show_events(plane)
         return 0 if codes == [0, 0] else 1
     finally:
         if job is not None:

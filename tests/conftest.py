@@ -131,16 +131,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         _CONTROL_PLANE = None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """A control plane of its own with a real node: containerd, runc, the CNI bridge, kubelet and scheduler.
+
+    Per module, so that it is gone before any other test (the demo's) starts a node: one per machine.
 
     Its pods are real (``tests.testenv.node``). Needs root and scripts/setup.sh's Debian packages; where
     they are missing the test fails and says why.
     """
-    from tests.testenv import podnet
+    from tests.testenv.node import unavailable
 
-    missing = podnet.available()
+    missing = unavailable()
     if missing is not None:
         pytest.fail(f"a real node is not possible here: {missing}")
     plane = ControlPlane(tmp_path_factory.mktemp("node-plane"), with_node=True)

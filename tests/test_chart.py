@@ -379,10 +379,11 @@ class TestTheOperatorRBAC:
         cluster_wide = documented("operator-rbac.yaml", "ClusterRole")["rules"]
         assert operator_container(manifests)["args"] == ["--namespace", RELEASE_NAMESPACE]
         role = the(operator_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
-        assert role["rules"] == without(cluster_wide, "customresourcedefinitions", "namespaces")
-        # Kopf still reads CRDs cluster-wide; nothing else is cluster-wide, not even namespaces.
+        assert role["rules"] == without(cluster_wide, "customresourcedefinitions", "namespaces", "nodes")
+        # Kopf still reads CRDs cluster-wide, and the NotReady-node rule reads Nodes (cluster-scoped);
+        # nothing else is cluster-wide, not even namespaces.
         assert the(operator_objects(manifests, "ClusterRole"), "ClusterRole")["rules"] == [
-            rule for rule in cluster_wide if rule["resources"] == ["customresourcedefinitions"]
+            rule for rule in cluster_wide if rule["resources"] in (["customresourcedefinitions"], ["nodes"])
         ]
 
     def test_watch_namespaces_render_one_namespace_argument_and_one_role_each(self, helm: Helm) -> None:

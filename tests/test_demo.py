@@ -8,16 +8,36 @@ import sys
 from tests.helpers import REPO
 
 
-def test_the_demo_recovers_from_a_killed_pod_and_shows_kubectl_get_rdzv_and_events() -> None:
+def run_demo(*args: str) -> str:
     run = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "demo.py"), "--steps", "8"],
+        [sys.executable, str(REPO / "scripts" / "demo.py"), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    out = run.stdout
+    return run.stdout
+
+
+def test_the_demo_runs_the_example_job_on_real_pods_and_recovers_from_kubectl_delete_pod() -> None:
+    """The default: a real node runs examples/training-job.yaml; one pod is deleted; the Job completes."""
+    out = run_demo("--steps", "15")
+    assert "no real node on this machine" not in out
+    assert "round formed and training" in out and "3 real pods" in out
+    assert "survivors training again in a new round" in out
+    assert "joined: 3 pods training" in out
+    assert "Job complete: 3 pods succeeded" in out
+    rdzv = rows(section(out, "== kubectl get rdzv"))
+    assert [(row["NAME"], row["PHASE"], row["MEMBERS"]) for row in rdzv] == [("llama-train", "Closed", "3")]
+    reasons = [row["REASON"] for row in rows(section(out, "== kubectl get events"))]
+    for reason in ("RoundCompleted", "NodeEvicted", "NodeJoined", "Closed"):
+        assert reason in reasons
+
+
+def test_the_simulated_demo_recovers_from_a_killed_pod_and_shows_kubectl_get_rdzv_and_events() -> None:
+    """``--simulated`` (and any machine without a real node): the demo plays the kubelet."""
+    out = run_demo("--simulated", "--steps", "8")
     assert "round formed and training" in out
     assert "survivors training again in a new round" in out
     assert "agents exited with [0, 0]" in out

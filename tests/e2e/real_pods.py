@@ -96,16 +96,23 @@ def rendezvous_status(objects: client.CustomObjectsApi, namespace: str) -> dict[
 
 
 def formed_with(status: dict[str, Any], addresses: set[str], after_round: int = -1) -> bool:
-    """Whether the current round is complete with exactly the nodes at ``addresses``, later than ``after_round``."""
+    """Whether the current round formed (complete, or closed since) with exactly the nodes at ``addresses``,
+    later than ``after_round``."""
     nodes = {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
-    return status.get("phase") == "Complete" and status.get("round", -1) > after_round and nodes == addresses
+    return (
+        status.get("phase") in ("Complete", "Closed") and status.get("round", -1) > after_round and nodes == addresses
+    )
 
 
-def worker_rounds(node: Node, namespace: str, pod: str, world: int) -> int:
-    """How many rounds of ``world`` workers ``pod``'s agent started whose workers then trained a step."""
+def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None) -> int:
+    """How many rounds ``pod``'s agent started (of ``world`` workers, or any) whose workers then trained a step."""
     lines = node.plane.kubectl("-n", namespace, "logs", pod, check=False).stdout.splitlines()
-    starts = [i for i, line in enumerate(lines) if f"init_process_group world {world}" in line]
-    trained = [i for i, line in enumerate(lines) if f"/{world} group_rank" in line and " step " in line]
+    size = "" if world is None else f" {world}"
+    starts = [i for i, line in enumerate(lines) if f"init_process_group world{size}" in line]
+    ends = [*starts[1:], len(lines)]
+    step = f"/{world} group_rank" if world is not None else " group_rank "
     return sum(
-        1 for n, start in enumerate(starts) if any(start < i < (starts[n + 1 :] or [len(lines)])[0] for i in trained)
+        1
+        for start, end in zip(starts, ends, strict=True)
+        if any(step in line and " step " in line and line.startswith("rank ") for line in lines[start + 1 : end])
     )

@@ -50,6 +50,23 @@ KUBERNETES_SERVICE = ("10.0.0.1", 443)
 POD_RANGE = (100, 250)
 
 
+def unavailable() -> str | None:
+    """None when a real node can run here; else why not (not root, a Debian package missing)."""
+    import shutil
+
+    from .podnet import available
+
+    missing = available()
+    if missing is not None:
+        return missing
+    for tool, package in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"), ("gcc", "gcc")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/setup.sh installs the Debian package {package})"
+    if not Path("/usr/lib/cni/bridge").is_file():
+        return "the CNI plugins are not installed (scripts/setup.sh installs containernetworking-plugins)"
+    return None
+
+
 def _pod_netns() -> list[str]:
     """The network namespaces containerd's CNI made for pod sandboxes (``cni-<uuid>``)."""
     folder = Path("/var/run/netns")
