@@ -243,8 +243,18 @@ state = "{folder / "state"}"
         wait_until(self.ready, timeout, f"node {self.name} to be Ready")
 
     def start_kubelet(self) -> None:
-        """Start the kubelet (again, after ``fail``: the node then turns Ready)."""
+        """Start the kubelet."""
         self._servers["kubelet"].start()
+
+    def recover(self, timeout: float = 180.0) -> None:
+        """After ``fail``: containerd and the kubelet start again; return once the Node is Ready.
+
+        The kubelet finds its pods' containers gone and reports them (restartPolicy Never: Failed).
+        """
+        self._servers["containerd"].start()
+        wait_until(self._containerd_ready, timeout, "containerd to serve again")
+        self.start_kubelet()
+        wait_until(self.ready, timeout, f"node {self.name} to be Ready again")
 
     def _containerd_ready(self) -> bool:
         self._servers["containerd"].check_running()
