@@ -38,7 +38,9 @@ from tests.e2e.real_pods import (  # noqa: E402
     worker_rounds,
 )
 from tests.testenv import ControlPlane, free_port, wait_until  # noqa: E402
+from tests.testenv.images import import_images  # noqa: E402
 from tests.testenv.node import Node, unavailable  # noqa: E402
+from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image  # noqa: E402
 
 NAMESPACE = "demo"
 RENDEZVOUS = """
@@ -93,6 +95,54 @@ def start_operator(plane: ControlPlane, workdir: Path) -> subprocess.Popen[bytes
     return operator
 
 
+def install_operator_chart(plane: ControlPlane, node: Node, workdir: Path) -> subprocess.Popen[bytes] | None:
+    """The chart, with the operator image built here from the Dockerfile, as on a real cluster.
+
+    Where the image cannot be built (no buildah or debootstrap, no network to Debian or PyPI) it says
+    why and runs the operator as a local process instead (returned, to be stopped).
+    """
+    say("building the operator image from the Dockerfile (buildah on a local Debian base; ~2 min the first time)")
+    try:
+        image = build_operator_image()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        say(f"could not build the operator image ({str(exc)[-300:]}): running the operator as a local process")
+        return start_operator(plane, workdir)
+    import_images(node.containerd_socket, [image])
+    repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
+    say("helm install kube-rendezvous charts/kube-rendezvous (CRDs, operator Deployment, RBAC)")
+    done = subprocess.run(
+        [
+            str(plane.binaries.helm),
+            "install",
+            "kube-rendezvous",
+            str(REPO / "charts" / "kube-rendezvous"),
+            "--namespace",
+            "kube-rendezvous-system",
+            "--create-namespace",
+            "--kubeconfig",
+            str(plane.admin_kubeconfig),
+            "--set",
+            f"image.repository={repository}",
+            "--set",
+            f"image.tag={tag}",
+            "--set",
+            "image.pullPolicy=Never",
+            "--wait",
+            "--timeout=180s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, HELM_CACHE_HOME=str(workdir / "helm"), HELM_CONFIG_HOME=str(workdir / "helm")),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"helm install failed: {done.stderr[-2000:]}")
+    plane.kubectl("wait", "--for=condition=established", "crd", "--all", "--timeout=60s")
+    show(plane, "-n", "kube-rendezvous-system", "get", "deployments,pods", "-o", "wide")
+    plane.kubectl("create", "namespace", NAMESPACE)
+    return None
+
+
 def show_events(plane: ControlPlane) -> None:
     say("kubectl get events (the Rendezvous)")
     show(
@@ -135,7 +185,7 @@ def real_node(steps: int, workdir: Path) -> int:
         node.start()
         print(f"kubeconfig: {plane.admin_kubeconfig}")
         show(plane, "get", "nodes", "-o", "wide")
-        operator = start_operator(plane, workdir)
+        operator = install_operator_chart(plane, node, workdir)
         api = config.new_client_from_config(str(plane.admin_kubeconfig))
         core, objects, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
 

@@ -19,8 +19,11 @@ from tests.e2e.real_pods import (
     training_pods,
     worker_rounds,
 )
-from tests.testenv import wait_until
+from tests.test_chart import Helm, install, operator_objects, the, upgrade
+from tests.testenv import ensure_binaries, wait_until
+from tests.testenv.images import import_images
 from tests.testenv.node import Node
+from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image
 
 
 @pytest.fixture
@@ -89,6 +92,11 @@ def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.Ap
             120,
             f"{pod} training in the new round",
         )
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture
@@ -180,6 +188,47 @@ def test_a_stock_torchrun_job_trains_and_completes_on_real_pods(
     for pod in pods:
         logs = real_node.plane.kubectl("-n", node_namespace, "logs", pod.metadata.name).stdout
         assert "/3 group_rank" in logs and " step 19:" in logs, logs[-2000:]
+
+
+def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_helm_test(
+    real_node: Node, node_api: client.ApiClient, node_namespace: str, helm: Helm
+) -> None:
+    """The operator image built from the Dockerfile (``testenv.operator_image``) runs as the chart's Deployment:
+    Ready with in-cluster credentials, rolled to 2 replicas by ``helm upgrade``, and ``helm test`` passes."""
+    plane = real_node.plane
+    import_images(real_node.containerd_socket, [build_operator_image()])
+    repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
+    # No cluster DNS or kube-proxy here, so no Service name resolves: helm test checks the operator through
+    # the API (it lists Rendezvous objects) rather than through the metrics Service.
+    values = (
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        "rbac.scope=namespace",
+        "metrics.service.enabled=false",
+    )
+    release = install(helm, plane, "rdzv", node_namespace, *values)
+    deployment = the(operator_objects(release.manifests, "Deployment"), "Deployment")["metadata"]["name"]
+    apps = client.AppsV1Api(node_api)
+
+    def ready(replicas: int) -> bool:
+        found = apps.read_namespaced_deployment(deployment, node_namespace)
+        status = found.status
+        return bool(status.ready_replicas == replicas and status.updated_replicas == replicas)
+
+    wait_until(lambda: ready(1), 180, "the operator Deployment Ready")
+    upgrade(helm, plane, "rdzv", node_namespace, *values, "operator.replicas=2", "crds.install=false")
+    wait_until(lambda: ready(2), 180, "2 operator replicas Ready after helm upgrade")
+    tested = helm.run("test", "rdzv", "--namespace", node_namespace, "--kubeconfig", str(plane.admin_kubeconfig))
+    assert "Phase:          Succeeded" in tested.stdout, tested.stdout
+    # The operator pods reconcile for real: a Rendezvous of this namespace gets its Ready condition.
+    apply(real_node, node_namespace, [item for item in example_objects() if item["kind"] == "Rendezvous"])
+    objects = client.CustomObjectsApi(node_api)
+    wait_until(
+        lambda: any(c["type"] == "Ready" for c in rendezvous_status(objects, node_namespace).get("conditions") or []),
+        60,
+        "the operator pod to mark the Rendezvous Ready",
+    )
 
 
 def test_a_node_failure_turns_the_node_notready_and_the_operator_evicts_its_pods_nodes(
