@@ -186,7 +186,7 @@ def node_failure(bench: RealNode, rule: bool, limit: float) -> dict[str, Any]:
 
 def demo(path: str) -> dict[str, Any]:
     """``scripts/demo.py`` on the real node, or ``--simulated``: its own timings, from its output."""
-    args = ["--steps", "10"] + (["--simulated"] if path == "simulated" else [])
+    args = ["--steps", "25"] + (["--simulated"] if path == "simulated" else [])
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "demo.py"), *args], capture_output=True, text=True, timeout=900
     )

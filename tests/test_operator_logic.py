@@ -438,6 +438,29 @@ class TestEvictionBelongsToOneIncarnation:
         assert logic.pod_gone_at(pod, self.GONE) == self.GONE + timedelta(minutes=5)
         assert logic.pod_gone_at({"metadata": {}}, self.GONE) == self.GONE
 
+    def test_a_restarted_container_dates_its_earlier_agents_end_within_the_window(self) -> None:
+        pod = {
+            "metadata": {"name": "trainer-1"},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {"restartCount": 0, "state": {"running": {}}},
+                    {
+                        "restartCount": 1,
+                        "state": {"running": {}},
+                        "lastState": {"terminated": {"finishedAt": "2026-12-03T07:00:00Z"}},
+                    },
+                ],
+            },
+        }
+        assert not logic.pod_is_gone(pod, None)
+        assert logic.container_restarted_at(pod, self.GONE + timedelta(seconds=5)) == self.GONE
+        late = self.GONE + logic.RESTART_EVICTION_WINDOW + timedelta(seconds=1)
+        assert logic.container_restarted_at(pod, late) is None  # its node has expired by then
+        never = {"status": {"containerStatuses": [{"restartCount": 0, "state": {"running": {}}}]}}
+        assert logic.container_restarted_at(never, self.GONE) is None
+        assert logic.container_restarted_at({"metadata": {}}, self.GONE) is None
+
     def test_a_live_node_that_reused_the_dead_pods_ip_is_never_evicted(self) -> None:
         dead, reused = NodeId("10.0.0.7", 1, 11), NodeId("10.0.0.7", 1, 22)
         document = RendezvousDocument(

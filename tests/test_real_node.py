@@ -170,6 +170,64 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
         )
 
 
+def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_pod(
+    real_node: Node, node_api: client.ApiClient, node_namespace: str, node_operator: OperatorProcess
+) -> None:
+    """restartPolicy OnFailure: the kubelet restarts the container in the same pod (same name and address);
+    its new agent, a new node, joins; the old node leaves the round and the job trains with 3 again."""
+    core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
+    manifests = example_objects()
+    job = next(item for item in manifests if item["kind"] == "Job")
+    job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    apply(real_node, node_namespace, manifests)
+    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
+    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    before = rendezvous_status(objects, node_namespace)
+    old_nodes = {item["node"] for item in before["participants"]}
+    trained = {
+        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
+    }
+
+    victim = sorted(first)[2]
+    container = core.read_namespaced_pod(victim, node_namespace).status.container_statuses[0].container_id
+    killed = time.monotonic()
+    real_node.kill_container(container)
+    wait_until(
+        lambda: core.read_namespaced_pod(victim, node_namespace).status.container_statuses[0].restart_count == 1,
+        60,
+        f"the kubelet to restart {victim}'s container",
+    )
+    status = wait_until(
+        lambda: (
+            (found := rendezvous_status(objects, node_namespace))
+            and formed_with(found, set(first.values()), before["round"])
+            and {item["node"] for item in found["participants"]} - old_nodes
+            and found
+        ),
+        120,
+        "a round of 3 with the restarted container's new node",
+    )
+    assert running_pods(core, node_namespace) == first  # the same pods, names and addresses
+    (old,) = {node for node in old_nodes if node.startswith(first[victim] + "_")}
+    evicted = [
+        event.message
+        for event in core.list_namespaced_event(node_namespace, field_selector="reason=NodeEvicted").items
+        if f"evicted {old}" in event.message
+    ]
+    # The operator sees the container terminated ("pod ... is gone") or, if the kubelet restarted it first,
+    # the restart ("a container of pod ... ended at ..."); either way at once, not at heartbeat expiry.
+    assert evicted, "the old agent's node was not evicted (it expired instead)"
+    (new,) = {item["node"] for item in status["participants"]} - old_nodes
+    assert new.startswith(first[victim] + "_")
+    for pod in first:
+        wait_until(
+            lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3) > (0 if pod == victim else trained[pod]),
+            120,
+            f"{pod} training in the new round",
+        )
+    print(f"container restarted and the job training with 3 again {time.monotonic() - killed:.1f} s after the kill")
+
+
 def test_a_stock_torchrun_job_trains_and_completes_on_real_pods(
     real_node: Node, node_api: client.ApiClient, node_namespace: str
 ) -> None:

@@ -414,17 +414,19 @@ def is_training_pod(labels: dict[str, str], namespace: str | None, memo: Operato
 def evict_nodes_of_gone_pods(
     type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
 ) -> None:
-    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous.
+    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous; when
+    the kubelet restarted one of its containers, evict the nodes that stopped heartbeating before that.
 
     A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its
     owner's workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the
     Rendezvous's name.
     """
     pod = dict(body)
-    if not logic.pod_is_gone(pod, type):
+    restarted = None if logic.pod_is_gone(pod, type) else logic.container_restarted_at(pod, datetime.now(timezone.utc))
+    if restarted is None and not logic.pod_is_gone(pod, type):
         return
     for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
-        evict_nodes_of_pod(memo, pod, namespace, rendezvous)
+        evict_nodes_of_pod(memo, pod, namespace, rendezvous, restarted_at=restarted)
 
 
 def track_training_pod(
@@ -444,8 +446,11 @@ def track_training_pod(
         pods_changed(memo, (namespace, rendezvous), update)
 
 
-def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
-    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
+def evict_nodes_of_pod(
+    memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, restarted_at: datetime | None = None
+) -> None:
+    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end); with
+    ``restarted_at``, the nodes of the pod's container that the kubelet restarted then."""
     observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
     if observed is None or stored is None or stored.document is None:
         return
@@ -453,10 +458,19 @@ def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, 
         return
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
-    gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
+    gone_at = restarted_at or logic.pod_gone_at(pod, datetime.now(timezone.utc))
     known = logic.known_nodes(stored.document)
     document = with_lease_heartbeats(memo.api, stored.document, namespace, rendezvous)
     matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
+    if restarted_at is not None:
+        # Nothing is judged without the Leases' heartbeats, and a node with none on record may be the
+        # restarted container's new agent: it is never evicted here.
+        heartbeats = document.last_heartbeats if document is not None else {}
+        matched = [node for node in matched if heartbeats.get(node) is not None]
+        if matched:
+            because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
+            evict_and_report(memo, namespace, rendezvous, [str(node) for node in matched], because)
+        return
     alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
     if alive:
         logger.info(

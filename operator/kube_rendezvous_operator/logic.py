@@ -421,6 +421,29 @@ def pod_gone_at(pod: dict[str, Any], now: datetime) -> datetime:
     return max(finished) if finished else now
 
 
+#: How long after a container's restart its pod's earlier agent may still be evicted for it (later, its
+#: node has expired anyway, and every event of the pod would re-read the Leases for nothing).
+RESTART_EVICTION_WINDOW = timedelta(minutes=5)
+
+
+def container_restarted_at(pod: dict[str, Any], now: datetime) -> datetime | None:
+    """When a container of ``pod`` that the kubelet restarted last ended (``lastState.terminated``), if
+    that was within ``RESTART_EVICTION_WINDOW``: an agent that ran in it before is dead since then.
+
+    Not guaranteed: which container ran the agent. A sidecar's restart counts too; the heartbeat check
+    of ``nodes_of_pod`` (``gone_at``) keeps a live agent from eviction all the same.
+    """
+    ended = [
+        parse_time(terminated["finishedAt"])
+        for item in (pod.get("status") or {}).get("containerStatuses") or []
+        if item.get("restartCount")
+        and (terminated := (item.get("lastState") or {}).get("terminated"))
+        and terminated.get("finishedAt")
+    ]
+    latest = max(ended, default=None)
+    return latest if latest is not None and now - latest <= RESTART_EVICTION_WINDOW else None
+
+
 def pod_addresses(pod: dict[str, Any]) -> PodAddresses:
     """The addresses an agent in ``pod`` may register under: its IPs, name and hostname."""
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec") or {}, pod.get("status") or {}

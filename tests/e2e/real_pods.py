@@ -109,10 +109,10 @@ def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None
     lines = node.plane.kubectl("-n", namespace, "logs", pod, check=False).stdout.splitlines()
     size = "" if world is None else f" {world}"
     starts = [i for i, line in enumerate(lines) if f"init_process_group world{size}" in line]
-    ends = [*starts[1:], len(lines)]
+    ends = [*starts[1:], len(lines)]  # one longer than ``starts`` when it is empty: zip stops at the shorter
     step = f"/{world} group_rank" if world is not None else " group_rank "
     return sum(
         1
-        for start, end in zip(starts, ends, strict=True)
+        for start, end in zip(starts, ends, strict=False)
         if any(step in line and " step " in line and line.startswith("rank ") for line in lines[start + 1 : end])
     )
