@@ -260,7 +260,9 @@ def write_report(report: dict[str, Any]) -> None:
     ):
         real, simulated = values("demo, real node", key), values("demo, simulated", key)
         ratio = f"{median(real) / median(simulated):.2f}x" if real and simulated else ""
-        lines.append(f"| demo, real node | {what} | {', '.join(f'{x:.1f}' for x in real)} | {ratio} (to simulated) |")
+        failed = sum(1 for run in runs if label(run) == "demo, real node" and "error" in run)
+        shown = ", ".join(f"{x:.1f}" for x in real) + (f" ({failed} failed)" if failed else "")
+        lines.append(f"| demo, real node | {what} | {shown} | {ratio} (to simulated) |")
         lines.append(f"| demo, simulated | {what} | {', '.join(f'{x:.1f}' for x in simulated)} | |")
     splice(DOCS / "benchmarks.md", "\n".join(lines), BEGIN, END, at_end=True)
     plot(report)
