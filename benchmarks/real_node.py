@@ -38,7 +38,7 @@ from kubernetes import client, config
 from benchmarks.run import RESULTS, log
 from benchmarks.scale import splice
 from tests.e2e.operator_process import OperatorProcess
-from tests.e2e.real_pods import apply, example_objects, formed_with, rendezvous_status, training_pods, worker_rounds
+from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
 from tests.testenv.node import Node
 
@@ -79,18 +79,13 @@ class RealNode:
             self.operator_kubeconfig, namespace, self.workdir / f"operator-{namespace}.log", args=args
         )
 
-    def running(self, namespace: str, exclude: str = "") -> dict[str, str] | None:
-        pods = training_pods(self.core, namespace)
-        ready = {p.metadata.name: p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip}
-        return ready if len(ready) == 3 and len(pods) == 3 and exclude not in ready else None
-
     def training(self, namespace: str, manifests: list[dict[str, Any]]) -> dict[str, str]:
         """Apply ``manifests``; return the 3 pods once their round formed and every one trained a step."""
         apply(self.node, namespace, manifests)
-        pods = wait_until(lambda: self.running(namespace), 240, "3 training pods Running")
+        pods = wait_until(lambda: running_pods(self.core, namespace), 240, "3 training pods Running")
         wait_until(
             lambda: (
-                formed_with(rendezvous_status(self.objects, namespace), set(pods.values()))
+                round_with(self.objects, namespace, pods)
                 and all(worker_rounds(self.node, namespace, pod, 3) for pod in pods)
             ),
             240,
@@ -126,7 +121,7 @@ def pod_deleted(bench: RealNode, launcher: str, operator: bool, limit: float) ->
             interval=0.1,
         )
         run["survivors_training"] = round(time.monotonic() - started, 2)
-        second = wait_until(lambda: bench.running(namespace, victim), limit, "the replacement Running")
+        second = wait_until(lambda: running_pods(bench.core, namespace, victim), limit, "the replacement Running")
         replacement = next(pod for pod in second if pod not in first)
         wait_until(
             lambda: (

@@ -32,9 +32,9 @@ from tests.e2e.real_pods import (  # noqa: E402
 from tests.e2e.real_pods import (  # noqa: E402
     apply,
     example_objects,
-    formed_with,
     rendezvous_status,
-    training_pods,
+    round_with,
+    running_pods,
     worker_rounds,
 )
 from tests.testenv import ControlPlane, free_port, wait_until  # noqa: E402
@@ -194,16 +194,10 @@ def real_node(steps: int, workdir: Path) -> int:
         apply(node, NAMESPACE, example_objects(STEPS=str(steps), STEP_SECONDS="1"))
         started = time.monotonic()
 
-        def running(exclude: str = "") -> dict[str, str] | None:
-            pods = training_pods(core, NAMESPACE)
-            ready = {p.metadata.name: p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip}
-            return ready if len(ready) == 3 and len(pods) == 3 and exclude not in ready else None
-
-        first = wait_until(running, 240, "3 training pods Running")
+        first = wait_until(lambda: running_pods(core, NAMESPACE), 240, "3 training pods Running")
         wait_until(
             lambda: (
-                formed_with(rendezvous_status(objects, NAMESPACE), set(first.values()))
-                and all(worker_rounds(node, NAMESPACE, pod, 3) for pod in first)
+                round_with(objects, NAMESPACE, first) and all(worker_rounds(node, NAMESPACE, pod, 3) for pod in first)
             ),
             180,
             "the 3 pods' workers training together",
@@ -228,7 +222,9 @@ def real_node(steps: int, workdir: Path) -> int:
         )
         print(f"survivors training again in a new round {time.monotonic() - deleted:.1f} s after the delete")
         show(plane, "-n", NAMESPACE, "get", "rdzv", "-o", "wide")
-        second = wait_until(lambda: running(victim), 180, "the Job controller's replacement pod Running")
+        second = wait_until(
+            lambda: running_pods(core, NAMESPACE, victim), 180, "the Job controller's replacement pod Running"
+        )
         replacement = next(pod for pod in second if pod not in first)
 
         def closed() -> bool:

@@ -14,8 +14,9 @@ from tests.e2e.real_pods import (
     REPO,
     apply,
     example_objects,
-    formed_with,
     rendezvous_status,
+    round_with,
+    running_pods,
     training_pods,
     worker_rounds,
 )
@@ -50,15 +51,8 @@ def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.Ap
     core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
     apply(real_node, node_namespace, example_objects())
 
-    def running() -> dict[str, str] | None:
-        pods = training_pods(core, node_namespace)
-        ready = {
-            pod.metadata.name: pod.status.pod_ip for pod in pods if pod.status.phase == "Running" and pod.status.pod_ip
-        }
-        return ready if len(ready) == 3 and len(pods) == 3 else None
-
-    first = wait_until(running, 180, "3 training pods Running with addresses")
-    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
+    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
     trained = {
         pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, f"{pod} training")
         for pod in first
@@ -68,20 +62,10 @@ def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.Ap
     victim = sorted(first)[0]
     real_node.plane.kubectl("-n", node_namespace, "delete", "pod", victim, "--wait=false")
 
-    def replaced() -> dict[str, str] | None:
-        pods = running()
-        return pods if pods is not None and victim not in pods else None
-
-    second = wait_until(replaced, 180, "the Job controller's replacement pod Running")
+    second = wait_until(lambda: running_pods(core, node_namespace, victim), 180, "the replacement pod Running")
     assert set(second.values()) != set(first.values())
     status = wait_until(
-        lambda: (
-            (found := rendezvous_status(objects, node_namespace))
-            and formed_with(found, set(second.values()), before["round"])
-            and found
-        ),
-        180,
-        "a round with the replacement pod",
+        lambda: round_with(objects, node_namespace, second, before["round"]), 180, "a round with the replacement pod"
     )
     departure = status["lastDeparture"]
     assert [item["reason"] for item in departure["nodes"] if item["node"].startswith(first[victim] + "_")] == ["Left"]
@@ -114,15 +98,6 @@ def node_operator(real_node: Node, node_namespace: str, tmp_path: Path) -> Itera
         yield operator
 
 
-def running_pods(core: client.CoreV1Api, namespace: str, count: int = 3) -> dict[str, str] | None:
-    """The training pods' names and addresses when exactly ``count`` exist and all run with an address."""
-    pods = training_pods(core, namespace)
-    ready = {
-        pod.metadata.name: pod.status.pod_ip for pod in pods if pod.status.phase == "Running" and pod.status.pod_ip
-    }
-    return ready if len(ready) == count and len(pods) == count else None
-
-
 def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
     real_node: Node, node_api: client.ApiClient, node_namespace: str, node_operator: OperatorProcess
 ) -> None:
@@ -131,7 +106,7 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
     core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
     apply(real_node, node_namespace, example_objects())
     first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
     trained = {
         pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
     }
@@ -143,17 +118,9 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
     wait_until(
         lambda: core.read_namespaced_pod(victim, node_namespace).status.phase == "Failed", 60, f"{victim} Failed"
     )
-    second = wait_until(
-        lambda: (pods := running_pods(core, node_namespace)) and victim not in pods and pods, 180, "a replacement"
-    )
+    second = wait_until(lambda: running_pods(core, node_namespace, victim), 180, "the replacement pod Running")
     status = wait_until(
-        lambda: (
-            (found := rendezvous_status(objects, node_namespace))
-            and formed_with(found, set(second.values()), before["round"])
-            and found
-        ),
-        180,
-        "a round with the replacement pod",
+        lambda: round_with(objects, node_namespace, second, before["round"]), 180, "a round with the replacement pod"
     )
     assert status["participantCount"] == 3
     evicted = [
@@ -181,7 +148,7 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     apply(real_node, node_namespace, manifests)
     first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
     before = rendezvous_status(objects, node_namespace)
     old_nodes = {item["node"] for item in before["participants"]}
     trained = {
@@ -199,8 +166,7 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     )
     status = wait_until(
         lambda: (
-            (found := rendezvous_status(objects, node_namespace))
-            and formed_with(found, set(first.values()), before["round"])
+            (found := round_with(objects, node_namespace, first, before["round"]))
             and {item["node"] for item in found["participants"]} - old_nodes
             and found
         ),
@@ -301,7 +267,7 @@ def test_a_node_failure_turns_the_node_notready_and_the_operator_evicts_its_pods
     rendezvous["spec"].update(keepAliveIntervalSeconds=10, keepAliveMaxAttempts=9)
     apply(real_node, node_namespace, manifests)
     first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: formed_with(rendezvous_status(objects, node_namespace), set(first.values())), 120, "round of 3")
+    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
 
     real_node.fail()
     failed = time.monotonic()

@@ -88,6 +88,13 @@ def training_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
     ]
 
 
+def running_pods(core: client.CoreV1Api, namespace: str, exclude: str = "") -> dict[str, str] | None:
+    """The 3 training pods' names and addresses once exactly 3 exist, all Running with an address, none ``exclude``."""
+    pods = training_pods(core, namespace)
+    ready = {p.metadata.name: p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip}
+    return ready if len(ready) == 3 and len(pods) == 3 and exclude not in ready else None
+
+
 def rendezvous_status(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any]:
     found = objects.get_namespaced_custom_object(
         "kube-rendezvous.io", "v1alpha1", namespace, "rendezvouses", RENDEZVOUS
@@ -102,6 +109,14 @@ def formed_with(status: dict[str, Any], addresses: set[str], after_round: int = 
     return (
         status.get("phase") in ("Complete", "Closed") and status.get("round", -1) > after_round and nodes == addresses
     )
+
+
+def round_with(
+    objects: client.CustomObjectsApi, namespace: str, pods: dict[str, str], after_round: int = -1
+) -> dict[str, Any] | None:
+    """The Rendezvous status once a round later than ``after_round`` formed with exactly ``pods``' addresses."""
+    status = rendezvous_status(objects, namespace)
+    return status if formed_with(status, set(pods.values()), after_round) else None
 
 
 def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None) -> int:
