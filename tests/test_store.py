@@ -207,6 +207,21 @@ class TestAtomicity:
         assert every_value == list(range(1, processes * adds + 1))  # each add saw a distinct total
         print(f"\n{processes}x{adds} adds: {sum(r['conflicts'] for r in results)} conflicts retried")
 
+    def test_an_add_whose_watch_stopped_delivering_lists_again_and_completes(
+        self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # An API server whose watch cache fell behind etcd keeps the watch open and silent: the adder's
+        # view of the counter stays old, and a fold on it loses every compare-and-swap (CI saw an add
+        # wait out the whole 300 s store timeout so).
+        assert store.add("counter", 1) == 1
+        cache = store._key_cache()
+        assert cache is not None
+        monkeypatch.setattr(cache, "_apply", lambda kind, obj: None)  # the watch delivers nothing more
+        run_workers("add-to-key", 1, endpoint, str(agent_kubeconfig), "counter", "5")
+        store.timeout = 60
+        assert store.add("counter", 1) == 7
+        assert store.stats["stale_refreshes"] >= 1
+
     def test_an_exit_barrier_of_many_agents_on_one_counter_costs_about_two_requests_each(
         self, store: KubernetesStore, endpoint: str, agent_kubeconfig: Path
     ) -> None:

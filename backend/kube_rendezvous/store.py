@@ -43,7 +43,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -95,6 +95,9 @@ CONFLICT_BACKOFF_BASE = 0.005
 CONFLICT_BACKOFF_MAX = 2.0
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
+#: Seconds an adder that lost a fold waits for its watch to show a newer counter before it lists the
+#: keys again (the watch lags: an API server whose watch cache fell behind etcd shows nothing new).
+STALE_COUNTER_SECONDS = 5.0
 #: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
 SETS_IN_FLIGHT = 16
 
@@ -113,6 +116,10 @@ def _as_seconds(timeout: float | timedelta | None, default: timedelta) -> float:
 
 def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
     return lambda: cache.changes != changes
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return None if obj is None else str(obj["metadata"].get("resourceVersion"))
 
 
 def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
@@ -170,6 +177,7 @@ class KubernetesStore:
             "watch_wakeups": 0,
             "shared_waits": 0,
             "folds": 0,
+            "stale_refreshes": 0,
         }
 
     @property
@@ -548,6 +556,8 @@ class KubernetesStore:
         digest = counter_digest(counter_name)
         patience = time.monotonic() + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
         lost = 0
+        #: The counter's resourceVersion a fold lost on, and when: a watch still showing it later lags.
+        lost_on: tuple[str | None, float] | None = None
         while True:
             gone = not index.shown(digest, request_id)
             result = index.result(request_id)  # after ``gone``: a fold is recorded before the deletion
@@ -558,12 +568,20 @@ class KubernetesStore:
             now = time.monotonic()
             if now > deadline:
                 raise self.timeout_error(f"KubernetesStore: add({self._key(key)!r}) was not folded in time")
-            if cache.healthy and (index.first_pending(digest) == request_id or now >= patience):
+            shown_version = _version(cache.get(counter_name))
+            if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
+                self.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
+                logger.info("the watch of %s still shows the counter a fold lost on; listing again", self._key(key))
+                cache.refresh()
+                lost_on = (shown_version, now)
+            elif cache.healthy and (index.first_pending(digest) == request_id or now >= patience):
                 outcome = self._fold_adds(cache, index, key, round_number)
                 if outcome is False:  # another fold came first: wait for the watch to show it
                     lost += 1
                     self.stats["conflicts"] += 1
                     patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
+                    if lost_on is None or lost_on[0] != shown_version:
+                        lost_on = (shown_version, now)
                 elif outcome is None:
                     patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
             wait = min(deadline, patience) - time.monotonic()
