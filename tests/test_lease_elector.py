@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kube_rendezvous.election import WriterLease
 from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
-from kube_rendezvous.leases import WriterLease
 from kubernetes import client
 
 

@@ -6,15 +6,10 @@ import dataclasses
 from datetime import datetime, timedelta, timezone
 
 from kube_rendezvous.document import NodeId
+from kube_rendezvous.election import StaleHolder, dead_writer_seeds
 from kube_rendezvous.folder import AGENT_IDENTITY_PREFIX
 from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.leases import (
-    OBSERVER_GAP_SECONDS,
-    LeaseObservations,
-    NodeRecord,
-    StaleHolder,
-    dead_writer_seeds,
-)
+from kube_rendezvous.leases import OBSERVER_GAP_SECONDS, LeaseObservations, NodeRecord
 
 NODE = NodeId("10.0.0.1", 7, 1)
 

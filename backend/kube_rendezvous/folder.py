@@ -32,6 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
+from .election import WriterLease, dead_writer_seeds
 from .folding import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
@@ -51,8 +52,6 @@ from .leases import (
     LEASE_PLURAL,
     LeaseObservations,
     NodeRecord,
-    WriterLease,
-    dead_writer_seeds,
     list_node_records,
     record_of,
 )

@@ -27,8 +27,8 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from kube_rendezvous.election import LeaseElector
 from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
-from kube_rendezvous.leases import LeaseElector
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,304 @@
+"""Leader election on a coordination.k8s.io/v1 Lease (``LeaseElector``), and the writer Lease of a Rendezvous.
+
+``LeaseElector`` is client-go's ``leaderelection`` scheme: one compare-and-swap step at a time, a
+Lease judged stale on the observer's own clock. ``WriterLease`` elects the one folder of a
+Rendezvous on ``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator
+over agents; ``dead_writer_seeds`` dates the node of an agent writer that died from its last
+writer renewal, so that node expires one expiry after its death.
+
+Not guaranteed: that two holders never act at once. That holds only if an old holder stops acting
+within ``duration`` of its last successful renewal (client-go's renew deadline), which the
+caller enforces; an election step only says who holds the Lease now.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from .document import NodeId
+from .kubeapi import (
+    RENDEZVOUS_LABEL,
+    ApiError,
+    ApiUnavailableError,
+    ConflictError,
+    KubernetesApi,
+    NotFoundError,
+    resource_path,
+)
+from .leases import (
+    ANNOTATION_WRITER_PRIORITY,
+    LABEL_LEASE,
+    LEASE_PLURAL,
+    NodeRecord,
+    micro_time,
+    parse_micro_time,
+    writer_lease_name,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StaleHolder:
+    """The holder a candidate took a stale Lease from, as that candidate last saw it."""
+
+    identity: str
+    #: ``spec.renewTime`` of its last renewal: the old holder's own clock.
+    renewed_at: datetime | None
+    #: When this candidate first saw that renewal, on its own monotonic clock, or, if later, when the
+    #: API server last failed or refused it (the holder may have been cut off by the same outage).
+    seen_at: float
+
+
+def dead_writer_seeds(holder: StaleHolder, records: list[NodeRecord], prefix: str) -> list[tuple[NodeId, str, float]]:
+    """``(node, version, since)`` for the node of a writer that died, dated from its writer Lease.
+
+    An agent writer (identity ``prefix`` + node) renews its node Lease and the writer Lease from one
+    process, so both ``renewTime`` stamps come from one clock. A node Lease renewed ``d`` seconds
+    after the writer Lease's last renewal (``d`` <= 0: before it) has not changed since
+    ``seen_at + max(d, 0)``, where ``seen_at`` is when the candidate saw that writer renewal, on
+    its own clock. Its expiry then runs from there, not from the takeover: a dead writer's node is
+    removed one expiry after its death, not after failover plus an expiry. Never early: ``seen_at``
+    is at or after the writer renewal itself, and ``d`` is measured on the dead process's one clock.
+    ``LeaseObservations.seed`` ignores a date later than the candidate's own observation.
+    """
+    if holder.renewed_at is None or not holder.identity.startswith(prefix):
+        return []
+    writer_renewed = holder.renewed_at
+    return [
+        (record.node, record.version, holder.seen_at + max(0.0, (record.renewed_at - writer_renewed).total_seconds()))
+        for record in records
+        if f"{prefix}{record.node}" == holder.identity and record.renewed_at is not None
+    ]
+
+
+class LeaseElector:
+    """Leader election on one coordination.k8s.io Lease, as client-go's ``leaderelection`` does it.
+
+    ``try_acquire_or_renew`` is one step of an elector: the holder renews; a candidate takes the
+    Lease when it is absent, released (empty holder), or has not changed for its
+    ``leaseDurationSeconds`` on this observer's clock (so clock skew between candidates does not
+    matter). Every take is a compare-and-swap on the Lease's resourceVersion, so at most one
+    candidate wins a step. Subclasses may also take it from a holder of lower priority
+    (``_may_preempt``).
+
+    Not guaranteed: two holders never act at once only if the old holder stops acting within
+    ``duration`` of its last successful renewal (client-go's renew deadline); the caller enforces it.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        duration: float = 10.0,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        owner: dict[str, Any] | None = None,
+        request_timeout: float | None = None,
+    ) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.duration = duration
+        #: Seconds each request of an election step may take (the client's default when None).
+        self.request_timeout = request_timeout
+        self.labels = dict(labels or {})
+        self.annotations = dict(annotations or {})
+        self.owner = owner
+        self._path = resource_path(LEASE_PLURAL, namespace, self.name)
+        #: The resourceVersion last read or written, when this clock first saw it, and its duration.
+        self._observed: tuple[str, float] | None = None
+        self._observed_duration = duration
+        #: The Lease as this identity's last successful write returned it, while it holds it.
+        self._held: dict[str, Any] | None = None
+        #: The identity holding the Lease as last seen, and whether that holder looked alive.
+        self.holder: str | None = None
+        self.holder_alive = False
+        #: The holder of the last Lease this identity took because it was stale (None otherwise).
+        self.taken_from_stale: StaleHolder | None = None
+        #: When an election step last failed or was refused (this clock; -inf: never).
+        self.unreachable_at = float("-inf")
+
+    def describe(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    def _body(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+        spec = dict((lease or {}).get("spec") or {})
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if spec.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = micro_time(now)
+            transitions += 1 if lease else 0
+        spec.update(
+            holderIdentity=self.identity,
+            leaseDurationSeconds=max(1, round(self.duration)),
+            renewTime=micro_time(now),
+            leaseTransitions=transitions,
+        )
+        metadata: dict[str, Any] = dict((lease or {}).get("metadata") or {"name": self.name})
+        metadata.setdefault("labels", {}).update(self.labels)
+        metadata.setdefault("annotations", {}).update(self.annotations)
+        if self.owner and not lease:
+            metadata["ownerReferences"] = [self.owner]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    def _may_preempt(self, lease: dict[str, Any]) -> bool:
+        """Whether this candidate takes the Lease from a live holder (never, by default)."""
+        return False
+
+    def _took_over(self) -> None:
+        logger.info("%s now holds %s", self.identity, self.describe())
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election step; True when this identity holds the Lease afterwards.
+
+        Raises:
+            ApiError, ApiUnavailableError: the API server refused or did not answer the read.
+        """
+        try:
+            return self._step()
+        except (ApiError, ApiUnavailableError):
+            # A refusal counts too: an API server that has just started refuses (403) until its
+            # authorizer has synced, and the holder's renewals were refused alike.
+            self.unreachable_at = time.monotonic()
+            raise
+
+    def _step(self) -> bool:
+        now = datetime.now(timezone.utc)
+        if self._held is not None:
+            # The holder renews on the version its own last write returned: one write, no quorum
+            # read (which waits behind every write etcd has not applied yet). A 409 means somebody
+            # else wrote the Lease: read it and decide as a candidate would.
+            try:
+                renewed: dict[str, Any] = self._api.request(
+                    "PUT", self._path, body=self._body(self._held, now), timeout=self.request_timeout
+                )
+            except (ConflictError, NotFoundError):
+                self._held = None
+            else:
+                self._held = renewed
+                self._observed = (renewed["metadata"]["resourceVersion"], time.monotonic())
+                self.holder, self.holder_alive = self.identity, True
+                return True
+        try:
+            # From the API server's watch cache (resourceVersion=0), not a quorum read: N agents look
+            # every few seconds, and a version the cache shows late only delays a take, whose PUT
+            # is a compare-and-swap on the version it read.
+            lease: dict[str, Any] | None = self._api.request(
+                "GET", self._path, query={"resourceVersion": "0"}, timeout=self.request_timeout
+            )
+        except NotFoundError:
+            lease = None
+        if lease is None:
+            try:
+                created = self._api.request(
+                    "POST",
+                    resource_path(LEASE_PLURAL, self.namespace),
+                    body=self._body(None, now),
+                    timeout=self.request_timeout,
+                )
+            except ConflictError:
+                self.holder_alive = True  # another candidate has just taken it
+                return False
+            self._held = created
+            self.holder, self.holder_alive = self.identity, True
+            self._took_over()
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        version = lease["metadata"]["resourceVersion"]
+        clock = time.monotonic()
+        if self._observed is None or self._observed[0] != version:
+            self._observed = (version, clock)
+        self._observed_duration = float(spec.get("leaseDurationSeconds") or self.duration)
+        stale = clock - self._observed[1] > self._observed_duration
+        mine = holder == self.identity
+        take = mine or not holder or stale or self._may_preempt(lease)
+        self.holder, self.holder_alive = holder, bool(holder) and not stale
+        if not take:
+            self._held = None
+            return False
+        try:
+            updated = self._api.request("PUT", self._path, body=self._body(lease, now), timeout=self.request_timeout)
+        except (ConflictError, NotFoundError):
+            return False
+        self._held = updated
+        if stale and holder and not mine:
+            renew_time = spec.get("renewTime")
+            # A holder that did not renew while this candidate could not reach the API server either may
+            # have failed for the same reason: its silence counts only from when this candidate got through.
+            renewed_at = parse_micro_time(renew_time) if renew_time else None
+            self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
+        self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
+        if not mine:
+            self._took_over()
+        self.holder, self.holder_alive = self.identity, True
+        return True
+
+    def seconds_until_stale(self) -> float | None:
+        """Seconds until the Lease as last seen turns stale on this clock if nobody writes it (None: never seen)."""
+        if self._observed is None:
+            return None
+        return self._observed[1] + self._observed_duration - time.monotonic()
+
+    def release(self) -> None:
+        """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
+        self._held = None
+        try:
+            lease = self._api.request("GET", self._path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"]["holderIdentity"] = ""
+                self._api.request("PUT", self._path, body=lease)
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            logger.info("could not release %s: %s", self.describe(), exc)
+
+
+class WriterLease(LeaseElector):
+    """The writer Lease of one Rendezvous: ``LeaseElector`` with the operator preferred over agents.
+
+    The operator (``preferred``) takes the Lease from an agent at once; agents take it only when
+    it is absent, released or stale.
+    """
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        rendezvous_name: str,
+        identity: str,
+        *,
+        preferred: bool,
+        duration: float = 10.0,
+        owner: dict[str, Any] | None = None,
+        request_timeout: float | None = None,
+    ) -> None:
+        super().__init__(
+            api,
+            namespace,
+            writer_lease_name(rendezvous_name),
+            identity,
+            duration=duration,
+            request_timeout=request_timeout,
+            labels={RENDEZVOUS_LABEL: rendezvous_name, LABEL_LEASE: "writer"},
+            annotations={ANNOTATION_WRITER_PRIORITY: "operator" if preferred else "agent"},
+            owner=owner,
+        )
+        self.rendezvous_name = rendezvous_name
+        self.preferred = preferred
+
+    def describe(self) -> str:
+        return f"writer Lease {self.namespace}/{self.name}"
+
+    def _may_preempt(self, lease: dict[str, Any]) -> bool:
+        priority = (lease["metadata"].get("annotations") or {}).get(ANNOTATION_WRITER_PRIORITY)
+        return self.preferred and priority != "operator"
+
+    def _took_over(self) -> None:
+        logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
