@@ -25,7 +25,7 @@ from kube_rendezvous.document import (
 )
 from kube_rendezvous.intents import EVICTED_NODES_KEPT, with_evicted
 from kube_rendezvous.settings import RendezvousTimings
-from kube_rendezvous_operator import logic
+from kube_rendezvous_operator import logic, not_ready_logic
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 A, B, C, D = (NodeId(f"10.0.0.{index}", 100 + index, 0) for index in range(1, 5))
@@ -527,7 +527,7 @@ class TestTrainingPodsCensus:
 
 
 class TestNodeNotReady:
-    """A Kubernetes Node NotReady past the grace: which pods' nodes the operator evicts (``logic``)."""
+    """A Kubernetes Node NotReady past the grace: which pods' nodes the operator evicts (``not_ready_logic``)."""
 
     SINCE = NOW - timedelta(seconds=30)
 
@@ -552,30 +552,30 @@ class TestNodeNotReady:
     def test_a_node_whose_ready_condition_is_false_or_unknown_is_not_ready_since_its_transition(
         self, status: str
     ) -> None:
-        assert logic.node_not_ready_since(self.node(status)) == self.SINCE
+        assert not_ready_logic.node_not_ready_since(self.node(status)) == self.SINCE
 
     @pytest.mark.parametrize("status", ["True", None, "Maybe"])
     def test_a_ready_node_or_one_without_a_ready_condition_is_not_not_ready(self, status: str | None) -> None:
-        assert logic.node_not_ready_since(self.node(status)) is None
-        assert logic.node_not_ready_since({"metadata": {"name": "n"}}) is None
+        assert not_ready_logic.node_not_ready_since(self.node(status)) is None
+        assert not_ready_logic.node_not_ready_since({"metadata": {"name": "n"}}) is None
 
     @pytest.mark.parametrize("since", [None, "yesterday", ""])
     def test_a_not_ready_condition_without_a_readable_transition_counts_from_when_it_was_seen(
         self, since: str | None
     ) -> None:
-        assert logic.node_not_ready_since(self.node("Unknown", since), seen=NOW) == NOW
-        assert logic.node_not_ready_since(self.node("Unknown", since)) is None
+        assert not_ready_logic.node_not_ready_since(self.node("Unknown", since), seen=NOW) == NOW
+        assert not_ready_logic.node_not_ready_since(self.node("Unknown", since)) is None
 
     def test_the_wait_is_the_grace_but_never_shorter_than_a_keep_alive_past_the_slack(self) -> None:
         grace = timedelta(seconds=10)
-        assert logic.not_ready_wait(grace, 5.0) == grace  # the defaults: 5 + 2 + 1 < 10
-        assert logic.not_ready_wait(grace, 30.0) == timedelta(seconds=33)
-        assert logic.not_ready_wait(timedelta(seconds=1), 5.0) == timedelta(seconds=8)
+        assert not_ready_logic.not_ready_wait(grace, 5.0) == grace  # the defaults: 5 + 2 + 1 < 10
+        assert not_ready_logic.not_ready_wait(grace, 30.0) == timedelta(seconds=33)
+        assert not_ready_logic.not_ready_wait(timedelta(seconds=1), 5.0) == timedelta(seconds=8)
         # The default grace is shorter than the agents' default heartbeat expiry: it acts first.
         from kube_rendezvous_operator.config import NODE_NOT_READY_SECONDS
 
         defaults = RendezvousTimings()
-        wait = logic.not_ready_wait(timedelta(seconds=NODE_NOT_READY_SECONDS), defaults.keep_alive_interval)
+        wait = not_ready_logic.not_ready_wait(timedelta(seconds=NODE_NOT_READY_SECONDS), defaults.keep_alive_interval)
         assert wait < timedelta(seconds=defaults.heartbeat_expiry)
 
     def test_only_live_pods_on_a_node_not_ready_for_the_wait_are_taken(self) -> None:
@@ -588,11 +588,13 @@ class TestNodeNotReady:
             self.pod("f", "10.0.0.6"),
         ]
         not_ready = {"node-a": self.SINCE, "node-b": NOW - timedelta(seconds=9)}
-        found = logic.pods_on_not_ready_nodes(pods, not_ready, NOW, timedelta(seconds=10))
+        found = not_ready_logic.pods_on_not_ready_nodes(pods, not_ready, NOW, timedelta(seconds=10))
         assert {node: [item["metadata"]["name"] for item in items] for node, items in found.items()} == {
             "node-a": ["a", "f"]
         }
-        later = logic.pods_on_not_ready_nodes(pods, not_ready, NOW + timedelta(seconds=1), timedelta(seconds=10))
+        later = not_ready_logic.pods_on_not_ready_nodes(
+            pods, not_ready, NOW + timedelta(seconds=1), timedelta(seconds=10)
+        )
         assert sorted(later) == ["node-a", "node-b"]
 
     def test_silent_agents_are_evicted_and_an_agent_heartbeating_after_the_transition_is_spared(self) -> None:
@@ -608,14 +610,14 @@ class TestNodeNotReady:
             },
         )
         pods = [self.pod(f"p{index}", f"10.0.0.{index}") for index in (1, 2, 3, 4)]
-        evict, spared = logic.nodes_on_not_ready_node(pods, doc, self.SINCE)
+        evict, spared = not_ready_logic.nodes_on_not_ready_node(pods, doc, self.SINCE)
         assert evict == [silent, within_slack, no_beat]
         assert spared == [alive]
 
     def test_nodes_of_other_pods_are_never_taken(self) -> None:
         other = NodeId("10.0.0.9", 7, 0)
         doc = document(participants={other: 0}, last_heartbeats={other: self.SINCE - timedelta(seconds=60)})
-        assert logic.nodes_on_not_ready_node([self.pod("a", "10.0.0.1")], doc, self.SINCE) == ([], [])
+        assert not_ready_logic.nodes_on_not_ready_node([self.pod("a", "10.0.0.1")], doc, self.SINCE) == ([], [])
 
 
 class TestNodeNotReadySetting:

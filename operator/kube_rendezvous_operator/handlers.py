@@ -5,11 +5,14 @@ agents elect one of their own when it is down). It watches Rendezvous objects an
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
 them to ``status.evictedNodes``, which every writer folds into the state), holds a deleted
 Rendezvous until its agents have closed, and deletes closed ones after their TTL. It also evicts
-the nodes of training pods on a Kubernetes Node NotReady for ``--node-not-ready-seconds`` (``nodes``
-tells which are), unless their agents still heartbeat. It writes to
+the nodes of training pods on a Kubernetes Node NotReady for ``--node-not-ready-seconds`` (``not_ready``;
+``nodes`` tells which are), unless their agents still heartbeat. It writes to
 a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
 resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
 ended while the operator was down or its watch was broken are noticed too.
+
+This module holds the operator's memory (``OperatorMemo``), its writes, the Rendezvous handlers
+and ``register``; the training pods' handlers are in ``pods``, the NotReady-node rule in ``not_ready``.
 
 It reads ``status.state`` only through ``logic.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a
@@ -22,9 +25,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import kopf
@@ -46,11 +48,11 @@ from kube_rendezvous.kubeapi import (
 )
 from kube_rendezvous.status import add_evictions as evict
 from kube_rendezvous.status import write_status
-from kube_rendezvous.summary import format_time, parse_time
+from kube_rendezvous.summary import parse_time
 
 from . import logic, metrics
 from .config import OperatorConfig
-from .nodes import NodeReadiness, NotReady
+from .nodes import NodeReadiness
 
 logger = logging.getLogger(__name__)
 
@@ -400,91 +402,6 @@ def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]
     return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
 
 
-def rendezvouses_of_pod(memo: OperatorMemo, labels: dict[str, str] | None, namespace: str | None) -> list[str]:
-    """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
-    selectors = {name: selector for (where, name), selector in memo.selectors.items() if where == namespace}
-    return logic.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
-
-
-def is_training_pod(labels: dict[str, str], namespace: str | None, memo: OperatorMemo, **_: Any) -> bool:
-    """Kopf's filter for the pod watch: a pod some Rendezvous selects (or that names one)."""
-    return bool(rendezvouses_of_pod(memo, labels, namespace))
-
-
-def evict_nodes_of_gone_pods(
-    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
-) -> None:
-    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous; when
-    the kubelet restarted one of its containers, evict the nodes that stopped heartbeating before that.
-
-    A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its
-    owner's workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the
-    Rendezvous's name.
-    """
-    pod = dict(body)
-    restarted = None if logic.pod_is_gone(pod, type) else logic.container_restarted_at(pod, datetime.now(timezone.utc))
-    if restarted is None and not logic.pod_is_gone(pod, type):
-        return
-    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
-        evict_nodes_of_pod(memo, pod, namespace, rendezvous, restarted_at=restarted)
-
-
-def track_training_pod(
-    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
-) -> None:
-    """Keep each Rendezvous's pod index current (the census its folder completes rounds by)."""
-    pod = dict(body)
-    uid = str(pod.get("metadata", {}).get("uid") or pod.get("metadata", {}).get("name"))
-
-    def update(pods: dict[str, dict[str, Any]]) -> None:
-        if type == "DELETED":
-            pods.pop(uid, None)
-        else:
-            pods[uid] = pod
-
-    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
-        pods_changed(memo, (namespace, rendezvous), update)
-
-
-def evict_nodes_of_pod(
-    memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, restarted_at: datetime | None = None
-) -> None:
-    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end); with
-    ``restarted_at``, the nodes of the pod's container that the kubelet restarted then."""
-    observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
-    if observed is None or stored is None or stored.document is None:
-        return
-    if observed.status.get("closed") or stored.document.closed:
-        return
-    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
-
-    gone_at = restarted_at or logic.pod_gone_at(pod, datetime.now(timezone.utc))
-    known = logic.known_nodes(stored.document)
-    document = with_lease_heartbeats(memo.api, stored.document, namespace, rendezvous)
-    matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
-    if restarted_at is not None:
-        # Nothing is judged without the Leases' heartbeats, and a node with none on record may be the
-        # restarted container's new agent: it is never evicted here.
-        heartbeats = document.last_heartbeats if document is not None else {}
-        matched = [node for node in matched if heartbeats.get(node) is not None]
-        if matched:
-            because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
-            evict_and_report(memo, namespace, rendezvous, [str(node) for node in matched], because)
-        return
-    alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
-    if alive:
-        logger.info(
-            "pod %s/%s is gone, but nodes %s on its address heartbeat after its end: they are another pod's; "
-            "not evicted",
-            namespace,
-            pod["metadata"]["name"],
-            ", ".join(str(node) for node in alive),
-        )
-    evict_and_report(
-        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone"
-    )
-
-
 def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes: list[str], because: str) -> bool:
     """Evict ``nodes`` from ``rendezvous`` (unless all are evicted already), count them and post NodeEvicted.
 
@@ -508,203 +425,6 @@ def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes:
     listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
     post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
     return True
-
-
-def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: OperatorMemo, **_: Any) -> None:
-    """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
-
-    Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
-    evicted) and evicts the nodes ``logic.nodes_to_evict_on_resync`` finds: those of gone pods,
-    and those without any pod while the others are recognised by their pods. Then, with the
-    same pods and heartbeats, the nodes of pods on a Kubernetes Node NotReady past its grace
-    (``evict_on_not_ready``), so that rule holds after a restart or a missed Node event too.
-    """
-    status = dict(status or {})
-    if status.get("closed"):
-        return
-    selector = memo.selectors.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
-    selectors = [selector.describe()]
-    if selector.match_labels != {RENDEZVOUS_LABEL: name}:
-        selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
-    pods: dict[str, dict[str, Any]] = {}
-    try:
-        for label_selector in selectors:
-            listed = memo.api.request(
-                "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
-            )
-            for pod in listed.get("items") or []:
-                pods[pod["metadata"].get("uid") or pod["metadata"]["name"]] = pod
-    except (ApiError, ApiUnavailableError) as exc:
-        metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
-        logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
-        return
-    with memo.pods_lock:
-        memo.pods[(namespace, name)] = dict(pods)
-    pods_changed(memo, (namespace, name), lambda _: None)
-    document = stored_state(memo, (namespace, name), status.get("state")).document
-    if document is None or document.closed:
-        return
-    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
-
-    try:
-        beats: dict[NodeId, datetime] | None = heartbeats(memo.api, namespace, name)
-    except (ApiError, ApiUnavailableError):
-        beats = None
-    now = datetime.now(timezone.utc)
-    nodes = logic.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)
-    already = set(status.get("evictedNodes") or [])
-    evicting = [str(node) for node in nodes if str(node) not in already]
-    evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")
-    if beats is not None:  # never judge a NotReady node's agents without their heartbeats
-        evict_on_not_ready(memo, (namespace, name), pods.values(), merge_heartbeats(document, beats, every_node=True))
-
-
-# -- pods on NotReady Kubernetes Nodes -------------------------------------------------------
-
-
-def not_ready_wait(memo: OperatorMemo, key: Key) -> timedelta:
-    """How long after its Node went NotReady a pod of ``key`` has its nodes evicted (``logic.not_ready_wait``)."""
-    grace = timedelta(seconds=memo.config.node_not_ready_seconds)
-    return logic.not_ready_wait(grace, memo.keep_alive.get(key, logic.timings({}).keep_alive_interval))
-
-
-def not_ready_nodes(memo: OperatorMemo) -> dict[str, NotReady]:
-    """The NotReady Kubernetes Nodes (none while they are not watched or cannot be read)."""
-    readiness = memo.node_rule.readiness
-    return {} if readiness is None else readiness.not_ready()
-
-
-def evict_on_not_ready(
-    memo: OperatorMemo,
-    key: Key,
-    pods: Iterable[dict[str, Any]],
-    document: RendezvousDocument,
-    only: str | None = None,
-) -> None:
-    """Evict the nodes of ``key``'s ``pods`` that run on a Node NotReady past its wait (Node ``only``, if given).
-
-    ``document`` must carry the nodes' current heartbeats (their Leases): a node that heartbeats
-    after its Node went NotReady (plus the slack) is alive and is not evicted (``logic.nodes_on_not_ready_node``).
-    """
-    namespace, name = key
-    observed = memo.observed.get(key)
-    if document.closed or (observed is not None and observed.status.get("closed")):
-        return
-    states = not_ready_nodes(memo)
-    if only is not None:
-        states = {only: states[only]} if only in states else {}
-    now = datetime.now(timezone.utc)
-    on_nodes = logic.pods_on_not_ready_nodes(
-        pods, {node: state.since for node, state in states.items()}, now, not_ready_wait(memo, key)
-    )
-    rule = memo.node_rule
-    for node, on_node in sorted(on_nodes.items()):
-        state = states[node]
-        judged = (key, node, state.since)
-        evict, alive = logic.nodes_on_not_ready_node(on_node, document, state.since)
-        with rule.lock:
-            rule.judged.add(judged)
-            spare = bool(alive) and judged not in rule.spared
-            if spare:
-                rule.spared.add(judged)
-        if spare:
-            logger.info(
-                "Kubernetes node %s is NotReady since %s, but nodes %s of rendezvous %s/%s on it heartbeat "
-                "after that: their agents are alive; not evicted",
-                node,
-                format_time(state.since),
-                ", ".join(str(item) for item in alive),
-                namespace,
-                name,
-            )
-        whose = "its" if len(evict) == 1 else "their"
-        with rule.judging:
-            evict_and_report(
-                memo,
-                namespace,
-                name,
-                [str(item) for item in evict],
-                f"{whose} Kubernetes node {node} is NotReady (Ready={state.status}) since {format_time(state.since)}",
-            )
-
-
-def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
-    """Judge ``key``'s pods on Node ``node`` now that its grace ended: read heartbeats, evict the silent."""
-    stored = memo.states.get(key)
-    if stored is None or stored.document is None:
-        return
-    with memo.pods_lock:
-        pods = list((memo.pods.get(key) or {}).values())
-    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
-
-    try:
-        beats = heartbeats(memo.api, *key)
-    except (ApiError, ApiUnavailableError) as exc:
-        logger.info("could not read the heartbeats of %s/%s (the next resync judges node %s): %s", *key, node, exc)
-        return
-    evict_on_not_ready(memo, key, pods, merge_heartbeats(stored.document, beats, every_node=True), only=node)
-
-
-def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str], datetime | None]:
-    """The Nodes whose grace ended for ``key``'s pods and that were not judged yet; when the next grace ends."""
-    states = not_ready_nodes(memo)
-    rule = memo.node_rule
-    with rule.lock:  # forget what was judged of Nodes that are Ready again (or NotReady anew)
-        current = {(node, state.since) for node, state in states.items()}
-        rule.judged = {item for item in rule.judged if (item[1], item[2]) in current}
-        rule.spared = {item for item in rule.spared if (item[1], item[2]) in current}
-        judged = {item[1] for item in rule.judged if item[0] == key}
-    if not states:
-        return [], None
-    with memo.pods_lock:
-        pods = list((memo.pods.get(key) or {}).values())
-    wait = not_ready_wait(memo, key)
-    since = {node: state.since for node, state in states.items()}
-    due = [node for node in logic.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
-    return due, min((moment + wait for moment in since.values() if moment + wait > now), default=None)
-
-
-async def evict_on_not_ready_nodes(namespace: str, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
-    """When the grace of a Node that runs this Rendezvous's pods ends, judge them at once (a Kopf daemon).
-
-    Wakes when a Node's readiness changes and when the next grace ends, at least every resync
-    interval; the resyncs judge the Nodes again (``resync_pods``).
-    """
-    key = (namespace, name)
-    wake = asyncio.Event()
-    memo.node_rule.wakes[key] = wake
-    try:
-        while not stopped:
-            wake.clear()
-            now = datetime.now(timezone.utc)
-            due, next_at = due_not_ready(memo, key, now)
-            for node in due:
-                await asyncio.to_thread(evict_on_not_ready_node, memo, key, node)
-            delay = memo.config.resync_seconds
-            if next_at is not None:
-                delay = min(delay, max(0.05, (next_at - datetime.now(timezone.utc)).total_seconds()))
-            waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
-            try:
-                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-    finally:
-        if memo.node_rule.wakes.get(key) is wake:
-            del memo.node_rule.wakes[key]
-
-
-async def start_node_rule(memo: OperatorMemo, **_: Any) -> None:
-    """Watch the Kubernetes Nodes for the NotReady-node rule (Kopf's startup)."""
-    loop = asyncio.get_running_loop()
-    rule = memo.node_rule
-    rule.readiness = NodeReadiness(memo.api, on_change=lambda: loop.call_soon_threadsafe(rule.wake_all)).start()
-
-
-async def stop_node_rule(memo: OperatorMemo, **_: Any) -> None:
-    """Stop watching the Nodes (Kopf's cleanup)."""
-    if memo.node_rule.readiness is not None:
-        memo.node_rule.readiness.stop()
 
 
 def close_before_delete(
@@ -771,6 +491,9 @@ async def delete_after_ttl(
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register every handler on ``registry``, with the timings of ``config`` (its resync interval)."""
+    # Imported here: pods and not_ready import this module (the memo and its writes).
+    from .not_ready import evict_on_not_ready_nodes, start_node_rule, stop_node_rule
+    from .pods import evict_nodes_of_gone_pods, is_training_pod, resync_pods, track_training_pod
     from .writer import FOLDER_STOP_SECONDS, fold_requests
 
     rendezvous = (GROUP, VERSION, RENDEZVOUS_PLURAL)

@@ -1,10 +1,10 @@
 """Which Kubernetes Nodes are NotReady, and since when: a lean list-then-watch of Nodes, in one thread.
 
 The operator evicts the rendezvous nodes of training pods on a Node NotReady for its grace
-(``handlers.evict_on_not_ready_nodes``); this module only tells it which Nodes are NotReady.
+(``not_ready.evict_on_not_ready_nodes``); this module only tells it which Nodes are NotReady.
 
 It keeps no Node object: of each event it keeps the Ready condition's status and
-``lastTransitionTime`` (``logic.node_not_ready_since``), for NotReady Nodes only, so its memory
+``lastTransitionTime`` (``not_ready_logic.node_not_ready_since``), for NotReady Nodes only, so its memory
 grows with the NotReady Nodes, not with the cluster (a Node object is tens of kilobytes, and
 ``watchcache.WatchCache`` keeps whole objects).
 
@@ -34,7 +34,7 @@ from kube_rendezvous.kubeapi import (
     backoff,
 )
 
-from . import logic
+from . import not_ready_logic
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class NotReady:
 class NodeReadiness:
     """The NotReady Nodes of the cluster, by name, kept current by a watch thread."""
 
-    def __init__(self, api: KubernetesApi, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, api: KubernetesApi, on_change: Callable[[], object] | None = None) -> None:
         """``on_change`` is called (from the watch thread, quickly) whenever the NotReady set may have changed."""
         self._api = api
         self._on_change = on_change
@@ -99,10 +99,12 @@ class NodeReadiness:
         name = (node.get("metadata") or {}).get("name")
         if not name:
             return
-        ready = logic.node_ready_condition(node)
+        ready = not_ready_logic.node_ready_condition(node)
         with self._lock:
             previous = self._not_ready.get(name)
-            since = None if deleted else logic.node_not_ready_since(node, previous.since if previous else _now())
+            since = (
+                None if deleted else not_ready_logic.node_not_ready_since(node, previous.since if previous else _now())
+            )
             if since is None or ready is None:
                 self._not_ready.pop(name, None)
                 changed = previous is not None
@@ -127,8 +129,8 @@ class NodeReadiness:
         current: dict[str, NotReady] = {}
         for item in listed.get("items") or []:
             name = (item.get("metadata") or {}).get("name")
-            ready = logic.node_ready_condition(item)
-            since = logic.node_not_ready_since(item, previous[name].since if name in previous else _now())
+            ready = not_ready_logic.node_ready_condition(item)
+            since = not_ready_logic.node_not_ready_since(item, previous[name].since if name in previous else _now())
             if name and ready is not None and since is not None:
                 current[str(name)] = NotReady(str(ready.get("status")), since)
         with self._lock:

@@ -1,0 +1,158 @@
+"""The training-pod handlers: keep each Rendezvous's pod index current, and evict the nodes of its gone pods.
+
+A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its owner's
+workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the Rendezvous's name.
+The pod watch evicts as pods go; a timer resyncs each Rendezvous with its listed pods, so pods
+deleted or ended while the operator was down or its watch was broken are noticed too.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+from kube_rendezvous.document import NodeId
+from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, ApiError, ApiUnavailableError
+from kube_rendezvous.summary import format_time
+
+from . import logic, metrics
+from .handlers import OperatorMemo, evict_and_report, pods_changed, stored_state
+from .not_ready import evict_on_not_ready
+
+logger = logging.getLogger(__name__)
+
+
+def rendezvouses_of_pod(memo: OperatorMemo, labels: dict[str, str] | None, namespace: str | None) -> list[str]:
+    """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
+    selectors = {name: selector for (where, name), selector in memo.selectors.items() if where == namespace}
+    return logic.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
+
+
+def is_training_pod(labels: dict[str, str], namespace: str | None, memo: OperatorMemo, **_: Any) -> bool:
+    """Kopf's filter for the pod watch: a pod some Rendezvous selects (or that names one)."""
+    return bool(rendezvouses_of_pod(memo, labels, namespace))
+
+
+def evict_nodes_of_gone_pods(
+    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
+) -> None:
+    """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous; when
+    the kubelet restarted one of its containers, evict the nodes that stopped heartbeating before that.
+
+    A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its
+    owner's workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the
+    Rendezvous's name.
+    """
+    pod = dict(body)
+    restarted = None if logic.pod_is_gone(pod, type) else logic.container_restarted_at(pod, datetime.now(timezone.utc))
+    if restarted is None and not logic.pod_is_gone(pod, type):
+        return
+    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
+        evict_nodes_of_pod(memo, pod, namespace, rendezvous, restarted_at=restarted)
+
+
+def track_training_pod(
+    type: str | None, body: kopf.Body, labels: dict[str, str], namespace: str, memo: OperatorMemo, **_: Any
+) -> None:
+    """Keep each Rendezvous's pod index current (the census its folder completes rounds by)."""
+    pod = dict(body)
+    uid = str(pod.get("metadata", {}).get("uid") or pod.get("metadata", {}).get("name"))
+
+    def update(pods: dict[str, dict[str, Any]]) -> None:
+        if type == "DELETED":
+            pods.pop(uid, None)
+        else:
+            pods[uid] = pod
+
+    for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
+        pods_changed(memo, (namespace, rendezvous), update)
+
+
+def evict_nodes_of_pod(
+    memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, restarted_at: datetime | None = None
+) -> None:
+    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end); with
+    ``restarted_at``, the nodes of the pod's container that the kubelet restarted then."""
+    observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
+    if observed is None or stored is None or stored.document is None:
+        return
+    if observed.status.get("closed") or stored.document.closed:
+        return
+    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
+
+    gone_at = restarted_at or logic.pod_gone_at(pod, datetime.now(timezone.utc))
+    known = logic.known_nodes(stored.document)
+    document = with_lease_heartbeats(memo.api, stored.document, namespace, rendezvous)
+    matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
+    if restarted_at is not None:
+        # Nothing is judged without the Leases' heartbeats, and a node with none on record may be the
+        # restarted container's new agent: it is never evicted here.
+        heartbeats = document.last_heartbeats if document is not None else {}
+        matched = [node for node in matched if heartbeats.get(node) is not None]
+        if matched:
+            because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
+            evict_and_report(memo, namespace, rendezvous, [str(node) for node in matched], because)
+        return
+    alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
+    if alive:
+        logger.info(
+            "pod %s/%s is gone, but nodes %s on its address heartbeat after its end: they are another pod's; "
+            "not evicted",
+            namespace,
+            pod["metadata"]["name"],
+            ", ".join(str(node) for node in alive),
+        )
+    evict_and_report(
+        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone"
+    )
+
+
+def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: OperatorMemo, **_: Any) -> None:
+    """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
+
+    Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
+    evicted) and evicts the nodes ``logic.nodes_to_evict_on_resync`` finds: those of gone pods,
+    and those without any pod while the others are recognised by their pods. Then, with the
+    same pods and heartbeats, the nodes of pods on a Kubernetes Node NotReady past its grace
+    (``not_ready.evict_on_not_ready``), so that rule holds after a restart or a missed Node event too.
+    """
+    status = dict(status or {})
+    if status.get("closed"):
+        return
+    selector = memo.selectors.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
+    selectors = [selector.describe()]
+    if selector.match_labels != {RENDEZVOUS_LABEL: name}:
+        selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
+    pods: dict[str, dict[str, Any]] = {}
+    try:
+        for label_selector in selectors:
+            listed = memo.api.request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": label_selector}
+            )
+            for pod in listed.get("items") or []:
+                pods[pod["metadata"].get("uid") or pod["metadata"]["name"]] = pod
+    except (ApiError, ApiUnavailableError) as exc:
+        metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
+        logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
+        return
+    with memo.pods_lock:
+        memo.pods[(namespace, name)] = dict(pods)
+    pods_changed(memo, (namespace, name), lambda _: None)
+    document = stored_state(memo, (namespace, name), status.get("state")).document
+    if document is None or document.closed:
+        return
+    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
+
+    try:
+        beats: dict[NodeId, datetime] | None = heartbeats(memo.api, namespace, name)
+    except (ApiError, ApiUnavailableError):
+        beats = None
+    now = datetime.now(timezone.utc)
+    nodes = logic.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)
+    already = set(status.get("evictedNodes") or [])
+    evicting = [str(node) for node in nodes if str(node) not in already]
+    evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")
+    if beats is not None:  # never judge a NotReady node's agents without their heartbeats
+        evict_on_not_ready(memo, (namespace, name), pods.values(), merge_heartbeats(document, beats, every_node=True))
