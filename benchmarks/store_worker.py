@@ -41,7 +41,7 @@ def main() -> None:
     for _ in range(args.threads):
         if args.backend == "k8s":
             from kube_rendezvous.factory import create_backend
-            from kube_rendezvous.store import KubernetesPrefixStore
+            from kube_rendezvous.prefixstore import KubernetesPrefixStore
             from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
             params = RendezvousParameters(

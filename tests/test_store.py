@@ -16,7 +16,8 @@ import pytest
 from kube_rendezvous.adds import ADDS_TO_LABEL, CounterValueError, counter_digest, request_name
 from kube_rendezvous.factory import create_backend
 from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
-from kube_rendezvous.store import KubernetesPrefixStore, KubernetesStore
+from kube_rendezvous.prefixstore import KubernetesPrefixStore
+from kube_rendezvous.store import KubernetesStore
 from kubernetes import client
 from tensorplay.distributed import HashStore, StoreTimeoutError
 

@@ -67,9 +67,10 @@ from .kubeapi import (
     resource_path,
 )
 from .leases import LeaseNodeLock
+from .prefixstore import KubernetesPrefixStore
 from .settings import RendezvousTimings
 from .shared import shared
-from .store import KubernetesPrefixStore, KubernetesStore
+from .store import KubernetesStore
 from .summary import completed_by_text, forming_line
 
 logger = logging.getLogger(__name__)

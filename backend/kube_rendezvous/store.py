@@ -12,10 +12,11 @@ once, such as a round's bootstrap address) none. So after a round, N agents wait
 address cost N watch events, not N reads. Where the server refuses to let the process watch the
 keys, a blocking call reads again every ``POLL_SECONDS``.
 
-``add`` combines (``adds``): it creates an add request of its own, which never conflicts, and
-one adder at a time folds every pending request into the counter in one write; the others read
-their result from the watch. N agents adding to one counter, as the exit barrier does, cost about
-2N requests plus a few folds. Without the watch it is a read-modify-write like the others.
+``add`` combines (``adder``, on the pure fold of ``adds``): it creates an add request of its own,
+which never conflicts, and one adder at a time folds every pending request into the counter in one
+write; the others read their result from the watch. N agents adding to one counter, as the exit
+barrier does, cost about 2N requests plus a few folds. Without the watch it is a read-modify-write
+like the others. The view of a round's keys under a prefix is ``prefixstore.KubernetesPrefixStore``.
 
 ``set``, ``compare_and_swap`` (and ``add`` without the watch) are read-modify-write under the key
 object's resourceVersion, retried on conflict after a random back-off that doubles with each lost
@@ -24,12 +25,10 @@ answer (none, a 5xx, a 409) the next read shows whether one of the call's attemp
 before anything is re-sent. ``has``, ``check``, ``num_keys`` and the read inside every write go
 to the API server. Empty values are stored as "".
 
-Not guaranteed: an add request whose adder died stays (folded) until its counter, its round or
-the Rendezvous goes; an add racing a ``delete_key`` of its counter while this process's watch is
-relisting may apply to the re-created counter as well. ``wait`` may answer True for a key
-deleted a moment ago (for as long as the watch takes to show the deletion, normally
-milliseconds). Values are visible to anyone who may read RendezvousKey objects in the namespace
-(use RBAC), and a value is limited to about 1 MiB.
+Not guaranteed (for ``add``, see ``adder``): ``wait`` may answer True for a key deleted a moment
+ago (for as long as the watch takes to show the deletion, normally milliseconds). Values are visible
+to anyone who may read RendezvousKey objects in the namespace (use RBAC), and a value is limited to
+about 1 MiB.
 """
 
 from __future__ import annotations
@@ -39,26 +38,15 @@ import copy
 import hashlib
 import json
 import logging
-import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .adds import (
-    ADDS_ANNOTATION,
-    ADDS_TO_LABEL,
-    FOLD_PATIENCE_SECONDS,
-    AddIndex,
-    counter_digest,
-    encode,
-    fold,
-    folded,
-    request_name,
-)
+from .adds import ADDS_TO_LABEL, counter_digest, fold
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -95,9 +83,6 @@ CONFLICT_BACKOFF_BASE = 0.005
 CONFLICT_BACKOFF_MAX = 2.0
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
-#: Seconds an adder that lost a fold waits for its watch to show a newer counter before it lists the
-#: keys again (the watch lags: an API server whose watch cache fell behind etcd shows nothing new).
-STALE_COUNTER_SECONDS = 5.0
 #: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
 SETS_IN_FLIGHT = 16
 
@@ -112,14 +97,6 @@ def _as_seconds(timeout: float | timedelta | None, default: timedelta) -> float:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
-
-
-def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
-    return lambda: cache.changes != changes
-
-
-def _version(obj: Mapping[str, Any] | None) -> str | None:
-    return None if obj is None else str(obj["metadata"].get("resourceVersion"))
 
 
 def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
@@ -484,7 +461,9 @@ class KubernetesStore:
         step = int(amount)
         cache = self._key_cache()
         if cache is not None and cache.healthy:
-            return self._combined_add(cache, key, step, round_number)
+            from .adder import combined_add  # here: ``adder`` builds on this module
+
+            return combined_add(self, cache, key, step, round_number)
 
         def added(current: bytes | None) -> bytes:
             return str(fold(self._key(key), current, {}, [], ())[0] + step).encode()
@@ -492,122 +471,6 @@ class KubernetesStore:
         _, written = self._read_modify_write(key, added, round_number)
         assert written is not None
         return int(written)
-
-    def _combined_add(self, cache: WatchCache, key: str | bytes, step: int, round_number: int | None) -> int:
-        """``add`` by an add request that one fold writes into the counter with all others pending."""
-        assert self._keys is not None  # a combined add runs only on the key watch
-        index = self._keys.adds
-        counter_name = self._name(key)
-        digest = counter_digest(counter_name)
-        deadline = time.monotonic() + self.timeout.total_seconds()
-        while True:
-            request_id = uuid.uuid4().hex[:12]
-            index.expect(request_id, digest)
-            shown = cache.get(counter_name)
-            index.changed(shown if shown is not None else {"metadata": {"name": counter_name}}, shown is not None)
-            try:
-                self._create_add_request(key, counter_name, request_id, step, round_number)
-                result = self._await_fold(cache, index, key, request_id, deadline, round_number)
-            except BaseException:  # not a value at the key, or timed out: the request must not fold later
-                self._delete_add_request(counter_name, request_id)
-                raise
-            finally:
-                index.forget(request_id)
-            if result is not None:
-                self._delete_add_request(counter_name, request_id)
-                return result
-            # The request was deleted unfolded (``delete_key`` of the counter): add to the key as it is now.
-
-    def _create_add_request(
-        self, key: str | bytes, counter_name: str, request_id: str, step: int, round_number: int | None
-    ) -> None:
-        body = self._new_object(key, str(step).encode(), "", round_number)
-        body["metadata"]["name"] = request_name(counter_name, request_id)
-        body["metadata"]["labels"][ADDS_TO_LABEL] = counter_digest(counter_name)
-        del body["metadata"]["annotations"]
-        try:
-            created = self._call("POST", self._collection, body=body)
-        except ConflictError:  # ours: an earlier attempt whose answer was lost
-            return
-        except ApiError as exc:
-            raise self._failure(exc, "create") from exc
-        self._installed(created)
-
-    def _delete_add_request(self, counter_name: str, request_id: str) -> None:
-        try:
-            self._call("DELETE", f"{self._collection}/{request_name(counter_name, request_id)}")
-        except NotFoundError:
-            pass
-        except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
-            logger.info("could not delete the add request %s of %s: %s", request_id, self._key(counter_name), exc)
-
-    def _await_fold(
-        self,
-        cache: WatchCache,
-        index: AddIndex,
-        key: str | bytes,
-        request_id: str,
-        deadline: float,
-        round_number: int | None,
-    ) -> int | None:
-        """The counter's value after request ``request_id``, once folded (by this adder or another);
-        None if the request was deleted unfolded."""
-        counter_name = self._name(key)
-        digest = counter_digest(counter_name)
-        patience = time.monotonic() + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
-        lost = 0
-        #: The counter's resourceVersion a fold lost on, and when: a watch still showing it later lags.
-        lost_on: tuple[str | None, float] | None = None
-        while True:
-            gone = not index.shown(digest, request_id)
-            result = index.result(request_id)  # after ``gone``: a fold is recorded before the deletion
-            if result is not None:
-                return result
-            if gone and cache.healthy:
-                return None
-            now = time.monotonic()
-            if now > deadline:
-                raise self.timeout_error(f"KubernetesStore: add({self._key(key)!r}) was not folded in time")
-            shown_version = _version(cache.get(counter_name))
-            if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
-                self.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
-                logger.info("the watch of %s still shows the counter a fold lost on; listing again", self._key(key))
-                cache.refresh()
-                lost_on = (shown_version, now)
-            elif cache.healthy and (index.first_pending(digest) == request_id or now >= patience):
-                outcome = self._fold_adds(cache, index, key, round_number)
-                if outcome is False:  # another fold came first: wait for the watch to show it
-                    lost += 1
-                    self.stats["conflicts"] += 1
-                    patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
-                    if lost_on is None or lost_on[0] != shown_version:
-                        lost_on = (shown_version, now)
-                elif outcome is None:
-                    patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
-            wait = min(deadline, patience) - time.monotonic()
-            cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else 0.5)
-
-    def _fold_adds(self, cache: WatchCache, index: AddIndex, key: str | bytes, round_number: int | None) -> bool | None:
-        """Fold every pending add request on ``key`` into it: True when written, False when another
-        write came first (or the outcome is unknown), None when nothing was pending."""
-        counter_name = self._name(key)
-        shown = cache.get(counter_name)
-        counter = copy.deepcopy(shown) if shown is not None else None
-        done = folded(counter)
-        pending, present = index.pending(counter_digest(counter_name), done)
-        if not pending:
-            return None
-        value, done = fold(self._key(key), None if counter is None else self._value_of(counter), done, pending, present)
-        self.stats["folds"] += 1
-        attempt = uuid.uuid4().hex[:12]
-        if counter is None:
-            body = self._new_object(key, str(value).encode(), attempt, round_number)
-            body["metadata"]["annotations"][ADDS_ANNOTATION] = encode(done)
-            written: dict[str, Any] | bool | None = self._create(key, str(value).encode(), attempt, round_number, body)
-        else:
-            counter["metadata"].setdefault("annotations", {})[ADDS_ANNOTATION] = encode(done)
-            written = self._replace(counter, str(value).encode(), attempt)
-        return isinstance(written, dict)
 
     def compare_and_swap(
         self, key: str | bytes, expected: str | bytes, desired: str | bytes, *, round_number: int | None = None
@@ -723,113 +586,3 @@ class KubernetesStore:
             logger.warning(
                 "could not delete the store keys of old rounds (%s); they stay until the Rendezvous goes", exc
             )
-
-
-class KubernetesPrefixStore:
-    """A view of a ``KubernetesStore`` whose keys are ``prefix + "/" + key``.
-
-    tensorplay's C++ ``PrefixStore`` refuses Python stores, so the handler uses this one. Keys written
-    through a view made for a round carry that round's label, which lets the store delete the keys of
-    finished rounds, and lets ``multi_get`` read the round's keys in one LIST.
-
-    ``pipelined``: a ``set`` returns once it is sent (``SETS_IN_FLIGHT`` at a time), not once it is
-    stored; any other call through the view, and ``flush``, first waits for every pending set and
-    raises the first failure, and a second set of a key waits for the first. So what the caller does
-    next through the view sees its writes, while N sets in a row (rank 0 publishing every agent's
-    ranks, one by one, in tensorplay's agent) cost about one round trip per ``SETS_IN_FLIGHT``.
-    Not guaranteed: a set whose process dies before a flush may be lost (as a set whose answer never
-    came); another client may not see it yet when the caller's ``set`` returns.
-    """
-
-    def __init__(
-        self,
-        prefix: str,
-        store: KubernetesStore,
-        round_number: int | None = None,
-        on_write: Callable[[str], None] | None = None,
-        pipelined: bool = False,
-    ) -> None:
-        self.prefix = prefix
-        self.underlying_store = store
-        self.round_number = round_number
-        #: Called with the key (without the prefix) of every write, before it is sent.
-        self.on_write = on_write
-        self._pool = ThreadPoolExecutor(SETS_IN_FLIGHT, thread_name_prefix="store set") if pipelined else None
-        self._pending: dict[str, Future[None]] = {}
-
-    def _k(self, key: str | bytes, written: bool = False) -> str:
-        name = key if isinstance(key, str) else key.decode("utf-8")
-        if written and self.on_write is not None:
-            self.on_write(name)
-        self.flush()
-        return f"{self.prefix}/{name}"
-
-    def flush(self) -> None:
-        """Wait for every pending set; raise the first failure."""
-        pending, self._pending = self._pending, {}
-        failures = [future.exception() for future in pending.values()]
-        failure = next((exc for exc in failures if exc is not None), None)
-        if failure is not None:
-            raise failure
-
-    @property
-    def timeout(self) -> timedelta:
-        return self.underlying_store.timeout
-
-    @timeout.setter
-    def timeout(self, value: float | timedelta) -> None:
-        self.underlying_store.timeout = value
-
-    def set(self, key: str | bytes, value: str | bytes) -> None:
-        name = key if isinstance(key, str) else key.decode("utf-8")
-        if self._pool is None or name in self._pending:
-            self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
-            return
-        if self.on_write is not None:
-            self.on_write(name)
-        full = f"{self.prefix}/{name}"
-        self._pending[name] = self._pool.submit(self.underlying_store.set, full, value, round_number=self.round_number)
-
-    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        return self.underlying_store.get(self._k(key), timeout)
-
-    def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        return self.underlying_store.get_written_once(self._k(key), timeout)
-
-    def multi_get(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> list[bytes]:
-        names = [self._k(key) for key in keys]
-        return self.underlying_store.multi_get(names, timeout, round_number=self.round_number)
-
-    def multi_set(self, keys: Iterable[str | bytes], values: Iterable[str | bytes]) -> None:
-        names = [self._k(key, True) for key in keys]
-        self.underlying_store.multi_set(names, values, round_number=self.round_number)
-
-    def add(self, key: str | bytes, amount: int) -> int:
-        return self.underlying_store.add(self._k(key, True), amount, round_number=self.round_number)
-
-    def compare_and_swap(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> tuple[bool, bytes]:
-        return self.underlying_store.compare_and_swap(
-            self._k(key, True), expected, desired, round_number=self.round_number
-        )
-
-    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:
-        return self.underlying_store.compare_set(self._k(key, True), expected, desired, round_number=self.round_number)
-
-    def has(self, key: str | bytes) -> bool:
-        return self.underlying_store.has(self._k(key))
-
-    def check(self, keys: Iterable[str | bytes]) -> bool:
-        return self.underlying_store.check([self._k(key) for key in keys])
-
-    def append(self, key: str | bytes, value: str | bytes) -> None:
-        self.underlying_store.append(self._k(key, True), value, round_number=self.round_number)
-
-    def delete_key(self, key: str | bytes) -> None:
-        self.underlying_store.delete_key(self._k(key))
-
-    def num_keys(self) -> int:
-        self.flush()
-        return self.underlying_store.num_keys()
-
-    def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
-        return self.underlying_store.wait([self._k(key) for key in keys], timeout)

@@ -42,7 +42,8 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler, Rendezvo
 
 from . import frameworks  # noqa: E402
 from .native import NativeHandler  # noqa: E402
-from .store import KubernetesPrefixStore, KubernetesStore  # noqa: E402
+from .prefixstore import KubernetesPrefixStore  # noqa: E402
+from .store import KubernetesStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
