@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous import kubectl_rdzv
+from kube_rendezvous import kubectl_rdzv, kubectl_rdzv_report
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
 from kube_rendezvous.summary import format_time, parse_time, summarize_document
 from kubernetes import client
@@ -201,7 +201,7 @@ def test_status_json_of_a_forming_round_counts_missing_nodes_with_document_heart
     assert report["heartbeatSource"] == "document"
     assert report["writer"] is None
     assert report["roundDurations"] == [] and "none recorded yet" in report["roundDurationsNote"]
-    assert kubectl_rdzv.parse_microtime(report["roundFormingSince"]) == parse_time(started)
+    assert kubectl_rdzv_report.parse_microtime(report["roundFormingSince"]) == parse_time(started)
     text = plugin(control_plane, "status", "job", "-n", namespace).stdout
     forming = next(line for line in text.splitlines() if line.startswith("Forming"))
     assert forming.split()[1] == "began" and 29 <= int(forming.split()[2].rstrip("s")) < 60, forming

@@ -1,0 +1,317 @@
+"""What ``kubectl rdzv status`` and ``watch`` print, built from objects already read (pure: no I/O).
+
+``build_report`` turns a Rendezvous object and its Leases into the JSON-ready report of ``status -o json``;
+``render_status`` and ``summary_line`` turn that report into the text of ``status`` and of a ``watch`` line.
+``status.state`` is read with ``decode_document``, the agents' bounded validator: nothing is ever unpickled.
+
+Not guaranteed: heartbeat ages compare the writers' clocks with ``now`` (off by any skew; negative ages are
+shown as such); ``status.roundStartTime``, ``recentRounds`` and ``lastDeparture`` are the writers' clocks,
+absent when an older release wrote the status.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .document import RendezvousDocument, StateDocumentError, decode_document
+from .folding import role_of
+from .leases import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
+from .settings import RendezvousTimings
+from .summary import completed_by_text, departure_line, format_time, rendezvous_phase
+
+#: The roles in the node table of ``status``, in the order it lists them.
+ROLES = ("participant", "waiting", "redundant", "heartbeat-only", "lease-only")
+_ROUND_HISTORY_NOTE = "none recorded yet (status.recentRounds is empty)"
+
+
+class PluginError(Exception):
+    """A failure the user can act on; its message is one line that names the object or field and the fix."""
+
+
+def parse_microtime(text: object) -> datetime | None:
+    """The UTC datetime of an RFC 3339 time (``renewTime``, ``lastChangeTime``), or None if absent or malformed."""
+    try:
+        moment = parse_micro_time(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return None if moment is None or moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else micro_time(moment)
+
+
+def _age(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else round((now - moment).total_seconds(), 3)
+
+
+def decode_state(obj: dict[str, Any], namespace: str, name: str) -> RendezvousDocument | None:
+    """The state document of ``obj`` as stored (None: no agent wrote one yet), or a ``PluginError`` that
+    names the invalid field and the fix. Not ``intents.read_rendezvous``: that folds ``spec.closed`` and
+    the evictions into the document, and ``status`` shows them apart from what the agents applied."""
+    text = (obj.get("status") or {}).get("state")
+    try:
+        return None if text is None or text == "" else decode_document(text)
+    except StateDocumentError as exc:
+        message = str(exc)
+        if "kubectl patch" not in message:
+            message += (
+                f"; the agents refuse it too: clear it (kubectl patch rdzv {name} -n {namespace} --subresource=status "
+                '--type=json -p \'[{"op":"remove","path":"/status/state"}]\') or use a new Rendezvous'
+            )
+        raise PluginError(f"Rendezvous {namespace}/{name} has an invalid {message}") from exc
+
+
+def _node_table(
+    document: RendezvousDocument | None, leases: list[dict[str, Any]], now: datetime, expiry: float
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
+    """The node table (the document's nodes, one role each, then nodes only a Lease names), the writer
+    Lease, and whether the heartbeats are the node Leases' (when there are any) or the document's."""
+    lease_names: dict[str, str | None] = {}
+    heartbeats: dict[str, datetime | None] = {}
+    writer = None
+    for lease in leases:
+        metadata, spec = lease.get("metadata") or {}, lease.get("spec") or {}
+        renewed = parse_microtime(spec.get("renewTime")) or parse_microtime(spec.get("acquireTime"))
+        kind = (metadata.get("labels") or {}).get(LABEL_LEASE)
+        node = (metadata.get("annotations") or {}).get(ANNOTATION_NODE)
+        if kind == "writer":
+            writer = {"holderIdentity": spec.get("holderIdentity"), "lease": metadata.get("name")}
+            writer.update(renewTime=_iso(renewed), ageSeconds=_age(renewed, now))
+        elif kind == "node" and isinstance(node, str) and node:
+            lease_names[node], heartbeats[node] = metadata.get("name"), renewed
+    roles = dict.fromkeys(lease_names, "lease-only")
+    ranks: dict[str, int] = {}
+    if document is not None:
+        roles.update({str(node): role_of(document, node) or "heartbeat-only" for node in document.nodes()})
+        ranks = {str(node): rank for node, rank in document.participants.items()}
+        if not lease_names:
+            heartbeats = {str(node): moment for node, moment in document.last_heartbeats.items()}
+    rows = []
+    for node in sorted(roles, key=lambda key: (ROLES.index(roles[key]), ranks.get(key, 0), key)):
+        age = _age(heartbeats.get(node), now)
+        rows.append(
+            {
+                "node": node,
+                "role": roles[node],
+                "rank": ranks.get(node),
+                "lastHeartbeat": _iso(heartbeats.get(node)),
+                "heartbeatAgeSeconds": age,
+                "heartbeatExpired": age is not None and age > expiry,
+                "lease": lease_names.get(node),
+            }
+        )
+    return rows, writer, bool(lease_names)
+
+
+def build_report(
+    namespace: str,
+    name: str,
+    obj: dict[str, Any],
+    leases: list[dict[str, Any]],
+    now: datetime,
+    leases_error: Any = None,
+) -> dict[str, Any]:
+    """The JSON-ready description of a Rendezvous and its Leases (what ``status -o json`` prints); an
+    invalid ``status.state`` gives phase ``Invalid`` and its one-line message in ``stateError``."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    try:
+        document, state_error = decode_state(obj, namespace, name), None
+    except PluginError as exc:
+        document, state_error = None, str(exc)
+    try:
+        timings = RendezvousTimings.resolve(None, spec)
+    except ValueError:
+        timings = RendezvousTimings()
+    nodes, writer, from_leases = _node_table(document, leases, now, timings.heartbeat_expiry)
+    counts = {role: sum(1 for item in nodes if item["role"] == role) for role in ROLES}
+    complete = document is not None and document.complete
+    min_nodes = spec.get("minNodes")
+    still_needed = max(0, min_nodes - counts["participant"]) if isinstance(min_nodes, int) else None
+    deadline = None if document is None or document.complete else document.deadline
+    durations = []
+    for item in status.get("recentRounds") or []:
+        started, formed = parse_microtime(item.get("startTime")), parse_microtime(item.get("formedTime"))
+        if started is not None and formed is not None:
+            seconds = round((formed - started).total_seconds(), 3)
+            durations.append(
+                {
+                    "round": item.get("round"),
+                    "nodes": item.get("nodes"),
+                    "formedInSeconds": seconds,
+                    "completedBy": item.get("completedBy"),
+                }
+            )
+    departure = status.get("lastDeparture")
+    return {
+        "namespace": namespace,
+        "rendezvousName": name,
+        "phase": "Invalid" if state_error else rendezvous_phase(document),
+        "round": None if document is None else document.round,
+        "complete": complete,
+        "closed": document is not None and document.closed,
+        "specClosed": bool(spec.get("closed")),
+        "minNodes": min_nodes,
+        "maxNodes": spec.get("maxNodes"),
+        "participantCount": counts["participant"],
+        "waitingCount": counts["waiting"],
+        "redundantCount": counts["redundant"],
+        "nodesStillNeeded": None if complete else still_needed,
+        "deadline": _iso(deadline),
+        "deadlineInSeconds": None if deadline is None else round((deadline - now).total_seconds(), 3),
+        "lastCallSinceEstimate": None if deadline is None else _iso(deadline - timedelta(seconds=timings.last_call)),
+        "roundFormingSince": _iso(parse_microtime(status.get("roundStartTime"))),
+        "roundDurations": durations,
+        "roundDurationsNote": None if durations else _ROUND_HISTORY_NOTE,
+        "lastDeparture": departure if isinstance(departure, dict) else None,
+        "lastChangeTime": status.get("lastChangeTime"),
+        "lastChangeAgeSeconds": _age(parse_microtime(status.get("lastChangeTime")), now),
+        "lastWriter": status.get("lastWriter"),
+        "writer": writer,
+        "heartbeatSource": "leases" if from_leases else "document",
+        "heartbeatExpirySeconds": timings.heartbeat_expiry,
+        "leasesError": leases_error,
+        "nodes": nodes,
+        "evictedNodes": list(status.get("evictedNodes") or []),
+        "conditions": [
+            {key: item.get(key) for key in ("type", "status", "reason", "message", "lastTransitionTime")}
+            for item in status.get("conditions") or []
+        ],
+        "runId": status.get("runId"),
+        "stateError": state_error,
+        "observedAt": micro_time(now),
+    }
+
+
+def format_age(seconds: float | None) -> str:
+    """``12s``, ``3m4s``, ``2h5m``, ``4d3h``; ``in 2s`` for a time ahead of this clock; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    whole = int(abs(seconds))
+    if whole < 60:
+        text = f"{whole}s"
+    elif whole < 3600:
+        text = f"{whole // 60}m{whole % 60}s"
+    elif whole < 86400:
+        text = f"{whole // 3600}h{whole % 3600 // 60}m"
+    else:
+        text = f"{whole // 86400}d{whole % 86400 // 3600}h"
+    return f"in {text}" if seconds < 0 else f"{text} ago"
+
+
+def _since(text: str | None, now: datetime) -> str:
+    return format_age(_age(parse_microtime(text), now))
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _round_rows(report: dict[str, Any], now: datetime) -> list[tuple[str, str]]:
+    """The Phase, Waiting for and Forming lines of ``status``: where the round is, what it still needs."""
+    if report["stateError"]:
+        phase = f"Invalid state: {report['stateError']}"
+    elif report["round"] is None:
+        phase = "Pending (no agent has written the state yet)"
+    else:
+        closed = "closed" if report["closed"] else "open"
+        if report["specClosed"] and not report["closed"]:
+            closed = "spec.closed is true; the agents have not applied it yet"
+        progress = "complete" if report["complete"] else "forming"
+        phase = f"{report['phase']} (round {report['round']}, {progress}, {closed})"
+    needed, deadline = report["nodesStillNeeded"], report["deadline"]
+    if report["complete"]:
+        waiting = "nothing: the round is complete"
+    elif needed is None:
+        waiting = "unknown (spec.minNodes is not set)"
+    elif needed > 0:
+        waiting = f"{_plural(needed, 'more node')} to reach minNodes {report['minNodes']}"
+    else:
+        waiting = f"0 more nodes (minNodes {report['minNodes']} reached)"
+        if deadline is not None:
+            waiting += (
+                f"; more are admitted up to maxNodes {report['maxNodes']} until the deadline "
+                f"{format_time(parse_microtime(deadline) or now)} ({format_age(-report['deadlineInSeconds'])})"
+            )
+    forming = "-"
+    if not report["complete"] and report["round"] is not None:
+        started = report["roundFormingSince"]
+        forming = "since when is not recorded" if started is None else f"began {_since(started, now)}"
+        if report["lastCallSinceEstimate"] is not None:
+            reached = _since(report["lastCallSinceEstimate"], now)
+            forming += f"; minNodes reached about {reached} (deadline minus the last-call timeout)"
+    return [("Phase", phase), ("Waiting for", waiting), ("Forming", forming)]
+
+
+def render_status(report: dict[str, Any]) -> str:
+    """The text ``status`` prints for a report of ``build_report``."""
+    now = parse_microtime(report["observedAt"]) or datetime.now(timezone.utc)
+    past_rounds = ", ".join(
+        f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
+        + completed_by_text({"recentRounds": [item]}, item["round"])
+        for item in report["roundDurations"]
+    )
+    departure = "none recorded (status.lastDeparture is not set)"
+    if report["lastDeparture"]:
+        departure = f"{departure_line(report['lastDeparture'])} (at {report['lastDeparture'].get('time')})"
+    last_change = "-"
+    if report["lastChangeTime"]:
+        last_change = f"{report['lastChangeTime']} ({format_age(report['lastChangeAgeSeconds'])})"
+        last_change += f" by {report['lastWriter']}" if report["lastWriter"] else ""
+    writer = "none (no writer Lease)"
+    if report["writer"] is not None:
+        holder, age = report["writer"]["holderIdentity"] or "(no holder)", report["writer"]["ageSeconds"]
+        writer = f"{holder} (writer Lease renewed {format_age(age)})"
+    source = "node Leases"
+    if report["heartbeatSource"] != "leases":
+        source = "the state document (no node Leases)" + (f"; {report['leasesError']}" if report["leasesError"] else "")
+    conditions = "; ".join(
+        f"{item['type']}={item['status']} ({item['reason']}, {_since(item['lastTransitionTime'], now)})"
+        for item in report["conditions"]
+    )
+    phase, waiting, forming = _round_rows(report, now)
+    counts = f"{report['participantCount']} participants, {report['waitingCount']} waiting, "
+    counts += f"{report['redundantCount']} redundant (minNodes {report['minNodes']}, maxNodes {report['maxNodes']})"
+    rows = [
+        ("Rendezvous", f"{report['namespace']}/{report['rendezvousName']}"),
+        phase,
+        ("Nodes", counts),
+        waiting,
+        forming,
+        ("Past rounds", past_rounds or str(report["roundDurationsNote"])),
+        ("Last departure", departure),
+        ("Last change", last_change),
+        ("Writer", writer),
+        ("Heartbeats", f"from {source}; expired after {report['heartbeatExpirySeconds']:g}s"),
+        ("Evicted", ", ".join(report["evictedNodes"]) or "none"),
+        ("Conditions", conditions or "none (no operator has reported yet)"),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = [f"{label:<{width}}{value}" for label, value in rows]
+    table = [("NODE", "ROLE", "RANK", "LAST HEARTBEAT")]
+    for item in report["nodes"]:
+        beat = format_age(item["heartbeatAgeSeconds"]) + (" (expired)" if item["heartbeatExpired"] else "")
+        table.append((item["node"], item["role"], "-" if item["rank"] is None else str(item["rank"]), beat))
+    widths = [max(len(row[column]) for row in table) for column in range(3)]
+    if report["nodes"]:
+        lines.append("")
+        for row in table:
+            lines.append("   ".join(cell.ljust(widths[index]) for index, cell in enumerate(row[:3])) + "   " + row[3])
+    return "\n".join(lines)
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """One line for ``watch``: phase, round, counts, what the round still needs, heartbeats, the writer."""
+    if report["stateError"]:
+        return f"INVALID state: {report['stateError']}"
+    ages = [item["heartbeatAgeSeconds"] for item in report["nodes"] if item["heartbeatAgeSeconds"] is not None]
+    needed, writer = report["nodesStillNeeded"], (report["writer"] or {}).get("holderIdentity") or "-"
+    return (
+        f"{report['phase']} round={'-' if report['round'] is None else report['round']} "
+        f"participants={report['participantCount']} waiting={report['waitingCount']} "
+        f"redundant={report['redundantCount']} needed={'-' if needed is None else needed} "
+        f"closed={str(report['closed'] or report['specClosed']).lower()} "
+        f"oldest-heartbeat={format_age(max(ages)) if ages else '-'} no-heartbeat={len(report['nodes']) - len(ages)} "
+        f"evicted={len(report['evictedNodes'])} writer={writer}"
+    )
