@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .backend import KubernetesRendezvousBackend
+from .document import NodeId
 from .frameworks import Framework
 from .frameworks import tensorplay as tensorplay_framework
 from .kubeapi import (
@@ -265,3 +267,13 @@ def create_backend(
     backend.spec = connection.rendezvous.get("spec") or {}
     backend.timings = connection.timings
     return backend, connection.store(framework)
+
+
+def incarnation_node(local_addr: str | None) -> NodeId:
+    """This agent's node: its address and pid, and a random local id unique to this incarnation.
+
+    In a pod the agent is PID 1 and an Indexed Job's replacement pod keeps the hostname (and may
+    get the IP) of the pod it replaces, so ``addr_pid_0`` would name both. The random local id
+    tells them apart: an eviction of the old node never matches the new one.
+    """
+    return NodeId(local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))

@@ -430,3 +430,9 @@ def lost_members(document: RendezvousDocument | None, members: frozenset[NodeId]
     if document is None or document.closed:
         return frozenset()
     return members - document.participants.keys()
+
+
+def carried(document: RendezvousDocument, node: NodeId, last_round: int) -> bool:
+    """Whether ``document`` shows ``node`` carried past ``last_round`` (the carry rule): a later
+    round, not closed, with ``node`` a participant."""
+    return document.round > last_round and not document.closed and node in document.participants

@@ -94,3 +94,11 @@ def read_rendezvous(
         close_requested=close,
         foreign_run=str(stored_run) if foreign and encoded else None,
     )
+
+
+def waiting_count(reading: RendezvousReading) -> int:
+    """The wait list, and a close asked by a person counted as one (a close by an agent that succeeded: none)."""
+    document = reading.document
+    if document is None:
+        return 1 if reading.close_requested else 0
+    return max(len(document.wait_list), 1 if document.closed and reading.close_requested else 0)

@@ -44,18 +44,16 @@ import atexit
 import logging
 import os
 import random
-import secrets
-import socket
 import time
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from .document import NodeId, RendezvousDocument, StateDocumentError
-from .factory import connect
+from .factory import connect, incarnation_node
 from .folder import AGENT_IDENTITY_PREFIX, owner_reference
-from .folding import Desire, JoinSettings, join_scope, lost_members, role_of, satisfied
+from .folding import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .frameworks import Framework
-from .intents import RendezvousReading, read_rendezvous
+from .intents import RendezvousReading, read_rendezvous, waiting_count
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -67,7 +65,7 @@ from .kubeapi import (
     resource_path,
 )
 from .leases import LeaseNodeLock
-from .prefixstore import KubernetesPrefixStore
+from .prefixstore import KubernetesPrefixStore, WrittenOnceReads
 from .settings import RendezvousTimings
 from .shared import shared
 from .store import KubernetesStore
@@ -86,31 +84,6 @@ EXIT_LEAVE_SECONDS = 10.0
 PROGRESS_LOG_SECONDS = 10.0
 
 HandlerT = TypeVar("HandlerT", bound="NativeHandler")
-
-
-def incarnation_node(local_addr: str | None) -> NodeId:
-    """This agent's node: its address and pid, and a random local id unique to this incarnation.
-
-    In a pod the agent is PID 1 and an Indexed Job's replacement pod keeps the hostname (and may
-    get the IP) of the pod it replaces, so ``addr_pid_0`` would name both. The random local id
-    tells them apart: an eviction of the old node never matches the new one.
-    """
-    return NodeId(local_addr or socket.getfqdn(), os.getpid(), secrets.randbelow(2**31))
-
-
-class WrittenOnceReads:
-    """The read side of a round's store for ``RendezvousStoreInfo.build`` on ranks above 0.
-
-    Rank 0 writes the bootstrap address once per round under the round's prefix, and nobody
-    changes it, so the other ranks read it from their store's watch (``get_written_once``): no
-    request each, where a GET each would be N reads at the same instant.
-    """
-
-    def __init__(self, store: KubernetesPrefixStore) -> None:
-        self._store = store
-
-    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        return self._store.get_written_once(key, timeout)
 
 
 class NativeHandler:
@@ -624,18 +597,4 @@ class NativeHandler:
             self._stop_bootstrap_store()
 
 
-def carried(document: RendezvousDocument, node: NodeId, last_round: int) -> bool:
-    """Whether ``document`` shows ``node`` carried past ``last_round`` (``folding``'s carry rule): a later
-    round, not closed, with ``node`` a participant."""
-    return document.round > last_round and not document.closed and node in document.participants
-
-
-def waiting_count(reading: RendezvousReading) -> int:
-    """The wait list, and a close asked by a person counted as one (a close by an agent that succeeded: none)."""
-    document = reading.document
-    if document is None:
-        return 1 if reading.close_requested else 0
-    return max(len(document.wait_list), 1 if document.closed and reading.close_requested else 0)
-
-
-__all__ = ["BACKEND_NAME", "NativeHandler", "incarnation_node", "waiting_count"]
+__all__ = ["BACKEND_NAME", "NativeHandler"]

@@ -125,3 +125,18 @@ class KubernetesPrefixStore:
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
         return self.underlying_store.wait([self._k(key) for key in keys], timeout)
+
+
+class WrittenOnceReads:
+    """The read side of a round's store for ``RendezvousStoreInfo.build`` on ranks above 0.
+
+    Rank 0 writes the bootstrap address once per round under the round's prefix, and nobody
+    changes it, so the other ranks read it from their store's watch (``get_written_once``): no
+    request each, where a GET each would be N reads at the same instant.
+    """
+
+    def __init__(self, store: KubernetesPrefixStore) -> None:
+        self._store = store
+
+    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        return self._store.get_written_once(key, timeout)
