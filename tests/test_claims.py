@@ -39,10 +39,15 @@ class TestLayering:
     def test_the_pure_modules_load_no_framework_and_no_api_client(self) -> None:
         loaded = modules_loaded_by(
             "import kube_rendezvous.document, kube_rendezvous.summary, kube_rendezvous.settings, "
-            "kube_rendezvous.intents, kube_rendezvous.statecheck"
+            "kube_rendezvous.intents, kube_rendezvous.statecheck, kube_rendezvous.folding, kube_rendezvous.adds"
         )
         assert "kube_rendezvous" in loaded
         assert not loaded & {"tensorplay", "torch", "kubernetes", "urllib3", "kopf"}
+
+    def test_the_operators_pure_decisions_load_no_kopf(self) -> None:
+        loaded = modules_loaded_by("import kube_rendezvous_operator.logic, kube_rendezvous_operator.not_ready_logic")
+        assert "kube_rendezvous_operator" in loaded
+        assert not loaded & {"kopf", "tensorplay", "torch"}
 
     def test_the_operator_knows_no_framework(self) -> None:
         loaded = modules_loaded_by("import kube_rendezvous_operator.handlers, kube_rendezvous_operator.logic")

@@ -2,11 +2,12 @@
 
 One framework-neutral core: the ``k8s`` handler on its own protocol (``native``: ask on the node's
 Lease, wait on the watch, confirm), the join rules (``folding``) and their one writer (``folder``),
-the state document (``document``), the store (``store``) and the seed's compare-and-swap backend
+the state document (``document``), the store (``store``; its combining adds ``adds`` and ``adder``,
+its round view ``prefixstore``) and the seed's compare-and-swap backend
 (``backend``, for the stock ``DynamicRendezvousHandler``). Thin adapters per framework: ``handler``
 for tensorplay (``kube-rendezvous[tensorplay]``) and ``torchrun`` for torch (``kube-rendezvous[torch]``).
-The pure modules (``document``, ``folding``, ``summary``, ``settings``, ``intents``) import no
-framework and do no I/O.
+The pure modules (``document``, ``folding``, ``summary``, ``settings``, ``intents``, ``adds``,
+``kubectl_rdzv_report``) import no framework and do no I/O.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ once; any other adder folds only after it waited ``FOLD_PATIENCE_SECONDS`` witho
 being folded (its folder died). N adders cost about 2N requests (create, then delete the request)
 plus one write per fold, instead of O(N log N) lost compare-and-swaps.
 
-This module is the pure part: parsing and the fold itself. ``store.KubernetesStore.add`` does the I/O.
+This module is the pure part: parsing and the fold itself. ``adder`` does the I/O.
 
 Exactly once: a fold skips a request already in the counter's map, and the compare-and-swap of
 the counter on its resourceVersion lets only one fold of a given version commit. A folded

@@ -1,6 +1,6 @@
 """The folder: the one writer that folds the nodes' requests into the Rendezvous, and decides expiry.
 
-Whoever holds the writer Lease (``leases.WriterLease``) runs ``Folder.run``'s leader loop: it
+Whoever holds the writer Lease (``election.WriterLease``) runs ``Folder.run``'s leader loop: it
 watches the node Leases and the Rendezvous, and whenever a request changed, a node's Lease
 expired (unchanged for its expiry on this folder's clock), or a last call ended, it folds every
 pending request into the state document (``folding.fold``) and writes it with one

@@ -31,8 +31,13 @@ LAUNCHERS = {
 }
 
 
-def example_objects(job_file: str = "training-job.yaml", **environment: str) -> list[dict[str, Any]]:
-    """``examples/``: the Rendezvous, ServiceAccount, Role, RoleBinding and the Job of ``job_file``, fitted here."""
+def example_objects(
+    job_file: str = "training-job.yaml", *, last_call_seconds: int | None = None, **environment: str
+) -> list[dict[str, Any]]:
+    """``examples/``: the Rendezvous, ServiceAccount, Role, RoleBinding and the Job of ``job_file``, fitted here.
+
+    ``last_call_seconds`` sets the Rendezvous's ``lastCallTimeoutSeconds`` (None: the agents' 30 s). Without
+    the operator, a round of the example's 3 pods (2 to 4 nodes) forms only when the last call ends."""
     objects = [
         item
         for name in ("rendezvous.yaml", "training-job.yaml")
@@ -45,6 +50,10 @@ def example_objects(job_file: str = "training-job.yaml", **environment: str) -> 
         if item and item["kind"] == "Job"
     )
     objects.append(job)
+    if last_call_seconds is not None:
+        for item in objects:
+            if item["kind"] == "Rendezvous":
+                item["spec"]["lastCallTimeoutSeconds"] = last_call_seconds
     launcher, script = LAUNCHERS[job_file]
     pod = job["spec"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = 30
