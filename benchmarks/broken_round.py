@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import RESULTS, Bench, log, operator_kubeconfig
+from benchmarks.run import RESULTS, Bench, checkout, log, operator_kubeconfig, release_env
 from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,18 +40,6 @@ CODES = ("this release", "previous release")
 LAST_CALL = "15"
 
 
-def checkout(ref: str, into: Path) -> Path:
-    """The library and operator of commit ``ref`` under ``into`` (``git archive``; no work tree of ours touched)."""
-    archive = into / "previous.tar"
-    subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", f"--output={archive}", ref, "backend", "operator"],
-        check=True,
-    )
-    with tarfile.open(archive) as tar:
-        tar.extractall(into / "previous", filter="data")
-    return into / "previous"
-
-
 class Cases:
     """Runs one case once: a fresh Rendezvous, three agents, one fault, the survivors' recovery."""
 
@@ -63,10 +49,7 @@ class Cases:
         self.bench, self.workdir = bench, workdir
         self.core = client.CoreV1Api(bench.objects.api_client)
         self.operator_kubeconfig = operator_kubeconfig(bench)
-        self.paths = {
-            "this release": "",
-            "previous release": f"{previous / 'backend'}{os.pathsep}{previous / 'operator'}",
-        }
+        self.envs = {"this release": {}, "previous release": release_env(previous)}
         self.count = 0
 
     def run(self, case: str, launcher: str, code: str, limit: float) -> dict[str, Any]:
@@ -77,7 +60,7 @@ class Cases:
         self.count += 1
         name = f"broken-{self.count}"
         where = self.workdir / name
-        env = {"PYTHONPATH": self.paths[code]} if self.paths[code] else {}
+        env = self.envs[code]
         operator = None
         if case == "pod deleted while starting":
             operator = OperatorProcess(self.operator_kubeconfig, "bench", where / "operator.log", env=env)

@@ -15,6 +15,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -39,6 +40,24 @@ def log(message: str) -> None:
 #: 2 cores with up to 1024 agents, which would otherwise starve them (measured: the operator's
 #: one-Lease writes took 10-25 s at N=1024). 0 measures everything at one priority.
 AGENT_NICE = int(os.environ.get("BENCH_AGENT_NICE", "10"))
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The library and operator of commit ``ref`` under ``into`` (``git archive``; no work tree of ours touched)."""
+    archive = into / "previous.tar"
+    subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", f"--output={archive}", ref, "backend", "operator"],
+        check=True,
+    )
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "previous", filter="data")
+    return into / "previous"
+
+
+def release_env(tree: Path) -> dict[str, str]:
+    """The environment that runs the release ``checkout`` put in ``tree``: its library and operator first on
+    ``PYTHONPATH``, for the agents and the operator alike."""
+    return {"PYTHONPATH": f"{tree / 'backend'}{os.pathsep}{tree / 'operator'}"}
 
 
 def agent_env() -> dict[str, str]:
@@ -238,7 +257,7 @@ class Bench:
                 for each in workers:
                     each.kill()
                 raise RuntimeError(f"{backend}: {nodes} handlers could not even be created within {limit:.0f} s")
-        watcher = StateWatcher(self, name, hold) if (name and hold) else None
+        watcher = StateWatcher(self, name, hold, [worker.pid for worker in workers]) if (name and hold) else None
         counter = WriteCounter(self, name) if name else None
         for worker in workers:
             assert worker.stdin is not None
@@ -486,10 +505,11 @@ class WriteCounter:
 
 
 class StateWatcher:
-    """Counts writes and bytes to one Rendezvous object, and control-plane CPU, over ``seconds``."""
+    """Counts writes and bytes to one Rendezvous object, and CPU, over ``seconds``: the control plane's and, as
+    ``agents``, the user + system time of the agent processes ``agents`` (pids; every thread of each)."""
 
-    def __init__(self, bench: Bench, name: str, seconds: float) -> None:
-        self.bench, self.name, self.seconds = bench, name, seconds
+    def __init__(self, bench: Bench, name: str, seconds: float, agents: list[int] | None = None) -> None:
+        self.bench, self.name, self.seconds, self.agents = bench, name, seconds, agents or []
 
     def lease_writes(self, window: float) -> float:
         return _lease_writes(self.bench, self.name, window)
@@ -499,8 +519,10 @@ class StateWatcher:
         warmup = 10.0
         time.sleep(warmup)  # let the round's last writes and the first heartbeats settle
         pids = self.bench.plane.pids()
-        processes = {name: psutil.Process(pid) for name, pid in pids.items() if name in ("kube-apiserver", "etcd")}
-        cpu_before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+        processes = {name: [psutil.Process(pid)] for name, pid in pids.items() if name in ("kube-apiserver", "etcd")}
+        if self.agents:
+            processes["agents"] = [psutil.Process(pid) for pid in self.agents]
+        cpu_before = {name: cpu_seconds(group) for name, group in processes.items()}
         window = self.seconds - warmup - 5
         import threading
 
@@ -528,7 +550,12 @@ class StateWatcher:
             field_selector=f"metadata.name={self.name}",
         )
         writes, state_bytes = seen["writes"], seen["bytes"]
-        cpu = {name: (sum(p.cpu_times()[:2]) - cpu_before[name]) / elapsed for name, p in processes.items()}
+        cpu: dict[str, float | None] = {}
+        for name, group in processes.items():
+            try:
+                cpu[name] = (cpu_seconds(group) - cpu_before[name]) / elapsed
+            except psutil.NoSuchProcess:  # an agent process stopped holding before the window ended
+                cpu[name] = None
         lease_thread.join(window + 30)
         leases = lease_rate[0] if lease_rate else None
         return {
@@ -538,6 +565,11 @@ class StateWatcher:
             "status_bytes_per_second": state_bytes / elapsed,
             "cpu_cores": cpu,
         }
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``processes`` so far (all their threads)."""
+    return sum(sum(process.cpu_times()[:2]) for process in processes)
 
 
 def _lease_writes(bench: Bench, name: str, window: float) -> float:
@@ -638,12 +670,14 @@ def recovery(
     modes: tuple[str, ...] = ("p10d", "k8s-heartbeat-expiry", "k8s-operator-eviction"),
     agents: int = 3,
     details: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Seconds from SIGKILL of one of ``agents`` agents to the survivors training again.
 
     3 agents run 2 workers each; more agents run 1 each (so 32 agents are 64 processes, not 96).
     ``details``, when given, gets each mode's ``recovery_phases`` plus ``first_start``: seconds from
     the last agent starting its workers to all training, the first time (before the kill).
+    ``env``: added to the agents' and the operator's environment (a previous release on ``PYTHONPATH``).
     """
     nproc = 2 if agents <= 3 else 1
     from tests.e2e.harness import ElasticJob, training_in_world
@@ -681,10 +715,10 @@ def recovery(
                 step_seconds=0.5,
             )
             if mode == "k8s-operator-eviction":
-                operator = start_operator(bench, workdir)
+                operator = start_operator(bench, workdir, env)
                 create_pods(bench, name, agents)
         addresses = [f"127.0.0.{31 + i}" for i in range(agents)]
-        started = [job.start_agent(f"pod-{i}", local_addr=addresses[i]) for i in range(agents)]
+        started = [job.start_agent(f"pod-{i}", local_addr=addresses[i], env=env) for i in range(agents)]
         try:
             by_group = wait_until(
                 lambda started=started: training_in_world(started, agents * nproc),
@@ -748,7 +782,8 @@ def operator_kubeconfig(bench: Bench) -> Path:
     return kubeconfig
 
 
-def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
+def start_operator(bench: Bench, workdir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """The operator, healthy; ``env`` is added to its environment (a previous release on ``PYTHONPATH``)."""
     from tests.testenv import free_port, wait_until
 
     kubeconfig = operator_kubeconfig(bench)
@@ -768,7 +803,7 @@ def start_operator(bench: Bench, workdir: Path) -> subprocess.Popen[bytes]:
             "--liveness",
             f"http://127.0.0.1:{health}/healthz",
         ],
-        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})},
         stdout=(workdir / "operator.log").open("wb"),
         stderr=subprocess.STDOUT,
         cwd=REPO,

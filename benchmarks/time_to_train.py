@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.broken_round import checkout
-from benchmarks.run import RESULTS, Bench, log
+from benchmarks.run import RESULTS, Bench, checkout, log
 from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
