@@ -92,6 +92,23 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
 
 
+def node_evicted(core: client.CoreV1Api, namespace: str, text: str, what: str) -> str:
+    """The message of the NodeEvicted Event containing ``text``, waited for: Kopf posts Events from a
+    background queue after the status patch, so reading once right after the status races it."""
+    return wait_until(
+        lambda: next(
+            (
+                event.message
+                for event in core.list_namespaced_event(namespace, field_selector="reason=NodeEvicted").items
+                if text in (event.message or "")
+            ),
+            None,
+        ),
+        30,
+        what,
+    )
+
+
 @pytest.fixture
 def node_operator(real_node: Node, node_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator, as a local process with its documented RBAC, watching the real node's cluster
@@ -129,12 +146,7 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
         lambda: round_with(objects, node_namespace, second, before["round"]), 180, "a round with the replacement pod"
     )
     assert status["participantCount"] == 3
-    evicted = [
-        event.message
-        for event in core.list_namespaced_event(node_namespace, field_selector="reason=NodeEvicted").items
-        if f"evicted {first[victim]}_" in event.message
-    ]
-    assert evicted, "the operator posted no NodeEvicted Event for the killed pod's node"
+    node_evicted(core, node_namespace, f"evicted {first[victim]}_", "a NodeEvicted Event for the killed pod's node")
     for pod in second:
         wait_until(
             lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3) > trained.get(pod, 0),
@@ -181,14 +193,9 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     )
     assert running_pods(core, node_namespace) == first  # the same pods, names and addresses
     (old,) = {node for node in old_nodes if node.startswith(first[victim] + "_")}
-    evicted = [
-        event.message
-        for event in core.list_namespaced_event(node_namespace, field_selector="reason=NodeEvicted").items
-        if f"evicted {old}" in event.message
-    ]
     # The operator sees the container terminated ("pod ... is gone") or, if the kubelet restarted it first,
     # the restart ("a container of pod ... ended at ..."); either way at once, not at heartbeat expiry.
-    assert evicted, "the old agent's node was not evicted (it expired instead)"
+    node_evicted(core, node_namespace, f"evicted {old}", "the old agent's node evicted (not expired)")
     (new,) = {item["node"] for item in status["participants"]} - old_nodes
     assert new.startswith(first[victim] + "_")
     for pod in first:
@@ -300,10 +307,7 @@ def test_a_node_failure_turns_the_node_notready_and_the_operator_evicts_its_pods
     )
     evicted = time.monotonic()
     assert {node.rsplit("_", 2)[0] for node in status["evictedNodes"]} == set(first.values())
-    messages = [
-        event.message for event in core.list_namespaced_event(node_namespace, field_selector="reason=NodeEvicted").items
-    ]
-    assert any("is NotReady" in message for message in messages), messages
+    node_evicted(core, node_namespace, "is NotReady", "a NodeEvicted Event naming the NotReady node")
     assert evicted - failed < 90, f"evicted {evicted - failed:.0f} s after the failure: not before the heartbeat expiry"
     print(
         f"node failed; NotReady ({not_ready.status}) {noticed - failed:.1f} s later; "
