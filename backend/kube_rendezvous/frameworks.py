@@ -36,6 +36,10 @@ class Framework:
             (``_TERMINAL_STATE_SYNC_ID``). Both agents enter that barrier only after their workers
             succeeded: it is the launcher's own signal of success.
         round_prefix: the key prefix of one round's store (``{run_id}`` and ``{round}`` filled in).
+        written_once: prefixes of the keys it writes once per round on the round's store and never again:
+            the bootstrap address (``RendezvousStoreInfo.build``, rank 0) and ``_assign_worker_ranks``'s role
+            descriptors (one per agent) and assigned ranks (rank 0). The round's store serves their reads
+            from the process's watch and writes their sets together, in bundles.
         create_store_server: starts a bootstrap TCPStore server on an address (a free port).
         record_failure: records a failed handler creation in its event log (message, run id).
     """
@@ -54,6 +58,7 @@ class Framework:
     store_info_class: Any
     exit_barrier_prefix: str
     round_prefix: str
+    written_once: tuple[str, ...]
     create_store_server: Callable[[str], Any]
     record_failure: Callable[[str, str], None]
 
@@ -64,6 +69,7 @@ def _framework(
     *,
     store_timeout_error: type[Exception],
     round_prefix: str,
+    written_once: tuple[str, ...],
     create_store_server: Callable[[str], Any],
 ) -> Framework:
     import importlib
@@ -91,6 +97,7 @@ def _framework(
         store_info_class=api.RendezvousStoreInfo,
         exit_barrier_prefix=str(agent._TERMINAL_STATE_SYNC_ID),
         round_prefix=round_prefix,
+        written_once=written_once,
         create_store_server=create_store_server,
         record_failure=record_failure,
     )
@@ -110,6 +117,7 @@ def tensorplay() -> Framework:
         "tensorplay",
         store_timeout_error=StoreTimeoutError,
         round_prefix="tp_elastic/rendezvous/{run_id}/{round}",
+        written_once=("tp_elastic/rdzv/master_", "tp_elastic/role_info/", "tp_elastic/assigned_ranks/"),
         create_store_server=server,
     )
 
@@ -129,5 +137,6 @@ def torch() -> Framework:
         "torch",
         store_timeout_error=dist.DistStoreError,
         round_prefix="torch.rendezvous/{run_id}/{round}",
+        written_once=("MASTER_ADDR", "MASTER_PORT", "torchelastic/role_info/", "torchelastic/assigned_ranks/"),
         create_store_server=server,
     )

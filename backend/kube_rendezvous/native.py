@@ -15,7 +15,9 @@ join / wait / confirm:
 - **Confirm.** Once the round is complete with this node in it, rank 0 starts a fresh bootstrap
   TCPStore and publishes its address under this round's prefix of the store; the others read it
   from their store's watch. (Both frameworks reuse one bootstrap store across rounds and publish it
-  once, so a new round's workers would read the old round's keys and hang.)
+  once, so a new round's workers would read the old round's keys and hang.) The keys the framework
+  writes once per round there (the address, the rank assignment: ``Framework.written_once``) are
+  read from the watch and written in bundles.
 
 What the launcher asks of the handler, answered from the watch (no request):
 
@@ -65,7 +67,7 @@ from .kubeapi import (
     resource_path,
 )
 from .leases import LeaseNodeLock
-from .prefixstore import KubernetesPrefixStore, WrittenOnceReads
+from .prefixstore import KubernetesPrefixStore
 from .settings import RendezvousTimings
 from .shared import shared
 from .store import KubernetesStore
@@ -474,10 +476,11 @@ class NativeHandler:
     # -- confirming a round -------------------------------------------------------------------
 
     def _round_store(self, round_number: int) -> KubernetesPrefixStore:
-        """The agent's view of the store for one round: its keys prefixed and labelled, its sets pipelined."""
+        """The agent's view of one round's store: keys prefixed and labelled, sets pipelined, rank keys bundled."""
         prefix = self.framework.round_prefix.format(run_id=self.run_id, round=round_number)
+        once = self.framework.written_once
         return KubernetesPrefixStore(
-            prefix, self._store, round_number=round_number, on_write=self._saw_write, pipelined=True
+            prefix, self._store, round_number, self._saw_write, pipelined=True, written_once=once
         )
 
     def _saw_write(self, key: str) -> None:
@@ -502,12 +505,9 @@ class NativeHandler:
             server_seconds = time.monotonic() - began
         served = time.monotonic()
         before = dict(self._store.stats)
-        # rank 0's two keys (address, port) are written side by side: the view pipelines them
+        # rank 0's two keys (address, port) are written once: one bundle; the others read them from the watch
         self._bootstrap_store_info = self.framework.store_info_class.build(
-            rank,
-            round_store if rank == 0 else WrittenOnceReads(round_store),
-            local_addr=self.node.addr,
-            server_port=server_port,
+            rank, round_store, local_addr=self.node.addr, server_port=server_port
         )
         round_store.flush()
         self.bootstrap_seconds = {

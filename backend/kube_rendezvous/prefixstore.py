@@ -4,17 +4,27 @@ Every call goes to the underlying store with ``prefix/key``, and a write made th
 carries that round's label. Optionally pipelined: sets are sent ``SETS_IN_FLIGHT`` at a time and the next
 other call waits for them.
 
+Keys the framework writes once per round (``written_once``: its rank assignment) are read from the
+process's watch (``KubernetesStore.get_written_once``: a key written once has one value) and, when
+pipelined, their sets are gathered for ``BATCH_LINGER_SECONDS`` and written as one bundle
+(``KubernetesStore.write_once``): rank 0 publishing N agents' ranks costs one request, not N.
+
 Not guaranteed: a pipelined set whose process dies before a flush may be lost, and another client may
 not see a pipelined set yet when the caller's ``set`` returns.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 from .store import SETS_IN_FLIGHT, KubernetesStore
+
+#: Seconds a pipelined view gathers sets of written-once keys before it writes them as one bundle
+#: (any other call through the view writes them at once).
+BATCH_LINGER_SECONDS = 0.05
 
 
 class KubernetesPrefixStore:
@@ -31,6 +41,9 @@ class KubernetesPrefixStore:
     ranks, one by one, in tensorplay's agent) cost about one round trip per ``SETS_IN_FLIGHT``.
     Not guaranteed: a set whose process dies before a flush may be lost (as a set whose answer never
     came); another client may not see it yet when the caller's ``set`` returns.
+
+    ``written_once``: prefixes (under the view's) of keys written once and never again; their reads are
+    answered by the process's watch, and their pipelined sets are written together, as bundles.
     """
 
     def __init__(
@@ -40,14 +53,22 @@ class KubernetesPrefixStore:
         round_number: int | None = None,
         on_write: Callable[[str], None] | None = None,
         pipelined: bool = False,
+        written_once: tuple[str, ...] = (),
     ) -> None:
         self.prefix = prefix
         self.underlying_store = store
         self.round_number = round_number
         #: Called with the key (without the prefix) of every write, before it is sent.
         self.on_write = on_write
+        self.written_once = written_once
         self._pool = ThreadPoolExecutor(SETS_IN_FLIGHT, thread_name_prefix="store set") if pipelined else None
+        self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
+        self._batch: dict[str, bytes | str] = {}  # written-once sets not sent yet, by full key
+        self._linger: threading.Timer | None = None
+
+    def _once(self, name: str) -> bool:
+        return name.startswith(self.written_once) if self.written_once else False
 
     def _k(self, key: str | bytes, written: bool = False) -> str:
         name = key if isinstance(key, str) else key.decode("utf-8")
@@ -56,10 +77,26 @@ class KubernetesPrefixStore:
         self.flush()
         return f"{self.prefix}/{name}"
 
+    def _send_batch(self) -> None:
+        """Send the gathered written-once sets, as bundles, in the background."""
+        with self._lock:
+            batch, self._batch = self._batch, {}
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
+            if not batch or self._pool is None:
+                return
+            future = self._pool.submit(
+                self.underlying_store.write_once, list(batch), list(batch.values()), round_number=self.round_number
+            )
+            self._pending.update(dict.fromkeys(batch, future))
+
     def flush(self) -> None:
         """Wait for every pending set; raise the first failure."""
-        pending, self._pending = self._pending, {}
-        failures = [future.exception() for future in pending.values()]
+        self._send_batch()
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        failures = [future.exception() for future in set(pending.values())]
         failure = next((exc for exc in failures if exc is not None), None)
         if failure is not None:
             raise failure
@@ -74,27 +111,46 @@ class KubernetesPrefixStore:
 
     def set(self, key: str | bytes, value: str | bytes) -> None:
         name = key if isinstance(key, str) else key.decode("utf-8")
-        if self._pool is None or name in self._pending:
+        full = f"{self.prefix}/{name}"
+        if self._pool is None or full in self._pending:
             self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
             return
         if self.on_write is not None:
             self.on_write(name)
-        full = f"{self.prefix}/{name}"
-        self._pending[name] = self._pool.submit(self.underlying_store.set, full, value, round_number=self.round_number)
+        with self._lock:
+            if self._once(name):
+                self._batch[full] = value
+                if self._linger is None:
+                    self._linger = threading.Timer(BATCH_LINGER_SECONDS, self._send_batch)
+                    self._linger.daemon = True
+                    self._linger.start()
+                return
+            set_one = self.underlying_store.set
+            self._pending[full] = self._pool.submit(set_one, full, value, round_number=self.round_number)
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
+        name = key if isinstance(key, str) else key.decode("utf-8")
+        if self._once(name):
+            return self.underlying_store.get_written_once(self._k(key), timeout)
         return self.underlying_store.get(self._k(key), timeout)
 
     def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         return self.underlying_store.get_written_once(self._k(key), timeout)
 
     def multi_get(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> list[bytes]:
+        keys = list(keys)
+        once = bool(keys) and all(self._once(key if isinstance(key, str) else key.decode("utf-8")) for key in keys)
         names = [self._k(key) for key in keys]
-        return self.underlying_store.multi_get(names, timeout, round_number=self.round_number)
+        return self.underlying_store.multi_get(names, timeout, round_number=self.round_number, written_once=once)
 
     def multi_set(self, keys: Iterable[str | bytes], values: Iterable[str | bytes]) -> None:
+        keys = list(keys)
+        once = bool(keys) and all(self._once(key if isinstance(key, str) else key.decode("utf-8")) for key in keys)
         names = [self._k(key, True) for key in keys]
-        self.underlying_store.multi_set(names, values, round_number=self.round_number)
+        if once:
+            self.underlying_store.write_once(names, values, round_number=self.round_number)
+        else:
+            self.underlying_store.multi_set(names, values, round_number=self.round_number)
 
     def add(self, key: str | bytes, amount: int) -> int:
         return self.underlying_store.add(self._k(key, True), amount, round_number=self.round_number)
@@ -125,18 +181,3 @@ class KubernetesPrefixStore:
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
         return self.underlying_store.wait([self._k(key) for key in keys], timeout)
-
-
-class WrittenOnceReads:
-    """The read side of a round's store for ``RendezvousStoreInfo.build`` on ranks above 0.
-
-    Rank 0 writes the bootstrap address once per round under the round's prefix, and nobody
-    changes it, so the other ranks read it from their store's watch (``get_written_once``): no
-    request each, where a GET each would be N reads at the same instant.
-    """
-
-    def __init__(self, store: KubernetesPrefixStore) -> None:
-        self._store = store
-
-    def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        return self._store.get_written_once(key, timeout)

@@ -6,7 +6,7 @@ through one ``SharedRendezvous`` (``shared``), made on first use:
 - one watch of the object (``watch``): waiting agents and the launcher's monitor loop read it, so
   N handlers cost one watch, not N reads a second;
 - one watch of its store keys per incarnation of the object (``keys``), with the index of the add
-  requests it shows (``adds.AddIndex``);
+  requests it shows (``adds.AddIndex``) and of the keys its bundles hold (``BundledKeys``);
 - the decoded state document of the latest texts (``decoded``), decoded once for every reader;
 - the process's own folder (``folder``), a candidate writer for when no operator folds;
 - one Lease renewer per keep-alive interval (``renewer``): the nodes' heartbeats.
@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from .adds import AddIndex
+from .bundles import BundledKeys
 from .document import RendezvousDocument, decode_document
 from .folder import Folder
 from .kubeapi import KEY_PLURAL, RENDEZVOUS_UID_LABEL, KubernetesApi, resource_path
@@ -76,7 +77,7 @@ class DecodedStates:
 
 
 class KeyWatch:
-    """The watch of one Rendezvous incarnation's store keys, and the add requests it shows."""
+    """The watch of one Rendezvous incarnation's store keys, the add requests and the bundled keys it shows."""
 
     def __init__(self, api: KubernetesApi, namespace: str, rendezvous_name: str, rendezvous_uid: str) -> None:
         self.cache = WatchCache(
@@ -86,14 +87,19 @@ class KeyWatch:
             f"{KEY_PLURAL} of {namespace}/{rendezvous_name}",
         )
         self.adds = AddIndex()
+        self.bundled = BundledKeys()
         self.cache.add_listener(self._changed)
         self.cache.start()
 
     def _changed(self, obj: dict[str, Any] | None) -> None:  # from the watch thread, under the cache's lock
         if obj is None:
-            self.adds.changed(None, False, self.cache.objects().values())
+            objects = self.cache.objects().values()
+            self.adds.changed(None, False, objects)
+            self.bundled.changed(None, False, objects)
         else:
-            self.adds.changed(obj, self.cache.get(obj["metadata"]["name"]) is not None)
+            present = self.cache.get(obj["metadata"]["name"]) is not None
+            self.adds.changed(obj, present)
+            self.bundled.changed(obj, present)
 
 
 class SharedRendezvous:

@@ -7,16 +7,15 @@ compare-and-swap token, stays untouched).
 
 Blocking reads wait on one watch of the Rendezvous's keys per process (``shared.KeyWatch``), listed
 when the store is made: ``wait`` costs no request, ``get`` a GET, and a second one once the watch
-shows a key that was missing (so its value is current), and ``get_written_once`` (for a key written
-once, such as a round's bootstrap address) none. So after a round, N agents waiting for rank 0's
-address cost N watch events, not N reads. Where the server refuses to let the process watch the
+shows a key that was missing (so its value is current). Keys written once and never changed (a
+round's bootstrap address and rank assignment) are read from the watch alone and may be written
+together, N keys in one object (``bundles``). Where the server refuses to let the process watch the
 keys, a blocking call reads again every ``POLL_SECONDS``.
 
-``add`` combines (``adder``, on the pure fold of ``adds``): it creates an add request of its own,
-which never conflicts, and one adder at a time folds every pending request into the counter in one
-write; the others read their result from the watch. N agents adding to one counter, as the exit
-barrier does, cost about 2N requests plus a few folds. Without the watch it is a read-modify-write
-like the others. The view of a round's keys under a prefix is ``prefixstore.KubernetesPrefixStore``.
+``add`` combines (``adder``, on the pure fold of ``adds``): one adder at a time folds every pending
+add request into the counter in one write; N agents adding to one counter, as the exit barrier does,
+cost about 2N requests plus a few folds. Without the watch it is a read-modify-write like the
+others. The view of a round's keys under a prefix is ``prefixstore.KubernetesPrefixStore``.
 
 ``set``, ``compare_and_swap`` (and ``add`` without the watch) are read-modify-write under the key
 object's resourceVersion, retried on conflict after a random back-off that doubles with each lost
@@ -25,10 +24,10 @@ answer (none, a 5xx, a 409) the next read shows whether one of the call's attemp
 before anything is re-sent. ``has``, ``check``, ``num_keys`` and the read inside every write go
 to the API server. Empty values are stored as "".
 
-Not guaranteed (for ``add``, see ``adder``): ``wait`` may answer True for a key deleted a moment
-ago (for as long as the watch takes to show the deletion, normally milliseconds). Values are visible
-to anyone who may read RendezvousKey objects in the namespace (use RBAC), and a value is limited to
-about 1 MiB.
+Not guaranteed (for ``add``, see ``adder``; for bundles, ``bundles``): ``wait`` may answer True for a
+key deleted a moment ago (for as long as the watch takes to show the deletion, normally milliseconds).
+Values are visible to anyone who may read RendezvousKey objects in the namespace (use RBAC), and a
+value is limited to about 1 MiB.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from .adds import ADDS_TO_LABEL, counter_digest, fold
+from .bundles import read_written_once, write_bundles
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -146,16 +146,9 @@ class KubernetesStore:
         self.writer_id = uuid.uuid4().hex[:12]
         #: The process's watch of this Rendezvous's keys (``shared.KeyWatch``), made on first use.
         self._keys: KeyWatch | None = None
-        #: Counters for tests and benchmarks.
-        #: (``shared_waits``: blocking calls that waited on the shared watch of the keys.)
-        self.stats = {
-            "requests": 0,
-            "conflicts": 0,
-            "watch_wakeups": 0,
-            "shared_waits": 0,
-            "folds": 0,
-            "stale_refreshes": 0,
-        }
+        #: Counters for tests and benchmarks (``shared_waits``: blocking calls that waited on the shared watch).
+        counters = ("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
+        self.stats = dict.fromkeys(counters, 0)
 
     @property
     def timeout(self) -> timedelta:
@@ -375,7 +368,6 @@ class KubernetesStore:
             StoreTimeoutError: the key did not appear in time.
         """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
-        name = self._name(key)
         shown = False
         while True:
             obj = self._read(key)
@@ -385,33 +377,21 @@ class KubernetesStore:
                 time.sleep(0.05)
             cache = self._key_cache()
             if cache is not None:
+                bundled = self._bundled(key)
+                if bundled is not None:  # written once (``write_once``): its only value
+                    return bundled
                 shown = True
-                if self._arrival(cache, name, deadline) is None and cache.supported:
-                    raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+                if self._arrival(cache, key, deadline) is None and cache.supported:
+                    raise self._timed_out(key)
                 continue  # shown now (or the watch was refused meanwhile): read it
             if time.monotonic() >= deadline:  # no watch allowed: read again every POLL_SECONDS
-                raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+                raise self._timed_out(key)
             time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        """``get`` for a key that is written once and never changed (a round's bootstrap address).
-
-        Answered from the process's watch alone, with no request: any value a write-once key
-        shows is its only value. N agents waiting for rank 0's address then cost N watch events
-        and no read. Never use it for a key that is written twice.
-
-        Raises:
-            StoreTimeoutError: the key did not appear in time.
-        """
-        deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
-        cache = self._key_cache()
-        if cache is not None:
-            obj = self._arrival(cache, self._name(key), deadline)
-            if obj is not None:
-                return self._value_of(obj)
-            if cache.supported:
-                raise self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
-        return self.get(key, max(0.0, deadline - time.monotonic()))
+        """``get`` for a key that is written once and never changed (a round's bootstrap address, a bundled
+        key): answered from the process's watch alone (``bundles.read_written_once``), with no request."""
+        return read_written_once(self, [key], _as_seconds(timeout, self.timeout))[0]
 
     def _key_cache(self) -> WatchCache | None:
         """The process's watch of this Rendezvous's keys, started on first use; None when the server refused it."""
@@ -429,18 +409,32 @@ class KubernetesStore:
             self._keys.cache.install(obj)
         return obj
 
-    def _arrival(self, cache: WatchCache, name: str, deadline: float) -> dict[str, Any] | None:
-        """The object ``name`` once the watch has listed and shows it; None at the deadline or if refused."""
-        arrived: list[dict[str, Any]] = []
-        shown = cache.get(name) if cache.healthy else None
+    def _timed_out(self, key: str | bytes) -> Exception:
+        return self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+
+    def _bundled(self, key: str | bytes) -> bytes | None:
+        """The value of ``key`` if the watch shows it in a bundle (``write_once``)."""
+        return None if self._keys is None else self._keys.bundled.get(self._key(key))
+
+    def _shown(self, cache: WatchCache, key: str | bytes) -> bytes | None:
+        """The value of ``key`` as the watch shows it (its own object or a bundle), once listed."""
+        if not cache.healthy:
+            return None
+        obj = cache.get(self._name(key))
+        return self._value_of(obj) if obj is not None else self._bundled(key)
+
+    def _arrival(self, cache: WatchCache, key: str | bytes, deadline: float) -> bytes | None:
+        """The value of ``key`` once the watch has listed and shows it; None at the deadline or if refused."""
+        arrived: list[bytes] = []
+        shown = self._shown(cache, key)
         if shown is not None:
             return shown
         self.stats["shared_waits"] += 1
 
         def ready() -> bool:
-            obj = cache.get(name) if cache.healthy else None
-            if obj is not None:
-                arrived.append(obj)
+            value = self._shown(cache, key)
+            if value is not None:
+                arrived.append(value)
             return bool(arrived) or not cache.supported
 
         cache.wait_for(ready, max(0.0, deadline - time.monotonic()))
@@ -494,15 +488,25 @@ class KubernetesStore:
 
     def has(self, key: str | bytes) -> bool:
         """Return whether ``key`` exists."""
-        return self._read(key) is not None
+        return self._read(key) is not None or (self._key_cache() is not None and self._bundled(key) is not None)
 
     def multi_get(
-        self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None, *, round_number: int | None = None
+        self,
+        keys: Iterable[str | bytes],
+        timeout: float | timedelta | None = None,
+        *,
+        round_number: int | None = None,
+        written_once: bool = False,
     ) -> list[bytes]:
         """The values of ``keys``: one LIST for those that exist (a quorum read, so linearizable, as a GET is),
         then a blocking ``get`` for each one missing. ``round_number``: the round the keys were written in
-        (its label narrows the LIST); keys written in another round are read one by one."""
+        (its label narrows the LIST); keys written in another round are read one by one.
+
+        ``written_once``: every key is written once and never changed, as ``get_written_once``: no request.
+        """
         keys = list(keys)
+        if written_once:
+            return read_written_once(self, keys, _as_seconds(timeout, self.timeout))
         wanted = [self._name(key) for key in keys]
         selector = f"{self._selector},!{ADDS_TO_LABEL}"
         if round_number is not None:
@@ -528,6 +532,13 @@ class KubernetesStore:
             for future in [pool.submit(self.set, key, value, round_number=round_number) for key, value in pairs]:
                 future.result()
 
+    def write_once(
+        self, keys: Iterable[str | bytes], values: Iterable[str | bytes], *, round_number: int | None = None
+    ) -> None:
+        """``set`` keys that are written once and never again (a round's rank assignment) together, in
+        bundles (``bundles``): N keys cost one request, not N. Readers find them through their watch."""
+        write_bundles(self, keys, values, round_number)
+
     def check(self, keys: Iterable[str | bytes]) -> bool:
         """Return whether every key exists."""
         return all(self.has(key) for key in keys)
@@ -549,9 +560,9 @@ class KubernetesStore:
             raise self._failure(exc, "delete") from exc
 
     def num_keys(self) -> int:
-        """Return how many keys this Rendezvous's store holds (add requests are not keys)."""
+        """Return how many keys this Rendezvous's store holds (add requests are not keys; a bundle's keys are)."""
         listed = self._call("GET", self._collection, query={"labelSelector": f"{self._selector},!{ADDS_TO_LABEL}"})
-        return len(listed.get("items", []))
+        return sum(len((item.get("spec") or {}).get("entries") or {}) or 1 for item in listed.get("items", []))
 
     def wait(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> bool:
         """Wait until every key exists; return False at the timeout (default ``self.timeout``).

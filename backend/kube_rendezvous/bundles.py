@@ -1,0 +1,165 @@
+"""Bundles: keys written once, together, in one RendezvousKey object (``KubernetesStore.write_once``).
+
+A round's rank assignment writes N keys that nobody writes again (rank 0's ``multi_set`` of every agent's
+ranks). As N objects that is N creates through one API server; as a bundle it is one. A bundle is a
+RendezvousKey whose ``spec.entries`` maps each key, as written, to its base64 value (its own ``spec.key``
+only describes it). ``BundledKeys`` indexes the bundles one process's watch shows, by key, and the store's
+reads look there after the key's own object.
+
+Exactly once: a bundle's name is a hash of its keys, so a create sent again after a lost answer finds it
+(409) and is done. A read served from a bundle answers as a GET would, because a key written once has
+one value.
+
+Not guaranteed: a bundled key written again (by ``set``, by anyone) breaks that promise: reads may keep
+answering the bundled value. ``delete_key`` does not reach a bundled key; its round's cleanup does.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .kubeapi import ApiError, ApiUnavailableError, ConflictError, backoff
+
+if TYPE_CHECKING:
+    from .store import KubernetesStore
+
+#: A bundle holds at most this many keys (the CRD's ``maxProperties``), of values of up to
+#: ``BUNDLED_VALUE_BYTES`` each (larger ones get an object of their own), and about ``BUNDLE_BYTES`` in all.
+BUNDLE_KEYS = 4096
+BUNDLED_VALUE_BYTES = 3072
+BUNDLE_BYTES = 512 * 1024
+
+
+class BundledKeys:
+    """The keys that bundles shown by one process's watch hold (``spec.entries``: keys written once,
+    together, in one object), by key. ``changed`` is called from the watch thread for every object
+    that changed (None after a list)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, bytes] = {}
+        self._keys_of: dict[str, list[str]] = {}  # bundle object name -> its keys
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            return self._values.get(key)
+
+    def changed(self, obj: dict[str, Any] | None, present: bool, objects: Iterable[dict[str, Any]] = ()) -> None:
+        with self._lock:
+            if obj is None:
+                self._values.clear()
+                self._keys_of.clear()
+                for item in objects:
+                    self._add(item)
+                return
+            for key in self._keys_of.pop(obj["metadata"]["name"], ()):
+                self._values.pop(key, None)
+            if present:
+                self._add(obj)
+
+    def _add(self, obj: dict[str, Any]) -> None:
+        entries = (obj.get("spec") or {}).get("entries")
+        if not isinstance(entries, dict) or not entries:
+            return
+        try:
+            values = {str(key): base64.b64decode(value) for key, value in entries.items()}
+        except (TypeError, ValueError):
+            return  # the CRD's schema admits only base64 strings; an object that is not is no bundle
+        self._values.update(values)
+        self._keys_of[obj["metadata"]["name"]] = list(values)
+
+
+def read_written_once(store: KubernetesStore, keys: list[str | bytes], seconds: float) -> list[bytes]:
+    """The values of ``keys``, each written once and never changed, waited for up to ``seconds``.
+
+    Answered from the process's watch alone, with no request: any value a written-once key shows (its
+    own object or a bundle's entry) is its only value, so this answers as a GET would. N agents waiting
+    for rank 0's keys then cost N watch events and no read. Without the watch: ``get`` each.
+
+    Raises:
+        the store's ``timeout_error``: a key did not appear in time.
+    """
+    deadline = time.monotonic() + seconds
+    cache = store._key_cache()
+    if cache is not None:
+        got: list[bytes] = []
+
+        def ready() -> bool:  # a cursor: each change looks at the first key not shown yet
+            while len(got) < len(keys) and (value := store._shown(cache, keys[len(got)])) is not None:
+                got.append(value)
+            return len(got) == len(keys) or not cache.supported
+
+        if not ready():
+            store.stats["shared_waits"] += 1
+            if cache.wait_for(ready, max(0.0, deadline - time.monotonic())) and cache.supported:
+                store.stats["watch_wakeups"] += 1
+        if cache.supported:
+            if len(got) < len(keys):
+                raise store._timed_out(keys[len(got)])
+            return got
+    return [store.get(key, max(0.0, deadline - time.monotonic())) for key in keys]
+
+
+def split(pairs: Iterable[tuple[str, bytes]]) -> tuple[list[dict[str, str]], list[tuple[str, bytes]]]:
+    """The bundles (key -> base64 value, each of two keys or more) and the keys to write alone."""
+    alone: list[tuple[str, bytes]] = []
+    bundles: list[dict[str, str]] = [{}]
+    size = 0
+    for key, value in pairs:
+        if len(value) > BUNDLED_VALUE_BYTES:
+            alone.append((key, value))
+            continue
+        encoded = base64.b64encode(value).decode("ascii")
+        if len(bundles[-1]) >= BUNDLE_KEYS or size + len(key) + len(encoded) > BUNDLE_BYTES:
+            bundles.append({})
+            size = 0
+        bundles[-1][key] = encoded
+        size += len(key) + len(encoded)
+    for entries in [entries for entries in bundles if len(entries) == 1]:
+        ((key, encoded),) = entries.items()
+        alone.append((key, base64.b64decode(encoded)))
+    return [entries for entries in bundles if len(entries) > 1], alone
+
+
+def write_bundles(
+    store: KubernetesStore, keys: Iterable[str | bytes], values: Iterable[str | bytes], round_number: int | None
+) -> None:
+    """Write ``keys`` (each written once) as bundles; a key that does not fit one is ``set`` alone."""
+    pairs = [
+        (
+            key if isinstance(key, str) else key.decode("utf-8"),
+            value.encode() if isinstance(value, str) else bytes(value),
+        )
+        for key, value in zip(keys, values, strict=True)
+    ]
+    bundles, alone = split(pairs)
+    for entries in bundles:
+        _create(store, entries, round_number)
+    if alone:
+        store.multi_set([key for key, _ in alone], [value for _, value in alone], round_number=round_number)
+
+
+def _create(store: KubernetesStore, entries: dict[str, str], round_number: int | None) -> None:
+    first = next(iter(entries))
+    body = store._new_object("\0".join(["bundle", *entries]), b"", uuid.uuid4().hex[:12], round_number)
+    body["spec"] = {"key": f"{len(entries)} keys written once, from {first}"[:4096], "value": "", "entries": entries}
+    deadline = time.monotonic() + store._retry_timeout
+    failures = 0
+    while True:
+        try:
+            store._installed(store._call("POST", store._collection, body=body, retry=False))
+            return
+        except ConflictError:
+            return  # it exists: an earlier attempt, whose answer was lost, created it
+        except (ApiUnavailableError, ApiError) as exc:
+            if isinstance(exc, ApiError) and not exc.transient:
+                raise store._failure(exc, "create") from exc
+            failures += 1
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"KubernetesStore: could not write a bundle of {len(entries)} keys: {exc}") from exc
+            time.sleep(backoff(failures, 0.2, 2.0))
