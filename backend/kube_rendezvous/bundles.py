@@ -87,20 +87,10 @@ def read_written_once(store: KubernetesStore, keys: list[str | bytes], seconds: 
     deadline = time.monotonic() + seconds
     cache = store._key_cache()
     if cache is not None:
-        got: list[bytes] = []
-
-        def ready() -> bool:  # a cursor: each change looks at the first key not shown yet
-            while len(got) < len(keys) and (value := store._shown(cache, keys[len(got)])) is not None:
-                got.append(value)
-            return len(got) == len(keys) or not cache.supported
-
-        if not ready():
-            store.stats["shared_waits"] += 1
-            if cache.wait_for(ready, max(0.0, deadline - time.monotonic())) and cache.supported:
-                store.stats["watch_wakeups"] += 1
+        got = store._await(cache, keys, deadline)
         if cache.supported:
-            if len(got) < len(keys):
-                raise store._timed_out(keys[len(got)])
+            if got is None:
+                raise store._timed_out(next((key for key in keys if store._shown(cache, key) is None), keys[0]))
             return got
     return [store.get(key, max(0.0, deadline - time.monotonic())) for key in keys]
 

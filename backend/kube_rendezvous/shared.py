@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .adds import AddIndex
@@ -88,8 +90,30 @@ class KeyWatch:
         )
         self.adds = AddIndex()
         self.bundled = BundledKeys()
+        self._waiters: dict[str, list[threading.Event]] = {}
+        self._waiters_lock = threading.Lock()
         self.cache.add_listener(self._changed)
         self.cache.start()
+
+    @contextlib.contextmanager
+    def waiting(self, keys: list[str]) -> Iterator[threading.Event]:
+        """An Event set whenever the watch shows a change of one of ``keys`` (their own objects or a bundle
+        holding them) or lists again: N threads waiting for N keys are each woken by their own key, not
+        all of them by every key's event."""
+        event = threading.Event()
+        with self._waiters_lock:
+            for key in keys:
+                self._waiters.setdefault(key, []).append(event)
+        try:
+            yield event
+        finally:
+            with self._waiters_lock:
+                for key in keys:
+                    events = self._waiters.get(key, [])
+                    if event in events:
+                        events.remove(event)
+                    if not events:
+                        self._waiters.pop(key, None)
 
     def _changed(self, obj: dict[str, Any] | None) -> None:  # from the watch thread, under the cache's lock
         if obj is None:
@@ -100,6 +124,15 @@ class KeyWatch:
             present = self.cache.get(obj["metadata"]["name"]) is not None
             self.adds.changed(obj, present)
             self.bundled.changed(obj, present)
+        with self._waiters_lock:
+            if obj is None:
+                woken = [event for events in self._waiters.values() for event in events]
+            else:
+                spec = obj.get("spec") or {}
+                keys = [spec.get("key"), *(spec.get("entries") or ())]
+                woken = [event for key in keys if isinstance(key, str) for event in self._waiters.get(key, ())]
+        for event in woken:
+            event.set()
 
 
 class SharedRendezvous:

@@ -359,10 +359,9 @@ class KubernetesStore:
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` (default ``self.timeout``) for it.
 
-        A GET, so the value is current (linearizable) and a refusal is reported at once. A key
-        that is not there yet is waited for on the process's watch of this Rendezvous's keys and
-        read again when the watch shows it: two requests, and no list or watch of its own. Only
-        without that watch does it list and watch the one key while it waits.
+        A GET, so the value is current (linearizable) and a refusal is reported at once. A key not
+        there yet is waited for on the process's watch of the keys and read again once shown: two
+        requests (without that watch: a GET every ``POLL_SECONDS``).
 
         Raises:
             StoreTimeoutError: the key did not appear in time.
@@ -381,7 +380,7 @@ class KubernetesStore:
                 if bundled is not None:  # written once (``write_once``): its only value
                     return bundled
                 shown = True
-                if self._arrival(cache, key, deadline) is None and cache.supported:
+                if self._await(cache, [key], deadline) is None and cache.supported:
                     raise self._timed_out(key)
                 continue  # shown now (or the watch was refused meanwhile): read it
             if time.monotonic() >= deadline:  # no watch allowed: read again every POLL_SECONDS
@@ -423,24 +422,30 @@ class KubernetesStore:
         obj = cache.get(self._name(key))
         return self._value_of(obj) if obj is not None else self._bundled(key)
 
-    def _arrival(self, cache: WatchCache, key: str | bytes, deadline: float) -> bytes | None:
-        """The value of ``key`` once the watch has listed and shows it; None at the deadline or if refused."""
-        arrived: list[bytes] = []
-        shown = self._shown(cache, key)
-        if shown is not None:
-            return shown
+    def _await(self, cache: WatchCache, keys: list[str | bytes], deadline: float) -> list[bytes] | None:
+        """The values of ``keys`` once the watch has listed and shows them all; None at the deadline or if
+        refused. The caller is woken by changes of its own keys only (``KeyWatch.waiter``)."""
+        got: list[bytes] = []
+
+        def advance() -> bool:  # a cursor: look again from the first key not shown yet
+            while len(got) < len(keys) and (value := self._shown(cache, keys[len(got)])) is not None:
+                got.append(value)
+            return len(got) == len(keys)
+
+        if advance():
+            return got
+        assert self._keys is not None
         self.stats["shared_waits"] += 1
-
-        def ready() -> bool:
-            value = self._shown(cache, key)
-            if value is not None:
-                arrived.append(value)
-            return bool(arrived) or not cache.supported
-
-        cache.wait_for(ready, max(0.0, deadline - time.monotonic()))
-        if arrived:
-            self.stats["watch_wakeups"] += 1
-        return arrived[0] if arrived else None
+        with self._keys.waiting([self._key(key) for key in keys]) as event:
+            while True:
+                event.clear()
+                if advance():
+                    self.stats["watch_wakeups"] += 1
+                    return got
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not cache.supported:
+                    return None
+                event.wait(min(remaining, 1.0))
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value.
@@ -526,8 +531,8 @@ class KubernetesStore:
     ) -> None:
         """``set`` each key to its value, ``SETS_IN_FLIGHT`` at a time (each exactly once); raise the first failure."""
         pairs = list(zip(keys, values, strict=True))
-        if not pairs:
-            return
+        if len(pairs) <= 1:  # no pool for one
+            return self.set(*pairs[0], round_number=round_number) if pairs else None
         with ThreadPoolExecutor(max_workers=min(SETS_IN_FLIGHT, len(pairs)), thread_name_prefix="store set") as pool:
             for future in [pool.submit(self.set, key, value, round_number=round_number) for key, value in pairs]:
                 future.result()
@@ -571,14 +576,9 @@ class KubernetesStore:
         """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
         keys = list(keys)
-        names = [self._name(key) for key in keys]
         cache = self._key_cache()
         if cache is not None:
-            self.stats["shared_waits"] += 1
-            present = cache.wait_for(
-                lambda: not cache.supported or (cache.healthy and all(cache.get(name) for name in names)),
-                max(0.0, deadline - time.monotonic()),
-            )
+            present = self._await(cache, keys, deadline) is not None
             if cache.supported:
                 return present
         while not self.check(keys):  # no watch allowed: read again every POLL_SECONDS
