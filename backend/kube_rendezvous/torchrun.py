@@ -122,11 +122,13 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     getNumKeys = num_keys
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        """One LIST for the keys that exist (linearizable, as a GET is), a blocking get for each missing one."""
+        """Keys written once per round (the rank assignment's): from the watch, no request (a key written once
+        has one value); other keys: one LIST for those that exist (linearizable, as a GET is), then a get each."""
         return self._kv.multi_get(keys, self._timeout())
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
-        """Every set sent at once, a bounded number in flight (``store.SETS_IN_FLIGHT``)."""
+        """Keys written once per round (the rank assignment's): one bundle; other keys: every set sent at once,
+        a bounded number in flight (``store.SETS_IN_FLIGHT``)."""
         self._kv.multi_set(keys, values)
 
     def append(self, key: str, value: str | bytes) -> None:
