@@ -60,6 +60,10 @@ class TestSplit:
     def test_a_lone_key_is_written_as_its_own_object_not_as_a_bundle_of_one(self) -> None:
         assert split([("only", b"1")]) == ([], [("only", b"1")])
         assert split([]) == ([], [])
+        big = ("big", b"x" * (BUNDLED_VALUE_BYTES + 1))
+        made, alone = split([big] + [(f"k{i}", b"v") for i in range(BUNDLE_KEYS + 1)])  # one key left over
+        assert [len(entries) for entries in made] == [BUNDLE_KEYS] and alone == [big, (f"k{BUNDLE_KEYS}", b"v")]
+        assert split([("a", b"1"), ("a", b"2")]) == ([], [("a", b"2")])  # a key given twice is one key
 
 
 class TestBundledKeys:

@@ -21,9 +21,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .kubeapi import ApiError, ApiUnavailableError, ConflictError, backoff
+from .kubeapi import ApiError, ConflictError, call_with_retries
 
 if TYPE_CHECKING:
     from .store import KubernetesStore
@@ -98,22 +99,21 @@ def read_written_once(store: KubernetesStore, keys: list[str | bytes], seconds: 
 def split(pairs: Iterable[tuple[str, bytes]]) -> tuple[list[dict[str, str]], list[tuple[str, bytes]]]:
     """The bundles (key -> base64 value, each of two keys or more) and the keys to write alone."""
     alone: list[tuple[str, bytes]] = []
-    bundles: list[dict[str, str]] = [{}]
+    groups: list[dict[str, bytes]] = [{}]
     size = 0
     for key, value in pairs:
         if len(value) > BUNDLED_VALUE_BYTES:
             alone.append((key, value))
             continue
-        encoded = base64.b64encode(value).decode("ascii")
-        if len(bundles[-1]) >= BUNDLE_KEYS or size + len(key) + len(encoded) > BUNDLE_BYTES:
-            bundles.append({})
+        entry = len(key) + 4 * -(-len(value) // 3)  # the key and its value's base64
+        if len(groups[-1]) >= BUNDLE_KEYS or size + entry > BUNDLE_BYTES:
+            groups.append({})
             size = 0
-        bundles[-1][key] = encoded
-        size += len(key) + len(encoded)
-    for entries in [entries for entries in bundles if len(entries) == 1]:
-        ((key, encoded),) = entries.items()
-        alone.append((key, base64.b64decode(encoded)))
-    return [entries for entries in bundles if len(entries) > 1], alone
+        groups[-1][key] = value
+        size += entry
+    alone += [pair for group in groups if len(group) == 1 for pair in group.items()]
+    shared = [group for group in groups if len(group) > 1]
+    return [{key: base64.b64encode(value).decode("ascii") for key, value in group.items()} for group in shared], alone
 
 
 def write_bundles(
@@ -121,10 +121,7 @@ def write_bundles(
 ) -> None:
     """Write ``keys`` (each written once) as bundles; a key that does not fit one is ``set`` alone."""
     pairs = [
-        (
-            key if isinstance(key, str) else key.decode("utf-8"),
-            value.encode() if isinstance(value, str) else bytes(value),
-        )
+        (store._key(key), value.encode() if isinstance(value, str) else bytes(value))
         for key, value in zip(keys, values, strict=True)
     ]
     bundles, alone = split(pairs)
@@ -138,18 +135,11 @@ def _create(store: KubernetesStore, entries: dict[str, str], round_number: int |
     first = next(iter(entries))
     body = store._new_object("\0".join(["bundle", *entries]), b"", uuid.uuid4().hex[:12], round_number)
     body["spec"] = {"key": f"{len(entries)} keys written once, from {first}"[:4096], "value": "", "entries": entries}
+    post = partial(store._call, "POST", store._collection, body=body, retry=False)
     deadline = time.monotonic() + store._retry_timeout
-    failures = 0
-    while True:
-        try:
-            store._installed(store._call("POST", store._collection, body=body, retry=False))
-            return
-        except ConflictError:
-            return  # it exists: an earlier attempt, whose answer was lost, created it
-        except (ApiUnavailableError, ApiError) as exc:
-            if isinstance(exc, ApiError) and not exc.transient:
-                raise store._failure(exc, "create") from exc
-            failures += 1
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"KubernetesStore: could not write a bundle of {len(entries)} keys: {exc}") from exc
-            time.sleep(backoff(failures, 0.2, 2.0))
+    try:
+        store._installed(call_with_retries(post, deadline=deadline, what=f"POST {store._collection}"))
+    except ConflictError:
+        pass  # it exists: an earlier attempt, whose answer was lost, created it
+    except ApiError as exc:
+        raise store._failure(exc, "create") from exc

@@ -1,13 +1,11 @@
 """``KubernetesPrefixStore``: a view of a ``KubernetesStore`` under a key prefix (a round's store).
 
-Every call goes to the underlying store with ``prefix/key``, and a write made through a view for a round
-carries that round's label. Optionally pipelined: sets are sent ``SETS_IN_FLIGHT`` at a time and the next
-other call waits for them.
-
-Keys the framework writes once per round (``written_once``: its rank assignment) are read from the
-process's watch (``KubernetesStore.get_written_once``: a key written once has one value) and, when
-pipelined, their sets are gathered for ``BATCH_LINGER_SECONDS`` and written as one bundle
-(``KubernetesStore.write_once``): rank 0 publishing N agents' ranks costs one request, not N.
+Every call goes to the underlying store with ``prefix/key``; a write through a round's view carries that
+round's label. Optionally pipelined: sets are sent ``SETS_IN_FLIGHT`` at a time and the next other call
+waits for them. Keys the framework writes once per round (``written_once``: its rank assignment) are read
+from the process's watch (``KubernetesStore.get_written_once``) and, when pipelined, their sets are gathered
+for ``BATCH_LINGER_SECONDS`` and written as one bundle (``KubernetesStore.write_once``): rank 0 publishing
+N agents' ranks costs one request, not N.
 
 Not guaranteed: a pipelined set whose process dies before a flush may be lost, and another client may
 not see a pipelined set yet when the caller's ``set`` returns.
@@ -25,6 +23,7 @@ from .store import SETS_IN_FLIGHT, KubernetesStore
 #: Seconds a pipelined view gathers sets of written-once keys before it writes them as one bundle
 #: (any other call through the view writes them at once).
 BATCH_LINGER_SECONDS = 0.05
+_name = KubernetesStore._key  # a key as str (bytes are UTF-8)
 
 
 class KubernetesPrefixStore:
@@ -67,11 +66,12 @@ class KubernetesPrefixStore:
         self._batch: dict[str, bytes | str] = {}  # written-once sets not sent yet, by full key
         self._linger: threading.Timer | None = None
 
-    def _once(self, name: str) -> bool:
-        return name.startswith(self.written_once) if self.written_once else False
+    def _once(self, *keys: str | bytes) -> bool:
+        """Whether there are ``keys`` and all are written once."""
+        return bool(keys and self.written_once) and all(_name(key).startswith(self.written_once) for key in keys)
 
     def _k(self, key: str | bytes, written: bool = False) -> str:
-        name = key if isinstance(key, str) else key.decode("utf-8")
+        name = _name(key)
         if written and self.on_write is not None:
             self.on_write(name)
         self.flush()
@@ -110,7 +110,7 @@ class KubernetesPrefixStore:
         self.underlying_store.timeout = value
 
     def set(self, key: str | bytes, value: str | bytes) -> None:
-        name = key if isinstance(key, str) else key.decode("utf-8")
+        name = _name(key)
         full = f"{self.prefix}/{name}"
         if self._pool is None or full in self._pending:
             self.underlying_store.set(self._k(key, True), value, round_number=self.round_number)
@@ -129,8 +129,7 @@ class KubernetesPrefixStore:
             self._pending[full] = self._pool.submit(set_one, full, value, round_number=self.round_number)
 
     def get(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
-        name = key if isinstance(key, str) else key.decode("utf-8")
-        if self._once(name):
+        if self._once(key):
             return self.underlying_store.get_written_once(self._k(key), timeout)
         return self.underlying_store.get(self._k(key), timeout)
 
@@ -139,15 +138,14 @@ class KubernetesPrefixStore:
 
     def multi_get(self, keys: Iterable[str | bytes], timeout: float | timedelta | None = None) -> list[bytes]:
         keys = list(keys)
-        once = bool(keys) and all(self._once(key if isinstance(key, str) else key.decode("utf-8")) for key in keys)
+        once = self._once(*keys)
         names = [self._k(key) for key in keys]
         return self.underlying_store.multi_get(names, timeout, round_number=self.round_number, written_once=once)
 
     def multi_set(self, keys: Iterable[str | bytes], values: Iterable[str | bytes]) -> None:
         keys = list(keys)
-        once = bool(keys) and all(self._once(key if isinstance(key, str) else key.decode("utf-8")) for key in keys)
         names = [self._k(key, True) for key in keys]
-        if once:
+        if self._once(*keys):
             self.underlying_store.write_once(names, values, round_number=self.round_number)
         else:
             self.underlying_store.multi_set(names, values, round_number=self.round_number)
