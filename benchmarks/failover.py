@@ -165,7 +165,7 @@ def write_report(report: dict[str, Any]) -> None:
     lines += [
         "",
         "A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for "
-        "`LEASE_SECONDS` (10 s) on the standby's own clock, trying every `RETRY_SECONDS` (2 s), so the "
+        "`lease_duration` (10 s) on the standby's own clock, trying every `retry_period` (2 s), so the "
         "*lease* column is bounded by 12 s after the leader's last renewal, which was up to 2 s before the kill. "
         "A SIGTERMed leader releases the Lease on its way out. The baseline has no standby and no Lease: it "
         "is a new process started the instant the old one died, which a Deployment never achieves (the "

@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.election import WriterLease
+from kube_rendezvous.folder import WRITER_ELECTION
 from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
 from kubernetes import client
 
 
 def elector(admin_api: client.ApiClient, namespace: str, identity: str, *, preferred: bool) -> WriterLease:
-    return WriterLease(KubernetesApi(admin_api), namespace, "rdzv", identity, preferred=preferred)
+    return WriterLease(KubernetesApi(admin_api), namespace, "rdzv", identity, WRITER_ELECTION, preferred=preferred)
 
 
 def test_the_holder_renews_with_one_write_and_no_read(admin_api: client.ApiClient, namespace: str) -> None:
@@ -90,8 +91,8 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
         took = time.monotonic() - last_renewal
     finally:
         release(namespace)
-    bound = folders.CANDIDATE_RETRY_SECONDS + folders.WRITER_LEASE_SECONDS + folders.STALE_MARGIN_SECONDS
-    assert folders.WRITER_LEASE_SECONDS < took < bound + 1.0  # + 1 s: the requests and this test's polling
+    bound = folders.CANDIDATE_RETRY_SECONDS + folders.WRITER_ELECTION.lease_duration + folders.STALE_MARGIN_SECONDS
+    assert folders.WRITER_ELECTION.lease_duration < took < bound + 1.0  # + 1 s: the requests and this test's polling
 
 
 def test_a_candidate_that_takes_a_stale_lease_records_the_dead_holder_and_its_last_renewal(

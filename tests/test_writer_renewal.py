@@ -7,14 +7,19 @@ import time
 
 import pytest
 from kube_rendezvous import folder
+from kube_rendezvous.election import LeaderElectionConfig
 from kube_rendezvous.folder import WriterRenewal
 from kube_rendezvous.kubeapi import ApiUnavailableError
 
 from tests.testenv import wait_until
 
+FAST = LeaderElectionConfig(lease_duration=1.0, renew_deadline=0.5, retry_period=0.05, request_timeout=0.2)
+
 
 class StandIn:
     """An elector whose renewals answer True, False, raise, or hang until released."""
+
+    config = FAST
 
     def __init__(self, answer: bool | None = True) -> None:
         self.answer = answer  # None: hang until ``release``
@@ -27,12 +32,6 @@ class StandIn:
             self.released.wait(30)
             return True
         return self.answer
-
-
-@pytest.fixture(autouse=True)
-def fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(folder, "WRITER_RENEW_SECONDS", 0.05)
-    monkeypatch.setattr(folder, "WRITER_RENEW_DEADLINE_SECONDS", 0.5)
 
 
 def test_it_keeps_holding_while_renewals_succeed() -> None:
@@ -100,7 +99,7 @@ class TestCandidateWait:
         # Simulate a candidate's looks on its own clock: the writer renews every 2 s until it dies
         # at ``death``; a look sees the version of the last renewal before it, and the candidate
         # takes the Lease at its first look after that version went unchanged for the duration.
-        bound = folder.CANDIDATE_RETRY_SECONDS + folder.WRITER_LEASE_SECONDS + folder.STALE_MARGIN_SECONDS
+        bound = folder.CANDIDATE_RETRY_SECONDS + folder.WRITER_ELECTION.lease_duration + folder.STALE_MARGIN_SECONDS
         assert bound <= 15.0  # issue #12: failover of the writer is bounded (<= 15 s)
         for phase in (0.0, 0.7, 1.3, 1.99):
             for death in (0.0, 3.1, 5.0, 7.9):
@@ -111,8 +110,8 @@ class TestCandidateWait:
                         version = max(t for t in (phase + 2.0 * k for k in range(-5, 10)) if t <= min(clock, death))
                         if version != seen:
                             seen, seen_at = version, clock
-                        elif clock - seen_at > folder.WRITER_LEASE_SECONDS:
+                        elif clock - seen_at > folder.WRITER_ELECTION.lease_duration:
                             break  # stale on this clock: the candidate takes it now
-                        until_stale = seen_at + folder.WRITER_LEASE_SECONDS - clock
+                        until_stale = seen_at + folder.WRITER_ELECTION.lease_duration - clock
                         clock += folder.candidate_wait(until_stale, jitter)
-                    assert folder.WRITER_LEASE_SECONDS < clock - last <= bound + 1e-9, (phase, death, jitter)
+                    assert folder.WRITER_ELECTION.lease_duration < clock - last <= bound + 1e-9, (phase, death, jitter)

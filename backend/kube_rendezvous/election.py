@@ -1,7 +1,8 @@
 """Leader election on a coordination.k8s.io/v1 Lease (``LeaseElector``), and the writer Lease of a Rendezvous.
 
 ``LeaseElector`` is client-go's ``leaderelection`` scheme: one compare-and-swap step at a time, a
-Lease judged stale on the observer's own clock. ``WriterLease`` elects the one folder of a
+Lease judged stale on the observer's own clock, its timings one validated ``LeaderElectionConfig``
+(shared by the folder's writer election and the operator's replica election). ``WriterLease`` elects the one folder of a
 Rendezvous on ``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator
 over agents; ``dead_writer_seeds`` dates the node of an agent writer that died from its last
 writer renewal, so that node expires one expiry after its death.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -40,6 +42,43 @@ from .leases import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    """The timings of one leader election, its clock and its callbacks (client-go's ``LeaderElectionConfig``).
+
+    The holder renews every ``retry_period`` and stops acting once ``renew_deadline`` has passed since
+    the start of its last successful renewal; a candidate takes the Lease once it has seen it unchanged
+    for ``lease_duration`` on its own ``clock``; each request of a step may take ``request_timeout``.
+    The loop that runs the election calls ``on_started_leading`` when it starts acting, and
+    ``on_stopped_leading`` when it must stop: the Lease was lost or the renew deadline passed (not
+    when its caller stops it).
+
+    Raises ``ValueError`` on construction unless 0 < retry_period < renew_deadline < lease_duration
+    and 0 < request_timeout < renew_deadline: a holder must stop before a candidate may take over.
+    """
+
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+    request_timeout: float
+    clock: Callable[[], float] = time.monotonic
+    on_started_leading: Callable[[], None] | None = None
+    on_stopped_leading: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"LeaderElectionConfig: needs 0 < retry_period ({self.retry_period:g} s) < renew_deadline "
+                f"({self.renew_deadline:g} s) < lease_duration ({self.lease_duration:g} s); shorten retry_period "
+                "or renew_deadline, or lengthen lease_duration"
+            )
+        if not 0 < self.request_timeout < self.renew_deadline:
+            raise ValueError(
+                f"LeaderElectionConfig: needs 0 < request_timeout ({self.request_timeout:g} s) < renew_deadline "
+                f"({self.renew_deadline:g} s), so a hung request cannot outlast the deadline; shorten request_timeout"
+            )
 
 
 @dataclass(frozen=True)
@@ -87,7 +126,7 @@ class LeaseElector:
     (``_may_preempt``).
 
     Not guaranteed: two holders never act at once only if the old holder stops acting within
-    ``duration`` of its last successful renewal (client-go's renew deadline); the caller enforces it.
+    ``config.renew_deadline`` of its last successful renewal; the caller enforces it.
     """
 
     def __init__(
@@ -96,27 +135,27 @@ class LeaseElector:
         namespace: str,
         name: str,
         identity: str,
+        config: LeaderElectionConfig,
         *,
-        duration: float = 10.0,
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         owner: dict[str, Any] | None = None,
-        request_timeout: float | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
         self.name = name
         self.identity = identity
-        self.duration = duration
-        #: Seconds each request of an election step may take (the client's default when None).
-        self.request_timeout = request_timeout
+        self.config = config
+        self.duration = config.lease_duration
+        self.request_timeout = config.request_timeout
+        self._clock = config.clock
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.owner = owner
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         #: The resourceVersion last read or written, when this clock first saw it, and its duration.
         self._observed: tuple[str, float] | None = None
-        self._observed_duration = duration
+        self._observed_duration = self.duration
         #: The Lease as this identity's last successful write returned it, while it holds it.
         self._held: dict[str, Any] | None = None
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
@@ -167,7 +206,7 @@ class LeaseElector:
         except (ApiError, ApiUnavailableError):
             # A refusal counts too: an API server that has just started refuses (403) until its
             # authorizer has synced, and the holder's renewals were refused alike.
-            self.unreachable_at = time.monotonic()
+            self.unreachable_at = self._clock()
             raise
 
     def _step(self) -> bool:
@@ -184,7 +223,7 @@ class LeaseElector:
                 self._held = None
             else:
                 self._held = renewed
-                self._observed = (renewed["metadata"]["resourceVersion"], time.monotonic())
+                self._observed = (renewed["metadata"]["resourceVersion"], self._clock())
                 self.holder, self.holder_alive = self.identity, True
                 return True
         try:
@@ -214,7 +253,7 @@ class LeaseElector:
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
         version = lease["metadata"]["resourceVersion"]
-        clock = time.monotonic()
+        clock = self._clock()
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, clock)
         self._observed_duration = float(spec.get("leaseDurationSeconds") or self.duration)
@@ -236,7 +275,7 @@ class LeaseElector:
             # have failed for the same reason: its silence counts only from when this candidate got through.
             renewed_at = parse_micro_time(renew_time) if renew_time else None
             self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
-        self._observed = (updated["metadata"]["resourceVersion"], time.monotonic())
+        self._observed = (updated["metadata"]["resourceVersion"], self._clock())
         if not mine:
             self._took_over()
         self.holder, self.holder_alive = self.identity, True
@@ -246,16 +285,16 @@ class LeaseElector:
         """Seconds until the Lease as last seen turns stale on this clock if nobody writes it (None: never seen)."""
         if self._observed is None:
             return None
-        return self._observed[1] + self._observed_duration - time.monotonic()
+        return self._observed[1] + self._observed_duration - self._clock()
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
         self._held = None
         try:
-            lease = self._api.request("GET", self._path)
+            lease = self._api.request("GET", self._path, timeout=self.request_timeout)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                 lease["spec"]["holderIdentity"] = ""
-                self._api.request("PUT", self._path, body=lease)
+                self._api.request("PUT", self._path, body=lease, timeout=self.request_timeout)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.info("could not release %s: %s", self.describe(), exc)
 
@@ -273,19 +312,17 @@ class WriterLease(LeaseElector):
         namespace: str,
         rendezvous_name: str,
         identity: str,
+        config: LeaderElectionConfig,
         *,
         preferred: bool,
-        duration: float = 10.0,
         owner: dict[str, Any] | None = None,
-        request_timeout: float | None = None,
     ) -> None:
         super().__init__(
             api,
             namespace,
             writer_lease_name(rendezvous_name),
             identity,
-            duration=duration,
-            request_timeout=request_timeout,
+            config,
             labels={RENDEZVOUS_LABEL: rendezvous_name, LABEL_LEASE: "writer"},
             annotations={ANNOTATION_WRITER_PRIORITY: "operator" if preferred else "agent"},
             owner=owner,

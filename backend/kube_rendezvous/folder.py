@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .election import WriterLease, dead_writer_seeds
+from .election import LeaderElectionConfig, WriterLease, dead_writer_seeds
 from .folding import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
 from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
@@ -61,16 +61,9 @@ from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
 
-#: Seconds the writer Lease lasts without renewal; failover takes at most this plus one retry (``candidate_wait``).
-WRITER_LEASE_SECONDS = 10.0
-#: Seconds between the holder's renewals of the writer Lease.
-WRITER_RENEW_SECONDS = 2.0
-#: Seconds after the start of its last successful renewal that the holder stops folding (client-go's
-#: renew deadline): below ``WRITER_LEASE_SECONDS``, so it has stopped before another candidate may take over.
-WRITER_RENEW_DEADLINE_SECONDS = 7.0
-#: Seconds one request of a writer election step may take: a renewal that hangs is abandoned well before the
-#: renew deadline, and retried on a new connection.
-WRITER_REQUEST_SECONDS = 3.0
+#: The writer election: a holder renews every 2 s and stops folding 7 s after the start of its last successful
+#: renewal, below the 10 s after which a candidate may take over; a renewal that hangs is abandoned after 3 s.
+WRITER_ELECTION = LeaderElectionConfig(lease_duration=10.0, renew_deadline=7.0, retry_period=2.0, request_timeout=3.0)
 #: Seconds between an agent's checks whether the writer Lease is free (80-100 % of it, jittered).
 CANDIDATE_RETRY_SECONDS = 4.0
 #: Seconds before a candidate tries again after an election step the API server did not answer.
@@ -102,14 +95,15 @@ class WriterRenewal:
     A renewal that waits on a slow API server (measured at N=1024 on 2 cores: one Lease PUT took
     10-25 s) then holds back neither folding nor the holder's look at the node Leases. The holder
     folds while ``holding``: no renewal was refused, and the last successful one started less than
-    ``WRITER_RENEW_DEADLINE_SECONDS`` ago.
+    the election's ``renew_deadline`` ago.
     """
 
     def __init__(self, elector: WriterLease, where: str) -> None:
         self._elector = elector
         self._where = where
-        #: When the last successful renewal was sent (this process's clock); acquiring counts as one.
-        self.renewed_at = time.monotonic()
+        self._config = elector.config
+        #: When the last successful renewal was sent (the election's clock); acquiring counts as one.
+        self.renewed_at = self._config.clock()
         #: True once a renewal found the Lease held by another identity.
         self.lost = False
         self._stop = threading.Event()
@@ -120,7 +114,7 @@ class WriterRenewal:
         return self
 
     def holding(self) -> bool:
-        return not self.lost and time.monotonic() - self.renewed_at < WRITER_RENEW_DEADLINE_SECONDS
+        return not self.lost and self._config.clock() - self.renewed_at < self._config.renew_deadline
 
     def stop(self) -> None:
         """Stop renewing; returns once no renewal is in flight (the elector is the caller's again)."""
@@ -128,8 +122,8 @@ class WriterRenewal:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(WRITER_RENEW_SECONDS):
-            sent = time.monotonic()
+        while not self._stop.wait(self._config.retry_period):
+            sent = self._config.clock()
             try:
                 renewed = self._elector.try_acquire_or_renew()
             except (ApiError, ApiUnavailableError) as exc:
@@ -146,7 +140,7 @@ def candidate_wait(until_stale: float | None, jitter: float) -> float:
 
     ``jitter`` (0.8-1.0) of ``CANDIDATE_RETRY_SECONDS``, but no later than ``STALE_MARGIN_SECONDS``
     after the Lease as last seen would turn stale (``until_stale``). So a writer that died is
-    replaced at most ``CANDIDATE_RETRY_SECONDS + WRITER_LEASE_SECONDS + STALE_MARGIN_SECONDS``
+    replaced at most ``CANDIDATE_RETRY_SECONDS + WRITER_ELECTION.lease_duration + STALE_MARGIN_SECONDS``
     (14.2 s) plus one request after its last renewal: a candidate sees that renewal's version within
     one retry, and takes the Lease at its first look after the version went unchanged for the
     Lease's duration on its own clock.
@@ -188,6 +182,7 @@ class Folder:
         default_expiry: float = 15.0,
         decode: Callable[[str], RendezvousDocument] = decode_document,
         training_pods: Callable[[], TrainingPods | None] | None = None,
+        election: LeaderElectionConfig = WRITER_ELECTION,
     ) -> None:
         self._api = api
         self.namespace = namespace
@@ -200,15 +195,7 @@ class Folder:
         self._decode = decode
         #: The job's training pods, where this folder knows them (the operator's pod watch); None: unknown.
         self.training_pods = training_pods
-        self.elector = WriterLease(
-            api,
-            namespace,
-            rendezvous_name,
-            identity,
-            preferred=preferred,
-            duration=WRITER_LEASE_SECONDS,
-            request_timeout=WRITER_REQUEST_SECONDS,
-        )
+        self.elector = WriterLease(api, namespace, rendezvous_name, identity, election, preferred=preferred)
         self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
         self.leader = False
@@ -417,16 +404,21 @@ class Folder:
                 if failed:  # not a stale Lease to take at once: the API server did not answer
                     stopped.wait(ELECTION_FAILED_SECONDS * random.uniform(0.8, 1.2))
                 elif self.preferred:
-                    stopped.wait(WRITER_RENEW_SECONDS * random.uniform(0.8, 1.2))
+                    stopped.wait(self.elector.config.retry_period * random.uniform(0.8, 1.2))
                 else:
                     stopped.wait(candidate_wait(self.elector.seconds_until_stale(), random.uniform(0.8, 1.0)))
                 continue
             self._start_lease_watch()
+            config = self.elector.config
+            if config.on_started_leading is not None:
+                config.on_started_leading()
             renewal = WriterRenewal(self.elector, self.where).start()
             try:
                 self._fold_while(renewal, stopped, on_error)
             finally:
                 renewal.stop()
+                if config.on_stopped_leading is not None and not stopped.is_set():
+                    config.on_stopped_leading()
             if not renewal.holding():
                 self.leader = False
                 logger.info(

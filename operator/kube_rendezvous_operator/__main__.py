@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     if not config.leader_election:
         run()
         return
-    from .election import ELECTION_REQUEST_SECONDS, Leadership, StandbyHealth, operator_namespace
+    from .election import OPERATOR_ELECTION, Leadership, StandbyHealth, operator_namespace
 
     # Its own client, with requests shorter than the renew deadline, so a hung request cannot outlast it.
-    election_api = KubernetesApi(load_api_client(config.kubeconfig, None)[0], ELECTION_REQUEST_SECONDS)
+    election_api = KubernetesApi(load_api_client(config.kubeconfig, None)[0], OPERATOR_ELECTION.request_timeout)
     leadership = Leadership(election_api, operator_namespace(config.pod_namespace), config.identity)
     with StandbyHealth(config.liveness):
         leadership.acquire()

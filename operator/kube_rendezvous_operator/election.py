@@ -1,18 +1,19 @@
 """Leader election of operator replicas: one acts, the others stand by (client-go's scheme, on a Lease).
 
 The replica holding the Lease ``kube-rendezvous-operator`` in the operator's own namespace runs
-the handlers; the others try again every ``RETRY_SECONDS``. The leader renews every
-``RETRY_SECONDS``; a leader that has not renewed for ``RENEW_DEADLINE_SECONDS`` exits at once,
-before its Lease (``LEASE_SECONDS``) can look stale to another replica, so two replicas never act
-together; its Deployment restarts it as a standby. A leader stopped with SIGTERM (a rollout, a
-drain) releases the Lease on its way out, so a standby takes over within ``RETRY_SECONDS``.
+the handlers; the others try again every ``retry_period`` of ``OPERATOR_ELECTION`` (the backend's
+``LeaderElectionConfig``, as the folder's writer election). A leader that has not renewed for
+``renew_deadline`` exits at once (``on_stopped_leading``), before its Lease (``lease_duration``) can
+look stale to another replica, so two replicas never act together; its Deployment restarts it as a
+standby. A leader stopped with SIGTERM (a rollout, a drain) releases the Lease on its way out, so a
+standby takes over within ``retry_period``.
 
 After a leader dies without releasing (SIGKILL, a lost node), a standby holds the Lease within
-``LEASE_SECONDS + RETRY_SECONDS`` of the leader's last renewal, then starts its handlers
+``lease_duration + retry_period`` of the leader's last renewal, then starts its handlers
 (``benchmarks/failover.py`` measures the whole failover).
 
 Not guaranteed: the renew deadline is kept on the leader's monotonic clock by a thread; a leader
-whose process is frozen (SIGSTOP, a paused VM) for longer than ``LEASE_SECONDS`` may act once more
+whose process is frozen (SIGSTOP, a paused VM) for longer than ``lease_duration`` may act once more
 when it resumes, before that thread runs and exits.
 """
 
@@ -24,24 +25,13 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 
-from kube_rendezvous.election import LeaseElector
+from kube_rendezvous.election import LeaderElectionConfig, LeaseElector
 from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
 
 logger = logging.getLogger(__name__)
 
-#: The name of the Lease the operator replicas elect their leader on.
-LEASE_NAME = "kube-rendezvous-operator"
-#: Seconds a leader's Lease stays valid after its last renewal, on the other replicas' clocks.
-LEASE_SECONDS = 10.0
-#: Seconds without a successful renewal after which the leader exits (less than ``LEASE_SECONDS``).
-RENEW_DEADLINE_SECONDS = 7.0
-#: Seconds between two election steps, of the leader (renewals) and of the standbys (tries).
-RETRY_SECONDS = 2.0
-#: Seconds an election request may take (well under the renew deadline).
-ELECTION_REQUEST_SECONDS = 3.0
 #: Seconds between two "standing by" log lines of a standby.
 STANDBY_LOG_SECONDS = 30.0
 #: Where a pod finds its own namespace.
@@ -63,31 +53,27 @@ def exit_now() -> None:
     os._exit(1)
 
 
+#: The name of the Lease the operator replicas elect their leader on.
+LEASE_NAME = "kube-rendezvous-operator"
+#: The replicas' election: renew every 2 s, exit 7 s after the last successful renewal, stale after 10 s;
+#: an election request may take 3 s (well under the renew deadline).
+OPERATOR_ELECTION = LeaderElectionConfig(
+    lease_duration=10.0, renew_deadline=7.0, retry_period=2.0, request_timeout=3.0, on_stopped_leading=exit_now
+)
+
+
 class Leadership:
     """Acquire the operator's Lease before acting, renew it while acting, release it on the way out."""
 
     def __init__(
-        self,
-        api: KubernetesApi,
-        namespace: str,
-        identity: str,
-        *,
-        lease_seconds: float = LEASE_SECONDS,
-        renew_deadline: float = RENEW_DEADLINE_SECONDS,
-        retry: float = RETRY_SECONDS,
-        on_lost: Callable[[], None] = exit_now,
+        self, api: KubernetesApi, namespace: str, identity: str, config: LeaderElectionConfig = OPERATOR_ELECTION
     ) -> None:
-        if not retry < renew_deadline < lease_seconds:
-            raise ValueError(
-                f"leader election needs retry ({retry:g} s) < renew deadline ({renew_deadline:g} s) "
-                f"< lease duration ({lease_seconds:g} s)"
-            )
+        self.config = config
         self.elector = LeaseElector(
-            api, namespace, LEASE_NAME, identity, duration=lease_seconds, labels={"app.kubernetes.io/name": LEASE_NAME}
+            api, namespace, LEASE_NAME, identity, config, labels={"app.kubernetes.io/name": LEASE_NAME}
         )
-        self.renew_deadline, self.retry, self.on_lost = renew_deadline, retry, on_lost
         self._stop = threading.Event()
-        self._renewed = time.monotonic()
+        self._renewed = config.clock()
 
     def _step(self) -> bool:
         try:
@@ -100,42 +86,45 @@ class Leadership:
         """Block until this replica holds the Lease (a standby waits here)."""
         logged = 0.0
         while not self._step():
-            now = time.monotonic()
+            now = self.config.clock()
             if now - logged >= STANDBY_LOG_SECONDS:
                 logged = now
                 logger.info(
                     "standing by: %s is held by %s; trying every %g s",
                     self.elector.describe(),
                     self.elector.holder or "nobody",
-                    self.retry,
+                    self.config.retry_period,
                 )
-            time.sleep(self.retry)
-        self._renewed = time.monotonic()
+            time.sleep(self.config.retry_period)
+        self._renewed = self.config.clock()
         logger.info("%s is the leader (%s); starting the handlers", self.elector.identity, self.elector.describe())
+        if self.config.on_started_leading is not None:
+            self.config.on_started_leading()
 
     def start_renewing(self) -> threading.Thread:
-        """Renew from a thread every ``retry`` seconds; call ``on_lost`` past the renew deadline."""
+        """Renew every ``retry_period`` from a thread; call ``on_stopped_leading`` on a loss or past the deadline."""
         thread = threading.Thread(target=self._renew_loop, name="leader-election", daemon=True)
         thread.start()
         return thread
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.retry):
+        while not self._stop.wait(self.config.retry_period):
             if self._step():
-                self._renewed = time.monotonic()
+                self._renewed = self.config.clock()
                 continue
             if self.elector.holder not in (None, self.elector.identity):
                 logger.error("lost %s to %s; stopping at once", self.elector.describe(), self.elector.holder)
-                self.on_lost()
-                return
-            if time.monotonic() - self._renewed > self.renew_deadline:
+            elif self.config.clock() - self._renewed > self.config.renew_deadline:
                 logger.error(
                     "could not renew %s for %g s (the renew deadline); stopping at once",
                     self.elector.describe(),
-                    self.renew_deadline,
+                    self.config.renew_deadline,
                 )
-                self.on_lost()
-                return
+            else:
+                continue
+            if self.config.on_stopped_leading is not None:
+                self.config.on_stopped_leading()
+            return
 
     def release(self) -> None:
         """Stop renewing and give the Lease up, so a standby takes over at once."""
