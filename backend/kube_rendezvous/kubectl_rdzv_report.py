@@ -1,20 +1,14 @@
-"""What ``kubectl rdzv status`` and ``watch`` print, built from objects already read (pure: no I/O).
-
-``build_report`` turns a Rendezvous object and its Leases into the JSON-ready report of ``status -o json``;
-``render_status`` and ``summary_line`` turn that report into the text of ``status`` and of a ``watch`` line.
-``status.state`` is read with ``decode_document``, the agents' bounded validator: nothing is ever unpickled.
-
-Not guaranteed: heartbeat ages compare the writers' clocks with ``now`` (off by any skew; negative ages are
-shown as such); ``status.roundStartTime``, ``recentRounds`` and ``lastDeparture`` are the writers' clocks,
-absent when an older release wrote the status.
-"""
+"""What ``kubectl rdzv status`` and ``watch`` print, built from objects already read (pure: no I/O; the state is
+read by ``decode_document``, the agents' bounded validator). Not guaranteed: heartbeat ages compare the writers'
+clocks with ``now`` (off by any skew; negative ages shown as such); ``status.roundStartTime``, ``recentRounds`` and
+``lastDeparture`` are the writers' clocks, absent when an older release wrote the status."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .document import RendezvousDocument, StateDocumentError, decode_document
+from .document import _CLEAR_HINT, RendezvousDocument, StateDocumentError, decode_document
 from .folding import role_of
 from .leases import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
 from .settings import RendezvousTimings
@@ -22,7 +16,7 @@ from .summary import completed_by_text, departure_line, format_time, rendezvous_
 
 #: The roles in the node table of ``status``, in the order it lists them.
 ROLES = ("participant", "waiting", "redundant", "heartbeat-only", "lease-only")
-_ROUND_HISTORY_NOTE = "none recorded yet (status.recentRounds is empty)"
+Obj = dict[str, Any]
 
 
 class PluginError(Exception):
@@ -46,28 +40,23 @@ def _age(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else round((now - moment).total_seconds(), 3)
 
 
-def decode_state(obj: dict[str, Any], namespace: str, name: str) -> RendezvousDocument | None:
-    """The state document of ``obj`` as stored (None: no agent wrote one yet), or a ``PluginError`` that
-    names the invalid field and the fix. Not ``intents.read_rendezvous``: that folds ``spec.closed`` and
-    the evictions into the document, and ``status`` shows them apart from what the agents applied."""
+def decode_state(obj: Obj, namespace: str, name: str) -> RendezvousDocument | None:
+    """The state document of ``obj`` as stored (None: none yet), or a ``PluginError`` naming the invalid field and
+    the fix. Not ``intents.read_rendezvous``, which folds ``spec.closed`` and evictions into the document."""
     text = (obj.get("status") or {}).get("state")
     try:
         return None if text is None or text == "" else decode_document(text)
     except StateDocumentError as exc:
-        message = str(exc)
-        if "kubectl patch" not in message:
-            message += (
-                f"; the agents refuse it too: clear it (kubectl patch rdzv {name} -n {namespace} --subresource=status "
-                '--type=json -p \'[{"op":"remove","path":"/status/state"}]\') or use a new Rendezvous'
-            )
-        raise PluginError(f"Rendezvous {namespace}/{name} has an invalid {message}") from exc
+        fix = _CLEAR_HINT.replace("rdzv NAME", f"rdzv {name} -n {namespace}")
+        hint = "" if "kubectl patch" in str(exc) else f"; the agents refuse it too: {fix}"
+        raise PluginError(f"Rendezvous {namespace}/{name} has an invalid {exc}{hint}") from exc
 
 
-def _node_table(
-    document: RendezvousDocument | None, leases: list[dict[str, Any]], now: datetime, expiry: float
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
-    """The node table (the document's nodes, one role each, then nodes only a Lease names), the writer
-    Lease, and whether the heartbeats are the node Leases' (when there are any) or the document's."""
+def node_table(
+    document: RendezvousDocument | None, leases: list[Obj], now: datetime, expiry: float
+) -> tuple[list[Obj], Obj | None, bool]:
+    """The node table (the document's nodes, then those only a Lease names), the writer Lease, and whether the
+    heartbeats are the node Leases' (when there are any) or the document's."""
     lease_names: dict[str, str | None] = {}
     heartbeats: dict[str, datetime | None] = {}
     writer = None
@@ -81,37 +70,30 @@ def _node_table(
             writer.update(renewTime=_iso(renewed), ageSeconds=_age(renewed, now))
         elif kind == "node" and isinstance(node, str) and node:
             lease_names[node], heartbeats[node] = metadata.get("name"), renewed
+    document = document or RendezvousDocument()
     roles = dict.fromkeys(lease_names, "lease-only")
-    ranks: dict[str, int] = {}
-    if document is not None:
-        roles.update({str(node): role_of(document, node) or "heartbeat-only" for node in document.nodes()})
-        ranks = {str(node): rank for node, rank in document.participants.items()}
-        if not lease_names:
-            heartbeats = {str(node): moment for node, moment in document.last_heartbeats.items()}
-    rows = []
-    for node in sorted(roles, key=lambda key: (ROLES.index(roles[key]), ranks.get(key, 0), key)):
-        age = _age(heartbeats.get(node), now)
-        rows.append(
-            {
-                "node": node,
-                "role": roles[node],
-                "rank": ranks.get(node),
-                "lastHeartbeat": _iso(heartbeats.get(node)),
-                "heartbeatAgeSeconds": age,
-                "heartbeatExpired": age is not None and age > expiry,
-                "lease": lease_names.get(node),
-            }
-        )
+    roles.update({str(node): role_of(document, node) or "heartbeat-only" for node in document.nodes()})
+    ranks = {str(node): rank for node, rank in document.participants.items()}
+    if not lease_names:
+        heartbeats = {str(node): moment for node, moment in document.last_heartbeats.items()}
+    ages = {node: _age(moment, now) for node, moment in heartbeats.items()}
+    rows = [
+        {
+            "node": node,
+            "role": roles[node],
+            "rank": ranks.get(node),
+            "lastHeartbeat": _iso(heartbeats.get(node)),
+            "heartbeatAgeSeconds": (age := ages.get(node)),
+            "heartbeatExpired": age is not None and age > expiry,
+            "lease": lease_names.get(node),
+        }
+        for node in sorted(roles, key=lambda key: (ROLES.index(roles[key]), ranks.get(key, 0), key))
+    ]
     return rows, writer, bool(lease_names)
 
 
 def build_report(
-    namespace: str,
-    name: str,
-    obj: dict[str, Any],
-    leases: list[dict[str, Any]],
-    now: datetime,
-    leases_error: Any = None,
+    namespace: str, name: str, obj: Obj, leases: list[Obj], now: datetime, leases_error: Any = None
 ) -> dict[str, Any]:
     """The JSON-ready description of a Rendezvous and its Leases (what ``status -o json`` prints); an
     invalid ``status.state`` gives phase ``Invalid`` and its one-line message in ``stateError``."""
@@ -124,26 +106,21 @@ def build_report(
         timings = RendezvousTimings.resolve(None, spec)
     except ValueError:
         timings = RendezvousTimings()
-    nodes, writer, from_leases = _node_table(document, leases, now, timings.heartbeat_expiry)
+    nodes, writer, from_leases = node_table(document, leases, now, timings.heartbeat_expiry)
     counts = {role: sum(1 for item in nodes if item["role"] == role) for role in ROLES}
-    complete = document is not None and document.complete
-    min_nodes = spec.get("minNodes")
+    complete, min_nodes = document is not None and document.complete, spec.get("minNodes")
     still_needed = max(0, min_nodes - counts["participant"]) if isinstance(min_nodes, int) else None
     deadline = None if document is None or document.complete else document.deadline
-    durations = []
-    for item in status.get("recentRounds") or []:
-        started, formed = parse_microtime(item.get("startTime")), parse_microtime(item.get("formedTime"))
-        if started is not None and formed is not None:
-            seconds = round((formed - started).total_seconds(), 3)
-            durations.append(
-                {
-                    "round": item.get("round"),
-                    "nodes": item.get("nodes"),
-                    "formedInSeconds": seconds,
-                    "completedBy": item.get("completedBy"),
-                }
-            )
-    departure = status.get("lastDeparture")
+    durations = [
+        {
+            "round": item.get("round"),
+            "nodes": item.get("nodes"),
+            "formedInSeconds": round((formed - started).total_seconds(), 3),
+            "completedBy": item.get("completedBy"),
+        }
+        for item in status.get("recentRounds") or []
+        if (started := parse_microtime(item.get("startTime"))) and (formed := parse_microtime(item.get("formedTime")))
+    ]
     return {
         "namespace": namespace,
         "rendezvousName": name,
@@ -152,19 +129,16 @@ def build_report(
         "complete": complete,
         "closed": document is not None and document.closed,
         "specClosed": bool(spec.get("closed")),
-        "minNodes": min_nodes,
-        "maxNodes": spec.get("maxNodes"),
-        "participantCount": counts["participant"],
-        "waitingCount": counts["waiting"],
-        "redundantCount": counts["redundant"],
+        **{key: spec.get(key) for key in ("minNodes", "maxNodes")},
+        **{f"{role}Count": counts[role] for role in ("participant", "waiting", "redundant")},
         "nodesStillNeeded": None if complete else still_needed,
         "deadline": _iso(deadline),
         "deadlineInSeconds": None if deadline is None else round((deadline - now).total_seconds(), 3),
         "lastCallSinceEstimate": None if deadline is None else _iso(deadline - timedelta(seconds=timings.last_call)),
         "roundFormingSince": _iso(parse_microtime(status.get("roundStartTime"))),
         "roundDurations": durations,
-        "roundDurationsNote": None if durations else _ROUND_HISTORY_NOTE,
-        "lastDeparture": departure if isinstance(departure, dict) else None,
+        "roundDurationsNote": None if durations else "none recorded yet (status.recentRounds is empty)",
+        "lastDeparture": status.get("lastDeparture") if isinstance(status.get("lastDeparture"), dict) else None,
         "lastChangeTime": status.get("lastChangeTime"),
         "lastChangeAgeSeconds": _age(parse_microtime(status.get("lastChangeTime")), now),
         "lastWriter": status.get("lastWriter"),
@@ -184,19 +158,33 @@ def build_report(
     }
 
 
+def change_label(source: str, obj: Obj | None, before: dict[str, Obj], after: dict[str, Obj], epoch: int) -> str | None:
+    """The label of a ``watch`` line for a change of ``obj`` in ``source`` ("Rendezvous" or "Leases"), whose objects
+    were ``before`` and are ``after``; ``obj`` None: a list, the first (``epoch`` 1) the present (None)."""
+    if obj is None:
+        return f"{source} RELISTED" if epoch > 1 else None
+    metadata = obj["metadata"]
+    name, kind = metadata["name"], (metadata.get("labels") or {}).get(LABEL_LEASE)
+    event = "DELETED" if name not in after else "MODIFIED" if name in before else "ADDED"
+    if source == "Rendezvous":
+        return f"Rendezvous {event}"
+    if kind == "node":
+        return f"node Lease {(metadata.get('annotations') or {}).get(ANNOTATION_NODE) or name} {event}"
+    if kind == "writer":
+        return f"writer Lease {event} (holder {(obj.get('spec') or {}).get('holderIdentity') or '-'})"
+    return f"Lease {name} {event}"
+
+
 def format_age(seconds: float | None) -> str:
     """``12s``, ``3m4s``, ``2h5m``, ``4d3h``; ``in 2s`` for a time ahead of this clock; ``-`` for none."""
     if seconds is None:
         return "-"
     whole = int(abs(seconds))
-    if whole < 60:
-        text = f"{whole}s"
-    elif whole < 3600:
-        text = f"{whole // 60}m{whole % 60}s"
-    elif whole < 86400:
-        text = f"{whole // 3600}h{whole % 3600 // 60}m"
-    else:
-        text = f"{whole // 86400}d{whole % 86400 // 3600}h"
+    text = f"{whole}s"
+    for unit, name, part, part_name in ((86400, "d", 3600, "h"), (3600, "h", 60, "m"), (60, "m", 1, "s")):
+        if whole >= unit:
+            text = f"{whole // unit}{name}{whole % unit // part}{part_name}"
+            break
     return f"in {text}" if seconds < 0 else f"{text} ago"
 
 
@@ -208,16 +196,16 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _round_rows(report: dict[str, Any], now: datetime) -> list[tuple[str, str]]:
-    """The Phase, Waiting for and Forming lines of ``status``: where the round is, what it still needs."""
+def render_status(report: dict[str, Any]) -> str:
+    """The text ``status`` prints for a report of ``build_report``."""
+    now = parse_microtime(report["observedAt"]) or datetime.now(timezone.utc)
     if report["stateError"]:
         phase = f"Invalid state: {report['stateError']}"
     elif report["round"] is None:
         phase = "Pending (no agent has written the state yet)"
     else:
-        closed = "closed" if report["closed"] else "open"
-        if report["specClosed"] and not report["closed"]:
-            closed = "spec.closed is true; the agents have not applied it yet"
+        unapplied = "spec.closed is true; the agents have not applied it yet" if report["specClosed"] else "open"
+        closed = "closed" if report["closed"] else unapplied
         progress = "complete" if report["complete"] else "forming"
         phase = f"{report['phase']} (round {report['round']}, {progress}, {closed})"
     needed, deadline = report["nodesStillNeeded"], report["deadline"]
@@ -241,12 +229,6 @@ def _round_rows(report: dict[str, Any], now: datetime) -> list[tuple[str, str]]:
         if report["lastCallSinceEstimate"] is not None:
             reached = _since(report["lastCallSinceEstimate"], now)
             forming += f"; minNodes reached about {reached} (deadline minus the last-call timeout)"
-    return [("Phase", phase), ("Waiting for", waiting), ("Forming", forming)]
-
-
-def render_status(report: dict[str, Any]) -> str:
-    """The text ``status`` prints for a report of ``build_report``."""
-    now = parse_microtime(report["observedAt"]) or datetime.now(timezone.utc)
     past_rounds = ", ".join(
         f"round {item['round']} formed in {item['formedInSeconds']:g}s with {_plural(item['nodes'] or 0, 'node')}"
         + completed_by_text({"recentRounds": [item]}, item["round"])
@@ -260,25 +242,22 @@ def render_status(report: dict[str, Any]) -> str:
         last_change = f"{report['lastChangeTime']} ({format_age(report['lastChangeAgeSeconds'])})"
         last_change += f" by {report['lastWriter']}" if report["lastWriter"] else ""
     writer = "none (no writer Lease)"
-    if report["writer"] is not None:
-        holder, age = report["writer"]["holderIdentity"] or "(no holder)", report["writer"]["ageSeconds"]
-        writer = f"{holder} (writer Lease renewed {format_age(age)})"
-    source = "node Leases"
-    if report["heartbeatSource"] != "leases":
-        source = "the state document (no node Leases)" + (f"; {report['leasesError']}" if report["leasesError"] else "")
+    if (lease := report["writer"]) is not None:
+        writer = f"{lease['holderIdentity'] or '(no holder)'} (writer Lease renewed {format_age(lease['ageSeconds'])})"
+    error = f"; {report['leasesError']}" if report["leasesError"] else ""
+    source = "node Leases" if report["heartbeatSource"] == "leases" else f"the state document (no node Leases){error}"
     conditions = "; ".join(
         f"{item['type']}={item['status']} ({item['reason']}, {_since(item['lastTransitionTime'], now)})"
         for item in report["conditions"]
     )
-    phase, waiting, forming = _round_rows(report, now)
     counts = f"{report['participantCount']} participants, {report['waitingCount']} waiting, "
     counts += f"{report['redundantCount']} redundant (minNodes {report['minNodes']}, maxNodes {report['maxNodes']})"
     rows = [
         ("Rendezvous", f"{report['namespace']}/{report['rendezvousName']}"),
-        phase,
+        ("Phase", phase),
         ("Nodes", counts),
-        waiting,
-        forming,
+        ("Waiting for", waiting),
+        ("Forming", forming),
         ("Past rounds", past_rounds or str(report["roundDurationsNote"])),
         ("Last departure", departure),
         ("Last change", last_change),
@@ -293,11 +272,9 @@ def render_status(report: dict[str, Any]) -> str:
     for item in report["nodes"]:
         beat = format_age(item["heartbeatAgeSeconds"]) + (" (expired)" if item["heartbeatExpired"] else "")
         table.append((item["node"], item["role"], "-" if item["rank"] is None else str(item["rank"]), beat))
-    widths = [max(len(row[column]) for row in table) for column in range(3)]
+    widths = [max(len(row[column]) for row in table) + 3 for column in range(3)]
     if report["nodes"]:
-        lines.append("")
-        for row in table:
-            lines.append("   ".join(cell.ljust(widths[index]) for index, cell in enumerate(row[:3])) + "   " + row[3])
+        lines += ["", *("".join(map(str.ljust, row[:3], widths)) + row[3] for row in table)]
     return "\n".join(lines)
 
 
