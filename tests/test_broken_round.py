@@ -135,3 +135,36 @@ def test_a_participants_pod_deleted_while_the_others_workers_start_is_evicted_an
     listed = core.list_namespaced_event(namespace, field_selector="involvedObject.name=job").items
     broken = [item.message for item in listed if item.reason == "RoundBroken"]
     assert broken == [f"node {victim.node_name} was evicted from round 0; its other members re-rendezvous without it"]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_planned_scale_up_re_forms_the_round_with_no_round_broken_warning(
+    operator: OperatorProcess,
+    make_job: MakeJob,
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    admin_api: client.ApiClient,
+    namespace: str,
+    launcher: str,
+) -> None:
+    # The members leave and join again to let a waiting node in (the framework's scale-up): nothing broke.
+    create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
+    job = make_job(nnodes="2:3", steps=30, step_seconds=0.5, launcher=launcher, rdzv_conf={"last_call_timeout": "2"})
+    first = [job.start_agent() for _ in range(2)]
+    wait_until(lambda: training_in_world(first, 4), 120, "2 agents training together")
+    agents = [*first, job.start_agent()]
+    wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training together after the scale-up")
+    core = client.CoreV1Api(admin_api)
+
+    def events() -> list[tuple[str, str]]:
+        listed = core.list_namespaced_event(namespace, field_selector="involvedObject.name=job").items
+        return [(item.reason, item.message) for item in listed]
+
+    wait_until(
+        lambda: any(reason == "RoundCompleted" and "with 3 nodes" in message for reason, message in events()),
+        30,
+        "the RoundCompleted Event of the round of 3",
+    )
+    assert not [item for item in events() if item[0] == "RoundBroken"], events()
+    assert not status_of(control_plane, namespace).get("lastDeparture")
+    assert job.wait(agents, 240) == [0, 0, 0], job.logs()

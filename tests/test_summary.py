@@ -408,6 +408,16 @@ class TestDeparture:
         assert departure_of(self.formed(), gained, {}, NOW) is None
         assert departure_of(None, self.formed(), {}, NOW) is None
 
+    def test_members_leaving_to_let_waiting_nodes_in_is_a_scale_up_not_a_break(self) -> None:
+        waiting = frozenset({NodeId("10.0.0.4", 4, 0)})
+        before = RendezvousDocument(**{**self.formed().__dict__, "wait_list": waiting})
+        after = RendezvousDocument(round=3, complete=True, participants={self.a: 0, self.c: 2}, wait_list=waiting)
+        assert departure_of(before, after, {self.b: "Left"}, NOW) is None
+        # Not when one of them was evicted, expired or removed, nor when nobody waits.
+        assert departure_of(before, after, {self.b: "Evicted"}, NOW) is not None
+        assert departure_of(before, after, {}, NOW) is not None
+        assert departure_of(self.formed(), after, {self.b: "Left"}, NOW) is not None
+
     def test_at_most_16_nodes_are_listed_and_the_line_says_how_many_more(self) -> None:
         many = {NodeId(f"10.1.0.{index}", index, 0): index for index in range(20)}
         departure = departure_of(

@@ -90,7 +90,8 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _FLAT_ARRAY = re.compile(r"\[[^\[\]{}]*\]")
 _FLAT_OBJECT = re.compile(r"\s*\{[^\[\]{}]*\}\s*")
 _ADDR = re.compile(r"[\x21-\x7e]+")
-_CLEAR_HINT = (
+#: The fix an invalid state's errors name (the kubectl plugin fills in the object's name).
+CLEAR_HINT = (
     "clear it (kubectl patch rdzv NAME --subresource=status --type=json "
     '-p \'[{"op":"remove","path":"/status/state"}]\') or use a new Rendezvous'
 )
@@ -479,13 +480,13 @@ def decode_document(text: object, *, max_participants: int | None = None) -> Ren
         raise StateDocumentError(
             "text",
             "holds a pickle (the 'z1:' format of kube-rendezvous 0.1), which could run code and is refused "
-            f"unread; {_CLEAR_HINT}",
+            f"unread; {CLEAR_HINT}",
         )
     if not text.startswith(DOCUMENT_MARKER):
         raise StateDocumentError(
             "text",
             f"starts with {text[:12]!r}, not the marker {DOCUMENT_MARKER!r}; it was not written by "
-            f"kube-rendezvous; {_CLEAR_HINT}",
+            f"kube-rendezvous; {CLEAR_HINT}",
         )
     try:
         compressed = base64.b64decode(text[len(DOCUMENT_MARKER) :], validate=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .document import _CLEAR_HINT, RendezvousDocument, StateDocumentError, decode_document
+from .document import CLEAR_HINT, RendezvousDocument, StateDocumentError, decode_document
 from .folding import role_of
 from .leases import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
 from .settings import RendezvousTimings
@@ -47,7 +47,7 @@ def decode_state(obj: Obj, namespace: str, name: str) -> RendezvousDocument | No
     try:
         return None if text is None or text == "" else decode_document(text)
     except StateDocumentError as exc:
-        fix = _CLEAR_HINT.replace("rdzv NAME", f"rdzv {name} -n {namespace}")
+        fix = CLEAR_HINT.replace("rdzv NAME", f"rdzv {name} -n {namespace}")
         hint = "" if "kubectl patch" in str(exc) else f"; the agents refuse it too: {fix}"
         raise PluginError(f"Rendezvous {namespace}/{name} has an invalid {exc}{hint}") from exc
 

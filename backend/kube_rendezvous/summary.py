@@ -139,13 +139,16 @@ def departure_of(
     ``previous`` (the last ``lastDeparture``) is of the same round. ``reasons`` says why each node
     went (``Left``, ``Evicted``, ``Expired``; ``Removed`` when unknown or not carried). Lists at most
     ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.
+
+    Members that leave by request while nodes wait to join break nothing: that is a scale-up (every
+    member leaves and joins again to let the waiting nodes in), and the next round forms with them.
     """
     if before is None or not before.complete or before.closed or after.closed:
         return None
     if previous is not None and previous.get("round") == before.round:
         return None
     gone = sorted(set(before.participants) - set(after.participants))
-    if not gone:
+    if not gone or (before.wait_list and all(reasons.get(node) == "Left" for node in gone)):
         return None
     return {
         "round": before.round,
