@@ -171,15 +171,12 @@ class KubernetesRendezvousBackend:
             raise self.framework.closed_error(
                 f"The Rendezvous {self._where} no longer exists (deleted); the rendezvous is over."
             ) from exc
-        except ApiError as exc:
-            raise self.framework.connection_error(
-                describe_api_error(exc, "get", RENDEZVOUS_PLURAL, self.namespace)
-            ) from exc
-        except ApiUnavailableError as exc:
-            raise self.framework.connection_error(
+        except (ApiError, ApiUnavailableError) as exc:
+            unreachable = (
                 f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
                 "See the inner exception for details."
-            ) from exc
+            )
+            raise self.framework.api_failure(exc, "get", RENDEZVOUS_PLURAL, self.namespace, unreachable) from exc
         self._remembered = (obj["metadata"]["resourceVersion"], obj.get("status") or {})
         return obj
 

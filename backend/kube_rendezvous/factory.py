@@ -25,7 +25,6 @@ from .kubeapi import (
     KubernetesApi,
     NotFoundError,
     call_with_retries,
-    describe_api_error,
     load_api_client,
 )
 from .kubeapi import resource_path as _resource_path
@@ -114,12 +113,9 @@ def ensure_rendezvous(
                 "The Rendezvous CRD (rendezvouses.kube-rendezvous.io) is not installed in this cluster: "
                 "kubectl apply -f crds/ or helm install kube-rendezvous"
             ) from exc
-    except ApiError as exc:
-        raise framework.connection_error(describe_api_error(exc, "get", RENDEZVOUS_PLURAL, namespace)) from exc
-    except ApiUnavailableError as exc:
-        raise framework.connection_error(
-            "The connection to the Kubernetes API server has failed. See the inner exception for details."
-        ) from exc
+    except (ApiError, ApiUnavailableError) as exc:
+        unreachable = "The connection to the Kubernetes API server has failed. See the inner exception for details."
+        raise framework.api_failure(exc, "get", RENDEZVOUS_PLURAL, namespace, unreachable) from exc
 
 
 def pod_workload(api: KubernetesApi, namespace: str, framework: Framework) -> OwnerReference:
@@ -141,12 +137,9 @@ def pod_workload(api: KubernetesApi, namespace: str, framework: Framework) -> Ow
             f"rdzv-conf owner=pod: there is no pod {pod_namespace}/{name}; set POD_NAME and POD_NAMESPACE "
             "from the downward API (fieldRef metadata.name and metadata.namespace)"
         ) from exc
-    except ApiError as exc:
-        raise framework.connection_error(describe_api_error(exc, "get", "pods", pod_namespace)) from exc
-    except ApiUnavailableError as exc:
-        raise framework.connection_error(
-            f"rdzv-conf owner=pod: could not read pod {pod_namespace}/{name}: {exc}"
-        ) from exc
+    except (ApiError, ApiUnavailableError) as exc:
+        unreachable = f"rdzv-conf owner=pod: could not read pod {pod_namespace}/{name}: {exc}"
+        raise framework.api_failure(exc, "get", "pods", pod_namespace, unreachable) from exc
     owner = workload_owner(pod)
     logger.info("owner=pod: pod %s/%s runs in %s %s (uid %s)", pod_namespace, name, owner.kind, owner.name, owner.uid)
     return owner

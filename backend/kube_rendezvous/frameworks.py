@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .kubeapi import ApiError, ApiUnavailableError, describe_api_error
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -61,6 +63,14 @@ class Framework:
     written_once: tuple[str, ...]
     create_store_server: Callable[[str], Any]
     record_failure: Callable[[str, str], None]
+
+    def api_failure(
+        self, exc: ApiError | ApiUnavailableError, verb: str, resource: str, namespace: str, unreachable: str
+    ) -> Exception:
+        """Its ``RendezvousConnectionError`` for a failed request: a refusal described, else ``unreachable``."""
+        if isinstance(exc, ApiError):
+            return self.connection_error(describe_api_error(exc, verb, resource, namespace))
+        return self.connection_error(unreachable)
 
 
 def _framework(

@@ -63,7 +63,6 @@ from .kubeapi import (
     KubernetesApi,
     NotFoundError,
     call_with_retries,
-    describe_api_error,
     resource_path,
 )
 from .leases import LeaseNodeLock
@@ -337,15 +336,12 @@ class NativeHandler:
                 )
             except NotFoundError:
                 obj = None
-            except ApiError as exc:
-                raise self.framework.connection_error(
-                    describe_api_error(exc, "get", RENDEZVOUS_PLURAL, self.namespace)
-                ) from exc
-            except ApiUnavailableError as exc:
-                raise self.framework.connection_error(
+            except (ApiError, ApiUnavailableError) as exc:
+                unreachable = (
                     f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
                     "See the inner exception for details."
-                ) from exc
+                )
+                raise self.framework.api_failure(exc, "get", RENDEZVOUS_PLURAL, self.namespace, unreachable) from exc
         if obj is None:
             raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).")
         return self._reading_of(obj)
@@ -360,13 +356,12 @@ class NativeHandler:
                 deadline=self._retry_until(deadline),
                 what=f"ask to {desire.value} on {lease.describe()}",
             )
-        except ApiError as exc:
-            raise self.framework.connection_error(describe_api_error(exc, "patch", "leases", self.namespace)) from exc
-        except ApiUnavailableError as exc:
-            raise self.framework.connection_error(
+        except (ApiError, ApiUnavailableError) as exc:
+            unreachable = (
                 f"The Kubernetes API server did not take this node's {desire.value} request. "
                 "See the inner exception for details."
-            ) from exc
+            )
+            raise self.framework.api_failure(exc, "patch", "leases", self.namespace, unreachable) from exc
         if desire is Desire.JOIN:
             self._renewer.add(lease)
         else:
