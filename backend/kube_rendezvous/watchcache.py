@@ -16,10 +16,13 @@ objects are listed again on a new connection. ``heard_at`` says when anything la
 (bookmarks included), and ``refresh`` lists again at once for a reader that finds the watch too
 quiet; ``stop`` ends a blocked read at once.
 
+Given ``keep`` it stores what ``keep`` makes of each object, not the object; given ``refused_retry``
+a refused list/watch empties it and is tried again later instead of given up.
+
 Not guaranteed: freshness. A reader may see a version that another process has already
 replaced (by the watch's delay, normally milliseconds); the compare-and-swap on the
 resourceVersion is what keeps writes correct. When the watch cannot be kept (no list/watch
-permission, repeated errors) ``healthy`` is False and callers read from the API server.
+permission, repeated errors) ``healthy`` is False and callers read from the API server (or do without).
 """
 
 from __future__ import annotations
@@ -52,8 +55,21 @@ WATCH_SECONDS = 60
 class WatchCache:
     """Objects of one collection matching ``query``, by name, kept current by a watch thread."""
 
-    def __init__(self, api: KubernetesApi, collection: str, query: dict[str, str], what: str) -> None:
+    def __init__(
+        self,
+        api: KubernetesApi,
+        collection: str,
+        query: dict[str, str],
+        what: str,
+        *,
+        keep: Callable[[dict[str, Any], dict[str, Any] | None], dict[str, Any] | None] | None = None,
+        refused_retry: float | None = None,
+    ) -> None:
+        """``keep(obj, kept_before)``: what to store of each object (None: nothing); listeners are called only when
+        that changes; no ``install``. ``refused_retry``: seconds until a refused list/watch is tried again."""
         self._api = api
+        self._keep = keep
+        self._refused_retry = refused_retry
         self._collection = collection
         self._query = query
         self.what = what
@@ -69,6 +85,8 @@ class WatchCache:
         self.healthy = False
         #: False when the server refused list/watch: callers must read directly.
         self.supported = True
+        #: The server's refusal (a 403 or 404) while ``supported`` is False.
+        self.refused: ApiError | None = None
         #: Increments on every change seen (tests and benchmarks count wake-ups with it).
         self.changes = 0
         #: Increments on every list after an interruption (the start, a failure, a 410 Gone): events
@@ -111,7 +129,7 @@ class WatchCache:
 
     def add_listener(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
         """Call ``listener(obj)`` (from the watch thread, quickly) after every change: the object that
-        changed, or None after a list (anything may have changed)."""
+        changed (as the watch brought it, not what ``keep`` made of it), or None after a list or a refusal."""
         with self._condition:
             self._listeners.append(listener)
 
@@ -172,23 +190,33 @@ class WatchCache:
                 "resourceVersion"
             ):
                 del self._installed[name]
-            delivered = self._delivered.setdefault(name, [])
-            delivered.append(str(obj["metadata"].get("resourceVersion")))
-            del delivered[:-64]
-            if kind == "DELETED":
+            if self._keep is None:
+                delivered = self._delivered.setdefault(name, [])
+                delivered.append(str(obj["metadata"].get("resourceVersion")))
+                del delivered[:-64]
+            before = self._objects.get(name)
+            kept = None if kind == "DELETED" else obj if self._keep is None else self._keep(obj, before)
+            if kept is None:
                 self._objects.pop(name, None)
                 self._installed.pop(name, None)
             else:
-                self._objects[name] = obj
-            self._changed(obj)
+                self._objects[name] = kept
+            if self._keep is None or kept != before:
+                self._changed(obj)
 
     def _list(self, interrupted: bool) -> str:
         self.stats["lists"] += 1
         listed = self._api.request("GET", self._collection, query=dict(self._query))
         with self._condition:
-            self._objects = {item["metadata"]["name"]: item for item in listed.get("items", [])}
+            before, self._objects = self._objects, {}
+            for item in listed.get("items", []):
+                name = item["metadata"]["name"]
+                kept = item if self._keep is None else self._keep(item, before.get(name))
+                if kept is not None:
+                    self._objects[name] = kept
             self._installed.clear()
-            self.healthy = True
+            self.healthy = self.supported = True
+            self.refused = None
             self.epoch += 1 if interrupted else 0
             self.heard_at = time.monotonic()
             self._changed()
@@ -229,12 +257,17 @@ class WatchCache:
                 if isinstance(exc, ForbiddenError) and exc.transient:
                     failures += 1
                 else:
-                    logger.warning("cannot watch %s (%s); reading it directly instead", self.what, exc.message)
                     with self._condition:
-                        self.supported = False
-                        self.healthy = False
-                        self._condition.notify_all()
-                    return
+                        self.supported = self.healthy = False
+                        self.refused, resource_version = exc, None
+                        if self._refused_retry is None:
+                            logger.warning("cannot watch %s (%s); reading it directly instead", self.what, exc.message)
+                            self._condition.notify_all()
+                            return
+                        self._objects.clear()
+                        self._changed()
+                    self._stopped.wait(self._refused_retry)
+                    continue
             except (ApiUnavailableError, ApiError) as exc:
                 if self._stopped.is_set():
                     return
