@@ -300,8 +300,16 @@ class FakeKubernetesApi:
 
     # -- watches ---------------------------------------------------------------------------
 
-    def watch(self, path: str, *, query: dict[str, Any], timeout_seconds: int) -> Iterator[dict[str, Any]]:
-        """Yield the events after ``query["resourceVersion"]`` until ``timeout_seconds`` pass or ``close``.
+    def watch(
+        self,
+        path: str,
+        *,
+        query: dict[str, Any],
+        timeout_seconds: int,
+        on_response: Callable[[Any], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield the events after ``query["resourceVersion"]`` until ``timeout_seconds`` pass, ``close``, or the
+        ``shutdown()`` of the response handed to ``on_response`` (as ``KubernetesApi.watch`` does).
 
         Raises (at the first ``next``, as the real generator does):
             GoneError: that version is older than the kept history (list again).
@@ -314,11 +322,21 @@ class FakeKubernetesApi:
         if since == "0" or not since.isdigit():
             raise api_error(500, "InternalError", "watch without a resourceVersion is not modelled", "WATCH", path)
         position, deadline = int(since), time.monotonic() + timeout_seconds
+        ended = threading.Event()
+
+        def shutdown() -> None:
+            with self._condition:
+                ended.set()
+                self._condition.notify_all()
+
+        if on_response is not None:
+            on_response(SimpleNamespace(shutdown=shutdown))
         while True:
             with self._condition:
-                while not self._closed and self._version <= position and time.monotonic() < deadline:
-                    self._condition.wait(max(0.0, deadline - time.monotonic()))
-                if self._closed or self._version <= position:
+                while not self._closed and not ended.is_set() and self._version <= position:
+                    if not self._condition.wait(max(0.0, deadline - time.monotonic())):
+                        break
+                if self._closed or ended.is_set() or self._version <= position:
                     return
                 if position < self._oldest:
                     message = f"too old resource version: {position} ({self._oldest})"
