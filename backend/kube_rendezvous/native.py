@@ -1,39 +1,27 @@
 """The ``k8s`` rendezvous handler on its own protocol: ask on the node's Lease, wait on the watch, confirm.
 
 Framework-neutral; the adapters (``handler`` for tensorplay, ``torchrun`` for torch) add the
-framework's ``RendezvousHandler`` base and its classes. The protocol, as torch's etcd handler has
-join / wait / confirm:
+framework's ``RendezvousHandler`` base and its classes. The flows are in docs/architecture.md:
 
-- **Ask.** A node states what it wants on its own Lease (``leases.LeaseNodeLock``): ``join``, scoped
-  to the round it asks to be in (``folding.join_scope``), or ``leave``. From its first join to its leave the process's
-  ``leases.LeaseRenewer`` renews that Lease every keep-alive: that is its heartbeat.
-- **Wait.** The folder (the operator; else the agent process that holds the writer Lease; else, after
-  a grace period, this agent itself) folds every pending request into the state document with
-  ``folding.fold``, the only copy of the join rules. The handler waits on the process's watch of the
-  Rendezvous until the state shows its request taken in. A join overtaken by a new round (the state
-  moved past the round it asked in and does not name it) is asked again in the open round.
-- **Confirm.** Once the round is complete with this node in it, rank 0 starts a fresh bootstrap
-  TCPStore and publishes its address under this round's prefix of the store; the others read it
-  from their store's watch. (Both frameworks reuse one bootstrap store across rounds and publish it
-  once, so a new round's workers would read the old round's keys and hang.) The keys the framework
-  writes once per round there (the address, the rank assignment: ``Framework.written_once``) are
-  read from the watch and written in bundles.
+- **Ask**: ``join`` (scoped to a round: ``folding.join_scope``) or ``leave``, on the node's own Lease
+  (``leases.LeaseNodeLock``), renewed every keep-alive by the process's ``leases.LeaseRenewer`` from the
+  first join to the leave: that is its heartbeat.
+- **Wait**: a folder folds the requests into the state (``folding.fold``); the handler waits on the
+  process's watch until the state shows its request taken in. A join overtaken by a new round is asked
+  again in the open round.
+- **Confirm**: rank 0 starts a fresh bootstrap TCPStore every round (a reused one would hand a new
+  round's workers the old round's keys) and publishes its address under the round's prefix of the
+  store; the keys written once per round (``Framework.written_once``) are read from the watch and
+  written in bundles.
 
 What the launcher asks of the handler, answered from the watch (no request):
 
-- ``num_nodes_waiting``: the wait list; a close asked by a person counts as one (running agents stop
-  and exit 0); and the members this node's round has lost (``folding.lost_members``: a member left,
-  was evicted or expired). The launcher's monitor loop restarts its workers when the answer is above
-  0, so the survivors of a broken round re-rendezvous at once instead of waiting in
-  ``init_process_group`` for a peer that is gone.
-- ``shutdown``: closes the rendezvous when this agent's workers succeeded, and otherwise leaves it
-  (a drain, a preemption, a failure: the others re-form without it). Success is the launcher's own
-  signal: both agents enter their exit barrier on this round's store only after their workers
-  succeeded. torch's launcher never shuts its handler down after a signal, so a node that joined and
-  was never shut down leaves at interpreter exit (``EXIT_LEAVE_SECONDS`` at most).
+- ``num_nodes_waiting``: the wait list, a close asked by a person as one, and the members this node's
+  round lost (``folding.lost_members``), so the launcher restarts the survivors of a broken round at once.
+- ``shutdown``: closes the rendezvous when this agent's workers succeeded (it entered its exit barrier),
+  and otherwise leaves it. A node never shut down (torch's launcher after a signal) leaves at
+  interpreter exit (``EXIT_LEAVE_SECONDS`` at most).
 - ``set_closed``: closes it (one fold with the close, by compare-and-swap).
-
-No framework state is pickled or unpickled here, and nothing of the framework's handler is used.
 
 Not guaranteed: fencing (an agent paused past its heartbeat expiry still holds its last answer);
 freshness of what ``num_nodes_waiting`` and ``is_closed`` say (the watch's delay, normally
@@ -47,6 +35,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -85,6 +74,7 @@ EXIT_LEAVE_SECONDS = 10.0
 PROGRESS_LOG_SECONDS = 10.0
 
 HandlerT = TypeVar("HandlerT", bound="NativeHandler")
+T = TypeVar("T")
 
 
 class NativeHandler:
@@ -312,10 +302,21 @@ class NativeHandler:
                 f"The rendezvous state in {self._where} was refused, and nothing was changed: {exc}."
             ) from exc
 
-    def _retry_until(self, deadline: float | None) -> float:
-        """When retries of one call end: the caller's ``deadline`` (the join waits out an outage until its join
-        timeout, a leave until the close timeout), else ``retry_timeout`` from now."""
-        return time.monotonic() + self._retry_timeout if deadline is None else deadline
+    def _call(
+        self, call: Callable[[], T], deadline: float | None, what: str, verb: str, resource: str, unreachable: str
+    ) -> T:
+        """``call`` retried until ``deadline`` (the join waits out an outage until its join timeout, a leave
+        until the close timeout; else ``retry_timeout`` from now).
+
+        Raises:
+            RendezvousConnectionError: it failed (``Framework.api_failure``: ``unreachable`` unless refused).
+        """
+        unreachable += " See the inner exception for details."
+        until = time.monotonic() + self._retry_timeout if deadline is None else deadline
+        try:
+            return call_with_retries(call, deadline=until, what=what)
+        except (ApiError, ApiUnavailableError) as exc:
+            raise self.framework.api_failure(exc, verb, resource, self.namespace, unreachable) from exc
 
     def _read(self, deadline: float | None = None) -> RendezvousReading:
         """The Rendezvous from the process's watch (no request), or a GET while the watch is down (until ``deadline``).
@@ -323,25 +324,18 @@ class NativeHandler:
         Raises:
             RendezvousClosedError: the Rendezvous was deleted.
         """
+
+        def get() -> Any:
+            try:
+                return self._api.request("GET", resource_path(RENDEZVOUS_PLURAL, self.namespace, self.rendezvous_name))
+            except NotFoundError:
+                return None
+
         if self._watch.healthy:
             obj = self._watch.get(self.rendezvous_name)
         else:
-            try:
-                obj = call_with_retries(
-                    lambda: self._api.request(
-                        "GET", resource_path(RENDEZVOUS_PLURAL, self.namespace, self.rendezvous_name)
-                    ),
-                    deadline=self._retry_until(deadline),
-                    what=f"GET rendezvous {self._where}",
-                )
-            except NotFoundError:
-                obj = None
-            except (ApiError, ApiUnavailableError) as exc:
-                unreachable = (
-                    f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
-                    "See the inner exception for details."
-                )
-                raise self.framework.api_failure(exc, "get", RENDEZVOUS_PLURAL, self.namespace, unreachable) from exc
+            unreachable = f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s."
+            obj = self._call(get, deadline, f"GET rendezvous {self._where}", "get", RENDEZVOUS_PLURAL, unreachable)
         if obj is None:
             raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).")
         return self._reading_of(obj)
@@ -350,18 +344,9 @@ class NativeHandler:
         """Write ``desire`` for ``round_number`` on this node's Lease until ``deadline`` (a merge patch)."""
         lease = self._lease
         lease.round = round_number
-        try:
-            call_with_retries(
-                lambda: lease.update(desire),
-                deadline=self._retry_until(deadline),
-                what=f"ask to {desire.value} on {lease.describe()}",
-            )
-        except (ApiError, ApiUnavailableError) as exc:
-            unreachable = (
-                f"The Kubernetes API server did not take this node's {desire.value} request. "
-                "See the inner exception for details."
-            )
-            raise self.framework.api_failure(exc, "patch", "leases", self.namespace, unreachable) from exc
+        unreachable = f"The Kubernetes API server did not take this node's {desire.value} request."
+        what = f"ask to {desire.value} on {lease.describe()}"
+        self._call(lambda: lease.update(desire), deadline, what, "patch", "leases", unreachable)
         if desire is Desire.JOIN:
             self._renewer.add(lease)
         else:
@@ -540,17 +525,16 @@ class NativeHandler:
         """Leave without closing; False when that could not be written by ``deadline``."""
         try:
             reading = self._read(deadline)
-            if reading.document is None or reading.document.closed or reading.close_requested:
-                self._renewer.remove(self._lease)
-                return True  # nothing to leave: no state, or a closed rendezvous takes no one
-            self._settle(Desire.LEAVE, deadline)
+            if reading.document is not None and not reading.document.closed and not reading.close_requested:
+                self._settle(Desire.LEAVE, deadline)
+                logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self.run_id)
+                return True
         except self.framework.closed_error:
-            self._renewer.remove(self._lease)
-            return True
+            pass
         except self.framework.rendezvous_error as exc:
             logger.warning("could not leave the rendezvous %s: %s", self.run_id, exc)
             return False
-        logger.info("left the rendezvous %s without closing it (the agent did not succeed)", self.run_id)
+        self._renewer.remove(self._lease)  # nothing to leave: no state, or a closed rendezvous takes no one
         return True
 
     def _close(self, deadline: float) -> bool:
