@@ -66,7 +66,6 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
-from .settings import RendezvousTimings
 from .statecheck import load_own_state
 from .status import write_status
 from .summary import summarize_document
@@ -136,18 +135,9 @@ class KubernetesRendezvousBackend:
         self._max_participants = max_participants
         self._heartbeat_expiry = timedelta(seconds=heartbeat_expiry)
         self._conflict_streak = 0
-        #: The token of the last object seen, its status, and the run id its state belongs to.
+        #: The token of the last object seen and its status.
         self._remembered: tuple[str, dict[str, Any]] = ("", {})
         self._path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
-        #: The Rendezvous spec as read when the backend was made (create_backend fills it in).
-        self.spec: dict[str, Any] = {}
-        #: Whether a person asked to close the rendezvous (``spec.closed`` or a deletion), as last read.
-        #: A state closed by an agent whose training succeeded is not such a request.
-        self.close_requested = False
-        #: The timings, resolved once from rdzv-conf, the spec and the defaults.
-        self.timings = RendezvousTimings()
-        #: Counters for tests and benchmarks: successful writes, lost compare-and-swaps, reads (GETs).
-        self.stats = {"writes": 0, "conflicts": 0, "reads": 0}
 
     @property
     def name(self) -> str:
@@ -160,7 +150,6 @@ class KubernetesRendezvousBackend:
     # -- reading ---------------------------------------------------------------------------
 
     def _read_object(self) -> dict[str, Any]:
-        self.stats["reads"] += 1
         try:
             obj: dict[str, Any] = call_with_retries(
                 lambda: self._api.request("GET", self._path),
@@ -199,7 +188,6 @@ class KubernetesRendezvousBackend:
                 reading.foreign_run,
                 self.run_id,
             )
-        self.close_requested = reading.close_requested
         return None if reading.document is None else self._resume_after_outage(reading.document)
 
     def _resume_after_outage(self, document: RendezvousDocument) -> RendezvousDocument:
@@ -235,36 +223,27 @@ class KubernetesRendezvousBackend:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _decode_own(self, state: bytes) -> RendezvousDocument:
+    def _own_document(self, state: bytes) -> tuple[RendezvousDocument, str]:
+        """The validated document of the framework's ``state`` and its encoding."""
         try:
             value = load_own_state(state, self.framework.state_class, self.framework.node_class)
-            return document_from_state(value, max_participants=self._max_participants)
+            document = document_from_state(value, max_participants=self._max_participants)
+            return document, encode_document(document)
         except ValueError as exc:  # StateDocumentError is a ValueError
             raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
 
-    def _encode_document(self, document: RendezvousDocument) -> str:
-        try:
-            return encode_document(document)
-        except ValueError as exc:
-            raise self.framework.state_error(f"The rendezvous state was not written to {self._where}: {exc}") from exc
-
-    def _status_for(
-        self, document: RendezvousDocument, encoded: str, write_ids: list[str], token: str
-    ) -> dict[str, Any]:
-        remembered_token, previous = self._remembered
+    def _status_for(self, document: RendezvousDocument, encoded: str, write_id: str, token: str) -> dict[str, Any]:
+        remembered_token, remembered = self._remembered
+        previous = remembered if remembered_token == token else {}
+        known_ids = [str(item) for item in previous.get("recentWriteIds") or []]
         status: dict[str, Any] = {
             "state": encoded,
             "stateBytes": len(encoded),
             "runId": self.run_id,
-            "recentWriteIds": write_ids,
-            **summarize_document(
-                document,
-                now=datetime.now(timezone.utc),
-                writer=self._node_name,
-                previous=previous if remembered_token == token else None,
-            ),
+            "recentWriteIds": [*known_ids[-(RECENT_WRITE_IDS - 1) :], write_id],
+            **summarize_document(document, now=datetime.now(timezone.utc), writer=self._node_name, previous=previous),
         }
-        if remembered_token == token and previous.get("runId") not in (None, self.run_id):
+        if previous.get("runId") not in (None, self.run_id):
             status["evictedNodes"] = None  # a new run starts without the old run's evictions
         return status
 
@@ -282,8 +261,7 @@ class KubernetesRendezvousBackend:
             RendezvousConnectionError: the API server is unreachable, or refused (403).
             RendezvousClosedError: the Rendezvous object was deleted.
         """
-        document = self._decode_own(state)
-        encoded = self._encode_document(document)
+        document, encoded = self._own_document(state)
         if token is None:
             obj = self._read_object()
             current = self._state_of(obj)
@@ -291,28 +269,20 @@ class KubernetesRendezvousBackend:
                 return current[0], current[1], False
             token = obj["metadata"]["resourceVersion"]
         elif not isinstance(token, str) or not token:
-            return self._lost(self._state_of(self._read_object()))
-
+            return self._settled(self._read_object())
         write_id = uuid.uuid4().hex[:8]
-        remembered_token, previous = self._remembered
-        known_ids = [str(item) for item in previous.get("recentWriteIds") or []] if remembered_token == token else []
-        write_ids = [*known_ids[-(RECENT_WRITE_IDS - 1) :], write_id]
-        status = self._status_for(document, encoded, write_ids, token)
+        status = self._status_for(document, encoded, write_id, token)
         deadline = time.monotonic() + self._retry_timeout
         unclear = False
         attempt = 0
         while True:
             try:
                 written = write_status(self._api, self.namespace, self.rendezvous_name, status, token=token)
-                break
             except ConflictError:
                 if not unclear:
                     # Lost the compare-and-swap: wait first, then read, so the state handed back is fresh.
                     self._back_off()
-                obj = self._read_object()
-                if unclear and (committed := self._committed(obj, write_id)) is not None:
-                    return committed
-                return self._lost(self._state_of(obj))
+                return self._settled(self._read_object(), write_id)
             except InvalidError as exc:
                 obj = self._read_object()
                 if obj["metadata"]["resourceVersion"] == token:
@@ -320,7 +290,7 @@ class KubernetesRendezvousBackend:
                     raise self.framework.state_error(
                         f"The API server refused the rendezvous state for {self._where}: {exc.message}"
                     ) from exc
-                return self._lost(self._state_of(obj))  # a token that is not a resourceVersion
+                return self._settled(obj)  # a token that is not a resourceVersion
             except NotFoundError as exc:
                 raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
             except (ApiUnavailableError, ApiError) as exc:
@@ -339,25 +309,22 @@ class KubernetesRendezvousBackend:
                 logger.info("state write had no clear answer (%s); reading the outcome", exc)
                 time.sleep(delay)
                 obj = self._read_object()
-                if (committed := self._committed(obj, write_id)) is not None:
-                    return committed
                 if obj["metadata"]["resourceVersion"] != token:
-                    return self._lost(self._state_of(obj))  # the token is stale: this write can never commit
+                    return self._settled(obj, write_id)  # committed, or the token is stale: it never can
                 unclear = True  # not committed (yet): send the same compare-and-swap again
-        self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
-        self.stats["writes"] += 1
-        self._conflict_streak = 0
-        return state, written["metadata"]["resourceVersion"], True
+            else:
+                self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
+                self._conflict_streak = 0
+                return state, written["metadata"]["resourceVersion"], True
 
-    def _committed(self, obj: dict[str, Any], write_id: str) -> tuple[bytes, Token, bool] | None:
-        """``(state, token, True)`` as stored now if write ``write_id`` committed, else None."""
-        if write_id not in ((obj.get("status") or {}).get("recentWriteIds") or []):
-            return None
-        current = self._state_of(obj)  # others may have written since
-        assert current is not None
-        self.stats["writes"] += 1
-        self._conflict_streak = 0
-        return current[0], current[1], True
+    def _settled(self, obj: dict[str, Any], write_id: str | None = None) -> tuple[bytes, Token, bool] | None:
+        """The outcome ``obj`` shows: ``(state, token, True)`` as stored now if write ``write_id``
+        committed (others may have written since), else the current ``(state, token, False)``."""
+        current = self._state_of(obj)
+        committed = write_id in ((obj.get("status") or {}).get("recentWriteIds") or [])
+        if committed:
+            self._conflict_streak = 0
+        return None if current is None else (current[0], current[1], committed)
 
     def _back_off(self) -> None:
         """Wait a random time that doubles with each consecutive lost compare-and-swap.
@@ -368,7 +335,3 @@ class KubernetesRendezvousBackend:
         self._conflict_streak += 1
         if self._conflict_backoff > 0:
             time.sleep(backoff(self._conflict_streak, self._conflict_backoff, self._max_conflict_backoff))
-
-    def _lost(self, current: tuple[bytes, Token] | None) -> tuple[bytes, Token, bool] | None:
-        self.stats["conflicts"] += 1
-        return None if current is None else (current[0], current[1], False)

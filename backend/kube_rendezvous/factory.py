@@ -257,8 +257,6 @@ def create_backend(
         heartbeat_expiry=connection.timings.heartbeat_expiry,
         framework=framework,
     )
-    backend.spec = connection.rendezvous.get("spec") or {}
-    backend.timings = connection.timings
     return backend, connection.store(framework)
 
 
