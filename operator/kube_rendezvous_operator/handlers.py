@@ -126,6 +126,9 @@ class OperatorMemo:
     keep_alive: dict[Key, float] = field(default_factory=dict)
     #: The rule that evicts the nodes of training pods on NotReady Kubernetes Nodes.
     node_rule: NodeRule = field(default_factory=NodeRule)
+    #: Container restarts judged already, (namespace, Rendezvous, pod uid) -> when the container ended:
+    #: the pod's later events do not read the Leases again for the same restart (``pods.judge_restart``).
+    judged_restarts: dict[tuple[str, str, str], datetime] = field(default_factory=dict)
 
 
 def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:

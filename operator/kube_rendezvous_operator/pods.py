@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-from kube_rendezvous.document import NodeId
+from kube_rendezvous.document import NodeId, RendezvousDocument
+from kube_rendezvous.intents import with_evicted
 from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, ApiError, ApiUnavailableError
 from kube_rendezvous.summary import format_time
 
@@ -46,11 +47,15 @@ def evict_nodes_of_gone_pods(
     Rendezvous's name.
     """
     pod = dict(body)
-    restarted = None if logic.pod_is_gone(pod, type) else logic.container_restarted_at(pod, datetime.now(timezone.utc))
-    if restarted is None and not logic.pod_is_gone(pod, type):
+    gone = logic.pod_is_gone(pod, type)
+    restarted = None if gone else logic.container_restarted_at(pod, datetime.now(timezone.utc))
+    if not gone and restarted is None:
         return
     for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
-        evict_nodes_of_pod(memo, pod, namespace, rendezvous, restarted_at=restarted)
+        if restarted is None:
+            evict_nodes_of_pod(memo, pod, namespace, rendezvous)
+        else:
+            judge_restart(memo, pod, namespace, rendezvous, restarted)
 
 
 def track_training_pod(
@@ -70,31 +75,27 @@ def track_training_pod(
         pods_changed(memo, (namespace, rendezvous), update)
 
 
-def evict_nodes_of_pod(
-    memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, restarted_at: datetime | None = None
-) -> None:
-    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end); with
-    ``restarted_at``, the nodes of the pod's container that the kubelet restarted then."""
+def _open_document(memo: OperatorMemo, namespace: str, rendezvous: str) -> RendezvousDocument | None:
+    """The stored document of ``rendezvous`` when its nodes may be evicted (seen, valid, not closed)."""
     observed, stored = memo.observed.get((namespace, rendezvous)), memo.states.get((namespace, rendezvous))
     if observed is None or stored is None or stored.document is None:
-        return
+        return None
     if observed.status.get("closed") or stored.document.closed:
+        return None
+    return stored.document
+
+
+def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
+    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
+    stored = _open_document(memo, namespace, rendezvous)
+    if stored is None:
         return
     from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
-    gone_at = restarted_at or logic.pod_gone_at(pod, datetime.now(timezone.utc))
-    known = logic.known_nodes(stored.document)
-    document = with_lease_heartbeats(memo.api, stored.document, namespace, rendezvous)
+    gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
+    known = logic.known_nodes(stored)
+    document = with_lease_heartbeats(memo.api, stored, namespace, rendezvous)
     matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
-    if restarted_at is not None:
-        # Nothing is judged without the Leases' heartbeats, and a node with none on record may be the
-        # restarted container's new agent: it is never evicted here.
-        heartbeats = document.last_heartbeats if document is not None else {}
-        matched = [node for node in matched if heartbeats.get(node) is not None]
-        if matched:
-            because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
-            evict_and_report(memo, namespace, rendezvous, [str(node) for node in matched], because)
-        return
     alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
     if alive:
         logger.info(
@@ -107,6 +108,47 @@ def evict_nodes_of_pod(
     evict_and_report(
         memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone"
     )
+
+
+def judge_restart(
+    memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, restarted_at: datetime
+) -> None:
+    """Evict from ``rendezvous`` the nodes of ``pod`` whose agent died when the kubelet restarted its
+    container at ``restarted_at`` (their Lease's last heartbeat is older), once per restart.
+
+    Nothing is judged without the Leases' heartbeats: a failed Lease list leaves the restart to the
+    pod's next event (else the heartbeat expiry evicts). A node with no heartbeat on record may be
+    the restarted container's new agent: it is never evicted here. A restart is judged again only
+    when its eviction was not written (the write failed).
+    """
+    judged = (namespace, rendezvous, str(pod["metadata"].get("uid") or pod["metadata"]["name"]))
+    stored = _open_document(memo, namespace, rendezvous)
+    if stored is None or memo.judged_restarts.get(judged) == restarted_at:
+        return
+    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
+
+    try:
+        beats = heartbeats(memo.api, namespace, rendezvous)
+    except (ApiError, ApiUnavailableError) as exc:
+        logger.info(
+            "restart of pod %s/%s not judged yet: its Leases could not be read (%s)",
+            namespace,
+            pod["metadata"]["name"],
+            exc,
+        )
+        return
+    document = merge_heartbeats(stored, beats)
+    matched = logic.nodes_of_pod(pod, logic.known_nodes(stored), document=document, gone_at=restarted_at)
+    nodes = [str(node) for node in matched if document.last_heartbeats.get(node) is not None]
+    because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
+    observed = memo.observed.get((namespace, rendezvous))
+    evict_and_report(memo, namespace, rendezvous, nodes, because)
+    if not nodes or (observed is not None and with_evicted(observed.status, nodes) is None):
+        now = datetime.now(timezone.utc)
+        for key, at in list(memo.judged_restarts.items()):
+            if now - at > logic.RESTART_EVICTION_WINDOW:
+                memo.judged_restarts.pop(key, None)
+        memo.judged_restarts[judged] = restarted_at
 
 
 def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: OperatorMemo, **_: Any) -> None:
