@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kube_rendezvous.election import LeaderElectionConfig, WriterLease
 from kube_rendezvous.folder import WRITER_ELECTION, WriterRenewal
-from kube_rendezvous_operator.election import OPERATOR_ELECTION, Leadership
+from kube_rendezvous_operator.leadership import OPERATOR_ELECTION, Leadership
 
 from tests.fakeapi import FakeKubernetesApi
 from tests.testenv import wait_until

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous_operator.election import LEASE_NAME
+from kube_rendezvous_operator.leadership import LEASE_NAME
 from kubernetes import client
 
 from tests.e2e.operator_process import OperatorProcess, create_training_pod

@@ -1,7 +1,7 @@
 """``python -m kube_rendezvous_operator``: run the operator.
 
 With ``--leader-election`` (the chart's default) any number of replicas may run: the one holding
-the Lease ``kube-rendezvous-operator`` acts, the others stand by (``election``). Without it the
+the Lease ``kube-rendezvous-operator`` acts, the others stand by (``leadership``). Without it the
 operator acts at once, standalone (no Kopf peering objects): run exactly one replica then.
 
 Settings are resolved once (``config.OperatorConfig``) and passed explicitly: to the handlers in
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     if not config.leader_election:
         run()
         return
-    from .election import OPERATOR_ELECTION, Leadership, StandbyHealth, operator_namespace
+    from .leadership import OPERATOR_ELECTION, Leadership, StandbyHealth, operator_namespace
 
     # Its own client, with requests shorter than the renew deadline, so a hung request cannot outlast it.
     election_api = KubernetesApi(load_api_client(config.kubeconfig, None)[0], OPERATOR_ELECTION.request_timeout)
