@@ -175,23 +175,33 @@ def from_microseconds(value: int, field_name: str) -> datetime:
 _VALID_NODES: set[NodeId] = set()
 
 
-def _node_valid(node: NodeId) -> bool:
-    """``_check_node`` without the error: True when ``node`` is a valid node (fast for one seen before)."""
-    if type(node.addr) is not str or type(node.pid) is not int or type(node.local_id) is not int:
-        return False
-    if node in _VALID_NODES:
-        return True
-    if not (
-        1 <= len(node.addr) <= MAX_ADDR_LENGTH
-        and _ADDR.fullmatch(node.addr)
-        and 0 <= node.pid <= MAX_INT32
-        and 0 <= node.local_id <= MAX_INT32
-    ):
-        return False
+def _check_node(node: NodeId, where: str | None = None) -> None:
+    """Raise unless ``node`` is a valid node, naming ``where`` (default ``node <node>``); fast for one seen before."""
+    exact = type(node.addr) is str and type(node.pid) is int and type(node.local_id) is int
+    if exact and node in _VALID_NODES:
+        return
+    where = f"node {node}" if where is None else where
+    if type(node.addr) is not str or not 1 <= len(node.addr) <= MAX_ADDR_LENGTH or not _ADDR.fullmatch(node.addr):
+        raise StateDocumentError(
+            f"{where}.addr", f"{node.addr!r:.80} must be 1 to {MAX_ADDR_LENGTH} printable ASCII characters"
+        )
+    for name, value in (("pid", node.pid), ("localId", node.local_id)):
+        _integer(value, f"{where}.{name}", 0, MAX_INT32)
     if len(_VALID_NODES) >= 4 * MAX_NODES:
         _VALID_NODES.clear()
     _VALID_NODES.add(node)
-    return True
+
+
+def _integer(value: Any, field_name: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise StateDocumentError(field_name, f"{value!r:.40} must be an integer in {low}..{high}")
+    return value
+
+
+def _boolean(value: Any, field_name: str) -> bool:
+    if type(value) is not bool:
+        raise StateDocumentError(field_name, f"must be true or false, got {value!r:.40}")
+    return value
 
 
 def _moment_valid(moment: object) -> bool:
@@ -202,18 +212,6 @@ def _moment_valid(moment: object) -> bool:
         and moment.utcoffset() is not None
         and EPOCH <= moment <= _LATEST
     )
-
-
-def _check_node(node: NodeId, where: str) -> None:
-    if _node_valid(node):
-        return
-    if type(node.addr) is not str or not 1 <= len(node.addr) <= MAX_ADDR_LENGTH or not _ADDR.fullmatch(node.addr):
-        raise StateDocumentError(
-            f"{where}.addr", f"{node.addr!r:.80} must be 1 to {MAX_ADDR_LENGTH} printable ASCII characters"
-        )
-    for name, value in (("pid", node.pid), ("localId", node.local_id)):
-        if type(value) is not int or not 0 <= value <= MAX_INT32:
-            raise StateDocumentError(f"{where}.{name}", f"{value!r:.40} must be an integer in 0..{MAX_INT32}")
 
 
 def validate_document(document: RendezvousDocument, *, max_participants: int | None = None) -> RendezvousDocument:
@@ -227,11 +225,9 @@ def validate_document(document: RendezvousDocument, *, max_participants: int | N
     Raises:
         StateDocumentError: the first problem found, naming its field.
     """
-    if type(document.round) is not int or not 0 <= document.round <= MAX_INT32:
-        raise StateDocumentError("round", f"{document.round!r:.40} must be an integer in 0..{MAX_INT32}")
-    for name in ("complete", "closed"):
-        if type(getattr(document, name)) is not bool:
-            raise StateDocumentError(name, f"must be true or false, got {getattr(document, name)!r:.40}")
+    _integer(document.round, "round", 0, MAX_INT32)
+    _boolean(document.complete, "complete")
+    _boolean(document.closed, "closed")
     if document.deadline is not None:
         from_microseconds(to_microseconds(document.deadline, "deadline"), "deadline")
     nodes = document.nodes()
@@ -240,8 +236,7 @@ def validate_document(document: RendezvousDocument, *, max_participants: int | N
     for node in nodes:
         if not isinstance(node, NodeId):
             raise StateDocumentError("addr", f"node {node!r:.80} is not a NodeId")
-        if not _node_valid(node):
-            _check_node(node, f"node {node}")
+        _check_node(node)
     roles: dict[NodeId, str] = {}
     for name, members in (
         ("participants", document.participants),
@@ -281,16 +276,9 @@ def document_to_json(document: RendezvousDocument) -> dict[str, Any]:
     nodes = document.nodes()
     beats = {node: to_microseconds(moment, "heartbeat") for node, moment in document.last_heartbeats.items()}
     base = min(beats.values(), default=0)
-    roles = []
-    for node in nodes:
-        if node in document.participants:
-            roles.append(Role.PARTICIPANT)
-        elif node in document.wait_list:
-            roles.append(Role.WAITING)
-        elif node in document.redundancy_list:
-            roles.append(Role.REDUNDANT)
-        else:
-            roles.append(Role.HEARTBEAT_ONLY)
+    roles = dict.fromkeys(document.participants, Role.PARTICIPANT)  # a valid document's lists are disjoint
+    roles.update(dict.fromkeys(document.wait_list, Role.WAITING))
+    roles.update(dict.fromkeys(document.redundancy_list, Role.REDUNDANT))
     ranks = [document.participants[node] for node in nodes if node in document.participants]
     return {
         "version": DOCUMENT_VERSION,
@@ -302,22 +290,10 @@ def document_to_json(document: RendezvousDocument) -> dict[str, Any]:
         "addr": [node.addr for node in nodes],
         "pid": [node.pid for node in nodes],
         "localId": [node.local_id for node in nodes],
-        "role": [int(role) for role in roles],
+        "role": [int(roles.get(node, Role.HEARTBEAT_ONLY)) for node in nodes],
         "rankDelta": [rank - previous for previous, rank in zip([0, *ranks], ranks, strict=False)],
         "heartbeat": [beats[node] - base if node in beats else -1 for node in nodes],
     }
-
-
-def _integer(value: Any, field_name: str, low: int, high: int) -> int:
-    if type(value) is not int or not low <= value <= high:
-        raise StateDocumentError(field_name, f"{value!r:.40} must be an integer in {low}..{high}")
-    return value
-
-
-def _boolean(value: Any, field_name: str) -> bool:
-    if type(value) is not bool:
-        raise StateDocumentError(field_name, f"must be true or false, got {value!r:.40}")
-    return value
 
 
 def document_from_json(data: Any, *, max_participants: int | None = None) -> RendezvousDocument:
@@ -396,9 +372,9 @@ def document_from_json(data: Any, *, max_participants: int | None = None) -> Ren
     if len(deltas) != len(participants):
         raise StateDocumentError("rankDelta", f"has {len(deltas)} entries for {len(participants)} participants")
     document = RendezvousDocument(
-        round=_integer(data["round"], "round", 0, MAX_INT32),
-        complete=_boolean(data["complete"], "complete"),
-        closed=_boolean(data["closed"], "closed"),
+        round=data["round"],  # these three are checked by validate_document, first
+        complete=data["complete"],
+        closed=data["closed"],
         deadline=deadline,
         participants=participants,
         wait_list=frozenset(waiting),
