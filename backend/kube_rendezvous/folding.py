@@ -236,14 +236,14 @@ class _Working:
             last_heartbeats=self.heartbeats,
         )
 
-    def epilogue(self, settings: JoinSettings, now: datetime | None, carry: Carry | None) -> None:
+    def epilogue(self, settings: JoinSettings, now: datetime, carry: Carry | None) -> None:
         """``_remove_participant_epilogue``: a complete round emptied moves to the next round; with
         ``carry``, a complete round that lost a participant does too, with the others ``carry`` keeps."""
         if self.complete:
             if not self.participants:
                 self.complete = False
                 self.round += 1
-            elif carry is not None and now is not None and not self.closed:
+            elif carry is not None and not self.closed:
                 self.carry(settings, now, carry)
         elif len(self.participants) < settings.min_nodes:
             self.deadline = None
@@ -266,14 +266,12 @@ class _Working:
         for rank, node in enumerate(sorted(self.participants)):
             self.participants[node] = rank
 
-    def remove(self, node: NodeId, settings: JoinSettings) -> None:
-        """Drop ``node`` from every role; the epilogue runs if it was a participant."""
+    def drop(self, node: NodeId) -> bool:
+        """Drop ``node`` from every role; True if it was a participant (then the epilogue is due)."""
         self.heartbeats.pop(node, None)
         self.wait_list.discard(node)
         self.redundancy_list.discard(node)
-        if node in self.participants:
-            del self.participants[node]
-            self.epilogue(settings, None, None)
+        return self.participants.pop(node, None) is not None
 
     def join(self, node: NodeId, settings: JoinSettings, now: datetime) -> None:
         """Apply the join operation's actions for ``node`` until it would only wait (SYNC)."""
@@ -344,22 +342,15 @@ def fold(
     for (None: the framework's own rules).
     """
     state = _Working(document or RendezvousDocument())
-    removed = False
-    for node in dead:
-        state.heartbeats.pop(node, None)
-        state.wait_list.discard(node)
-        state.redundancy_list.discard(node)
-        if node in state.participants:
-            del state.participants[node]
-            removed = True
-    if removed:
+    if [node for node in dead if state.drop(node)]:  # every dead node dropped, then one epilogue
         state.epilogue(settings, now, carry)
     ordered = sorted(requests, key=lambda item: (item.requested_at, item.node))
     for _ in range(2):
         round_before = state.round
         for request in ordered:
-            if request.desire is Desire.LEAVE:  # no carry: see the rule
-                state.remove(request.node, request.settings)
+            if request.desire is Desire.LEAVE:
+                if state.drop(request.node):
+                    state.epilogue(request.settings, now, None)  # no carry: see the rule
             elif (
                 request.round is None
                 or request.round == state.round + (1 if state.complete else 0)
