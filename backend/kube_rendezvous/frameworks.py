@@ -25,15 +25,11 @@ from .kubeapi import ApiError, ApiUnavailableError, describe_api_error
 class Framework:
     """An elastic framework, as the core sees it.
 
+    ``name`` is ``tensorplay`` or ``torch``; the classes and errors are the framework's own (``_framework``
+    takes them from its modules).
+
     Attributes:
-        name: ``tensorplay`` or ``torch``.
-        state_class, node_class: its ``_RendezvousState`` and ``_NodeDesc`` (the CAS backend's states).
-        state_error, connection_error, closed_error, graceful_exit_error, timeout_error: its
-            ``RendezvousStateError``, ``RendezvousConnectionError``, ``RendezvousClosedError``,
-            ``RendezvousGracefulExitError`` and ``RendezvousTimeoutError``.
-        rendezvous_error: its ``RendezvousError`` base.
         store_timeout_error: what its stores raise when a blocking get times out (its code catches it).
-        info_class, store_info_class: its ``RendezvousInfo`` and ``RendezvousStoreInfo``.
         exit_barrier_prefix: the key prefix its agent's exit barrier writes on the rendezvous store
             (``_TERMINAL_STATE_SYNC_ID``). Both agents enter that barrier only after their workers
             succeeded: it is the launcher's own signal of success.
@@ -75,7 +71,6 @@ class Framework:
 
 def _framework(
     name: str,
-    package: str,
     *,
     store_timeout_error: type[Exception],
     round_prefix: str,
@@ -84,10 +79,10 @@ def _framework(
 ) -> Framework:
     import importlib
 
-    api: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.api")
-    dynamic: Any = importlib.import_module(f"{package}.distributed.elastic.rendezvous.dynamic_rendezvous")
-    events: Any = importlib.import_module(f"{package}.distributed.elastic.events")
-    agent: Any = importlib.import_module(f"{package}.distributed.elastic.agent.server.api")
+    api: Any = importlib.import_module(f"{name}.distributed.elastic.rendezvous.api")
+    dynamic: Any = importlib.import_module(f"{name}.distributed.elastic.rendezvous.dynamic_rendezvous")
+    events: Any = importlib.import_module(f"{name}.distributed.elastic.events")
+    agent: Any = importlib.import_module(f"{name}.distributed.elastic.agent.server.api")
 
     def record_failure(message: str, run_id: str) -> None:
         events.construct_and_record_rdzv_event(message=message, run_id=run_id, node_state=events.NodeState.FAILED)
@@ -124,7 +119,6 @@ def tensorplay() -> Framework:
 
     return _framework(
         "tensorplay",
-        "tensorplay",
         store_timeout_error=StoreTimeoutError,
         round_prefix="tp_elastic/rendezvous/{run_id}/{round}",
         written_once=("tp_elastic/rdzv/master_", "tp_elastic/role_info/", "tp_elastic/assigned_ranks/"),
@@ -143,7 +137,6 @@ def torch() -> Framework:
         )
 
     return _framework(
-        "torch",
         "torch",
         store_timeout_error=dist.DistStoreError,
         round_prefix="torch.rendezvous/{run_id}/{round}",

@@ -1,17 +1,13 @@
-"""``torchrun --rdzv-backend=k8s``: torch's DynamicRendezvousHandler over the Kubernetes API (the torch adapter).
+"""``torchrun --rdzv-backend=k8s``: the ``k8s`` rendezvous handler for torch (the torch adapter).
 
 Stock ``torchrun`` loads it through the ``torchrun.handlers`` entry point (``pip install
-'kube-rendezvous[torch]'``): torch's registry calls ``handler_creator()`` with no arguments and
-registers the creator it returns under ``k8s``. Flags or the ``PET_RDZV_*`` environment
-variables select it::
+'kube-rendezvous[torch]'``); flags or the ``PET_RDZV_*`` environment variables select it::
 
     torchrun --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=k8s \\
         --rdzv-endpoint=team-a/llama-train --rdzv-id=$JOB_UID train.py
 
-A thin adapter over the framework-neutral handler (``native``: a fresh bootstrap store every round,
-SIGTERM means leave, closed means a clean exit, a broken round restarts): each round's store is
-wrapped here in a ``torch.distributed.Store``, so that torch's C++ ``PrefixStore`` and barriers can
-use it. torchrun passes ``--rdzv-timeout`` as ``timeout``.
+The protocol is ``native``'s; each round's store is wrapped here in a ``torch.distributed.Store``, so
+that torch's C++ ``PrefixStore`` and barriers can use it.
 
 Not guaranteed: torch's ``Store`` API beyond what its agent, rank assignment and barriers call
 (``queue_*`` and ``list_keys`` are not implemented), and ``num_keys`` under a prefix: it counts every
@@ -24,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 
@@ -48,12 +43,6 @@ from .store import KubernetesStore  # noqa: E402
 logger = logging.getLogger(__name__)
 
 
-def _seconds(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-
-
 class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     """A ``torch.distributed.Store`` backed by a ``KubernetesStore`` (or a round's prefix view of it).
 
@@ -71,8 +60,8 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
         self._kv = store
         self._clones: list[TorchKubernetesStore] = []
 
-    def _timeout(self, timeout: Any = None) -> float | None:
-        return _seconds(timeout if timeout is not None else getattr(self, "timeout", None))
+    def _timeout(self, timeout: Any = None) -> Any:  # seconds or a timedelta, as the store takes them
+        return timeout if timeout is not None else getattr(self, "timeout", None)
 
     def set(self, key: str, value: str | bytes) -> None:
         self._kv.set(key, value)
@@ -122,13 +111,11 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     getNumKeys = num_keys
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        """Keys written once per round (the rank assignment's): from the watch, no request (a key written once
-        has one value); other keys: one LIST for those that exist (linearizable, as a GET is), then a get each."""
+        """The values of ``keys``, as ``KubernetesPrefixStore.multi_get`` reads them (written-once ones: the watch)."""
         return self._kv.multi_get(keys, self._timeout())
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
-        """Keys written once per round (the rank assignment's): one bundle; other keys: every set sent at once,
-        a bounded number in flight (``store.SETS_IN_FLIGHT``)."""
+        """Set ``keys``, as ``KubernetesPrefixStore.multi_set`` writes them (written-once keys in one bundle)."""
         self._kv.multi_set(keys, values)
 
     def append(self, key: str, value: str | bytes) -> None:
