@@ -71,12 +71,14 @@ def ensure_rendezvous(
     """
     path = _resource_path(RENDEZVOUS_PLURAL, namespace, name)
     deadline = time.monotonic() + retry_timeout
+
+    def read() -> dict[str, Any]:
+        obj: dict[str, Any] = call_with_retries(lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}")
+        return obj
+
     try:
         try:
-            obj: dict[str, Any] = call_with_retries(
-                lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
-            )
-            return obj
+            return read()
         except NotFoundError:
             pass
         if not create:
@@ -102,10 +104,7 @@ def ensure_rendezvous(
             logger.info("created Rendezvous %s/%s (minNodes=%d, maxNodes=%d)", namespace, name, min_nodes, max_nodes)
             return created
         except ConflictError:  # another agent created it first
-            existing: dict[str, Any] = call_with_retries(
-                lambda: api.request("GET", path), deadline=deadline, what=f"GET {path}"
-            )
-            return existing
+            return read()
         except InvalidError as exc:
             raise ValueError(f"The API server rejected Rendezvous {namespace}/{name}: {exc.message}") from exc
         except NotFoundError as exc:
@@ -200,14 +199,14 @@ def connect(params: Any, framework: Framework) -> Connection:
             retry_timeout=config.retry_timeout,
             framework=framework,
         )
-        uid = obj["metadata"]["uid"]
-        run_id = params.run_id if params.run_id not in UNSET_RUN_IDS else uid
-        if params.run_id in UNSET_RUN_IDS and config.owner_from_pod and owner is not None:
+        run_id = params.run_id
+        if run_id in UNSET_RUN_IDS and config.owner_from_pod and owner is not None:
             run_id = owner.uid  # the workload's: a new Job or JobSet is a new run
             logger.info("run id %r is unset; using %s %s's UID %s", params.run_id, owner.kind, owner.name, owner.uid)
-        elif params.run_id in UNSET_RUN_IDS:
+        elif run_id in UNSET_RUN_IDS:
+            run_id = obj["metadata"]["uid"]
             logger.info(
-                "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, config.name, uid
+                "run id %r is unset; using Rendezvous %s/%s's UID %s", params.run_id, namespace, config.name, run_id
             )
         if len(run_id) > 253:
             raise ValueError(f"--rdzv-id {run_id[:40]!r}...: at most 253 characters")

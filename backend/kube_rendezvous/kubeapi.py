@@ -178,13 +178,7 @@ class KubernetesApi:
         self.api_client = api_client
         self.request_timeout = request_timeout
         #: Counters for benchmarks: requests by method, 409s, request and response body bytes.
-        self.stats: dict[str, int] = {
-            "requests": 0,
-            "conflicts": 0,
-            "bytes_sent": 0,
-            "bytes_received": 0,
-            "pool_drops": 0,
-        }
+        self.stats = dict.fromkeys(("requests", "conflicts", "bytes_sent", "bytes_received", "pool_drops"), 0)
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
         #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure since.
@@ -267,14 +261,7 @@ class KubernetesApi:
                 message = json.loads(data).get("message", message)
             except ValueError:
                 pass
-            raise api_error(
-                response.status,
-                str(response.reason),
-                message,
-                method,
-                path,
-                self._maybe_flapping(method, path, response.status),
-            )
+            raise self._refusal(response, message, method, path)
         self._allowed_before.add(_permission(method, path))
         return json.loads(data) if data else None
 
@@ -288,15 +275,16 @@ class KubernetesApi:
             self.stats["pool_drops"] += 1
             self.api_client.rest_client.pool_manager.clear()
 
-    def _maybe_flapping(self, method: str, path: str, status: int) -> bool:
-        """A 401/403 may pass: the permission worked before, or the server has just come back
-        (a restarted API server refuses until its RBAC caches have synced)."""
-        if status not in (401, 403):
-            return False
-        if _permission(method, path) in self._allowed_before:
-            return True
+    def _refusal(self, response: Any, message: str, method: str, path: str) -> ApiError:
+        """The error for a non-2xx answer. A 401/403 may pass (transient): the permission worked
+        before, or the server has just come back (a restarted API server refuses until its RBAC
+        caches have synced)."""
         outage = self.last_outage
-        return outage is not None and datetime.now(timezone.utc) - outage[1] < timedelta(seconds=RBAC_SYNC_SECONDS)
+        flapping = response.status in (401, 403) and (
+            _permission(method, path) in self._allowed_before
+            or (outage is not None and datetime.now(timezone.utc) - outage[1] < timedelta(seconds=RBAC_SYNC_SECONDS))
+        )
+        return api_error(response.status, str(response.reason), message, method, path, flapping)
 
     def watch(
         self,
@@ -337,15 +325,7 @@ class KubernetesApi:
             on_response(response)
         try:
             if response.status != 200:
-                body = response.read().decode("utf-8", "replace")
-                raise api_error(
-                    response.status,
-                    str(response.reason),
-                    body,
-                    "WATCH",
-                    path,
-                    self._maybe_flapping("WATCH", path, response.status),
-                )
+                raise self._refusal(response, response.read().decode("utf-8", "replace"), "WATCH", path)
             self._allowed_before.add(_permission("WATCH", path))
             buffer = b""
             for chunk in response.stream(65536, decode_content=True):
@@ -446,9 +426,8 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_cl
             return k8s_client.ApiClient(configuration), None
         k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
         api_client = k8s_client.ApiClient(configuration)
-        _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         if context is not None:
-            contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
             active = next((item for item in contexts if item["name"] == context), active)
         return api_client, (active or {}).get("context", {}).get("namespace")
     except (k8s_config.ConfigException, OSError, TypeError) as exc:

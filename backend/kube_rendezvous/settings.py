@@ -163,10 +163,10 @@ class KubernetesRendezvousConfig:
             namespace = validate_namespace(str(conf_namespace), "rdzv-conf namespace")
         owner = conf.get("owner")
 
-        def seconds(key: str, default: float) -> float:
+        def seconds(key: str) -> float:
             value = conf.get(key)
             if value is None:
-                return default
+                return float(getattr(cls, key))  # the field's default
             try:
                 return float(value)
             except (TypeError, ValueError) as exc:
@@ -181,10 +181,10 @@ class KubernetesRendezvousConfig:
             create=True if create is None else create,
             owner=OwnerReference.parse(str(owner)) if owner and owner != OWNER_FROM_POD else None,
             owner_from_pod=owner == OWNER_FROM_POD,
-            request_timeout=seconds("request_timeout", 30.0),
-            retry_timeout=seconds("retry_timeout", 60.0),
-            store_timeout=seconds("store_timeout", 300.0),
-            conflict_backoff=seconds("conflict_backoff", 0.02),
+            request_timeout=seconds("request_timeout"),
+            retry_timeout=seconds("retry_timeout"),
+            store_timeout=seconds("store_timeout"),
+            conflict_backoff=seconds("conflict_backoff"),
         )
 
 
