@@ -34,7 +34,7 @@ def launch_agent(config: Any, entrypoint: Callable[..., Any] | str | None, args:
     from tensorplay.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from tensorplay.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from tensorplay.distributed.elastic.multiprocessing.errors import ChildFailedError, record
-    from tensorplay.distributed.elastic.rendezvous import RendezvousParameters, create_handler
+    from tensorplay.distributed.launcher.api import _make_rdzv_handler
 
     class SuccessReportingAgent(LocalElasticAgent):
         """tensorplay's agent, telling a ``k8s`` handler that its workers succeeded before it shuts the handler down."""
@@ -48,22 +48,7 @@ def launch_agent(config: Any, entrypoint: Callable[..., Any] | str | None, args:
 
     @record
     def launch() -> Any:
-        rdzv_configs = dict(config.rdzv_configs)
-        if config.rdzv_timeout > 0:
-            rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
-        rdzv_configs.setdefault("min_nodes", config.min_nodes)
-        rdzv_configs.setdefault("max_nodes", config.max_nodes)
-        handler = create_handler(
-            RendezvousParameters(
-                backend=config.rdzv_backend,
-                endpoint=config.rdzv_endpoint,
-                run_id=config.run_id,
-                local_addr=config.local_addr,
-                node_rank=config.node_rank,
-                local_world_size=config.nproc_per_node,
-                config=rdzv_configs,
-            )
-        )
+        handler = _make_rdzv_handler(config)  # tensorplay's own: the launcher's --rdzv-* flags as parameters
         spec = WorkerSpec(
             role=config.role,
             local_world_size=config.nproc_per_node,
