@@ -20,21 +20,19 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from .adds import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
     FOLD_PATIENCE_SECONDS,
-    AddIndex,
     counter_digest,
     encode,
     fold,
     folded,
     request_name,
 )
-from .kubeapi import ApiError, ApiUnavailableError, ConflictError, NotFoundError, backoff
+from .kubeapi import ApiError, ApiUnavailableError, NotFoundError, backoff
 from .store import CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX, KubernetesStore
 from .watchcache import WatchCache
 
@@ -49,130 +47,101 @@ def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
     return lambda: cache.changes != changes
 
 
-def _version(obj: Mapping[str, Any] | None) -> str | None:
-    return None if obj is None else str(obj["metadata"].get("resourceVersion"))
+class CombinedAdd:
+    """An ``add`` to ``key`` by an add request that one fold writes into the counter with all others pending."""
 
+    def __init__(self, store: KubernetesStore, cache: WatchCache, key: str | bytes, round_number: int | None) -> None:
+        assert store._keys is not None  # a combined add runs only on the key watch
+        self.store, self.cache, self.index = store, cache, store._keys.adds
+        self.key, self.round_number = key, round_number
+        self.counter = store._name(key)
+        self.digest = counter_digest(self.counter)
 
-def combined_add(
-    store: KubernetesStore, cache: WatchCache, key: str | bytes, step: int, round_number: int | None
-) -> int:
-    """``add`` by an add request that one fold writes into the counter with all others pending."""
-    assert store._keys is not None  # a combined add runs only on the key watch
-    index = store._keys.adds
-    counter_name = store._name(key)
-    digest = counter_digest(counter_name)
-    deadline = time.monotonic() + store.timeout.total_seconds()
-    while True:
-        request_id = uuid.uuid4().hex[:12]
-        index.expect(request_id, digest)
-        shown = cache.get(counter_name)
-        index.changed(shown if shown is not None else {"metadata": {"name": counter_name}}, shown is not None)
+    def add(self, step: int) -> int:
+        """Add ``step`` to the counter; return its value right after this add."""
+        deadline = time.monotonic() + self.store.timeout.total_seconds()
+        while True:
+            request_id = uuid.uuid4().hex[:12]
+            self.index.expect(request_id, self.digest)
+            shown = self.cache.get(self.counter)
+            self.index.changed(shown if shown is not None else {"metadata": {"name": self.counter}}, shown is not None)
+            try:
+                body = self.store._new_object(self.key, self.round_number, str(step).encode())
+                body["metadata"]["name"] = request_name(self.counter, request_id)
+                body["metadata"]["labels"][ADDS_TO_LABEL] = self.digest
+                self.store._post_once(body)
+                result = self._await_fold(request_id, deadline)
+            except BaseException:  # not a value at the key, or timed out: the request must not fold later
+                self._delete_request(request_id)
+                raise
+            finally:
+                self.index.forget(request_id)
+            if result is not None:
+                self._delete_request(request_id)
+                return result
+            # The request was deleted unfolded (``delete_key`` of the counter): add to the key as it is now.
+
+    def _delete_request(self, request_id: str) -> None:
         try:
-            _create_add_request(store, key, counter_name, request_id, step, round_number)
-            result = _await_fold(store, cache, index, key, request_id, deadline, round_number)
-        except BaseException:  # not a value at the key, or timed out: the request must not fold later
-            _delete_add_request(store, counter_name, request_id)
-            raise
-        finally:
-            index.forget(request_id)
-        if result is not None:
-            _delete_add_request(store, counter_name, request_id)
-            return result
-        # The request was deleted unfolded (``delete_key`` of the counter): add to the key as it is now.
+            self.store._call("DELETE", f"{self.store._collection}/{request_name(self.counter, request_id)}")
+        except NotFoundError:
+            pass
+        except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
+            logger.info("could not delete the add request %s of %s: %s", request_id, self.store._key(self.counter), exc)
 
+    def _await_fold(self, request_id: str, deadline: float) -> int | None:
+        """The counter's value after request ``request_id``, once folded (by this adder or another);
+        None if the request was deleted unfolded."""
+        store, cache, index = self.store, self.cache, self.index
+        patience = time.monotonic() + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
+        lost = 0
+        #: The counter's resourceVersion a fold lost on, and when: a watch still showing it later lags.
+        lost_on: tuple[str | None, float] | None = None
+        while True:
+            gone = not index.shown(self.digest, request_id)
+            result = index.result(request_id)  # after ``gone``: a fold is recorded before the deletion
+            if result is not None:
+                return result
+            if gone and cache.healthy:
+                return None
+            now = time.monotonic()
+            if now > deadline:
+                raise store.timeout_error(f"KubernetesStore: add({store._key(self.key)!r}) was not folded in time")
+            shown = cache.get(self.counter)
+            shown_version = None if shown is None else str(shown["metadata"].get("resourceVersion"))
+            if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
+                store.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
+                logger.info(
+                    "the watch of %s still shows the counter a fold lost on; listing again", store._key(self.key)
+                )
+                cache.refresh()
+                lost_on = (shown_version, now)
+            elif cache.healthy and (index.first_pending(self.digest) == request_id or now >= patience):
+                outcome = self._fold()
+                if outcome is False:  # another fold came first: wait for the watch to show it
+                    lost += 1
+                    store.stats["conflicts"] += 1
+                    patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
+                    if lost_on is None or lost_on[0] != shown_version:
+                        lost_on = (shown_version, now)
+                elif outcome is None:
+                    patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
+            wait = min(deadline, patience) - time.monotonic()
+            cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else 0.5)
 
-def _create_add_request(
-    store: KubernetesStore, key: str | bytes, counter_name: str, request_id: str, step: int, round_number: int | None
-) -> None:
-    body = store._new_object(key, str(step).encode(), "", round_number)
-    body["metadata"]["name"] = request_name(counter_name, request_id)
-    body["metadata"]["labels"][ADDS_TO_LABEL] = counter_digest(counter_name)
-    del body["metadata"]["annotations"]
-    try:
-        created = store._call("POST", store._collection, body=body)
-    except ConflictError:  # ours: an earlier attempt whose answer was lost
-        return
-    except ApiError as exc:
-        raise store._failure(exc, "create") from exc
-    store._installed(created)
-
-
-def _delete_add_request(store: KubernetesStore, counter_name: str, request_id: str) -> None:
-    try:
-        store._call("DELETE", f"{store._collection}/{request_name(counter_name, request_id)}")
-    except NotFoundError:
-        pass
-    except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
-        logger.info("could not delete the add request %s of %s: %s", request_id, store._key(counter_name), exc)
-
-
-def _await_fold(
-    store: KubernetesStore,
-    cache: WatchCache,
-    index: AddIndex,
-    key: str | bytes,
-    request_id: str,
-    deadline: float,
-    round_number: int | None,
-) -> int | None:
-    """The counter's value after request ``request_id``, once folded (by this adder or another);
-    None if the request was deleted unfolded."""
-    counter_name = store._name(key)
-    digest = counter_digest(counter_name)
-    patience = time.monotonic() + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
-    lost = 0
-    #: The counter's resourceVersion a fold lost on, and when: a watch still showing it later lags.
-    lost_on: tuple[str | None, float] | None = None
-    while True:
-        gone = not index.shown(digest, request_id)
-        result = index.result(request_id)  # after ``gone``: a fold is recorded before the deletion
-        if result is not None:
-            return result
-        if gone and cache.healthy:
+    def _fold(self) -> bool | None:
+        """Fold every pending add request on the counter into it: True when written, False when another
+        write came first (or the outcome is unknown), None when nothing was pending."""
+        shown = self.cache.get(self.counter)
+        counter = copy.deepcopy(shown) if shown is not None else None
+        done = folded(counter)
+        pending, present = self.index.pending(self.digest, done)
+        if not pending:
             return None
-        now = time.monotonic()
-        if now > deadline:
-            raise store.timeout_error(f"KubernetesStore: add({store._key(key)!r}) was not folded in time")
-        shown_version = _version(cache.get(counter_name))
-        if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
-            store.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
-            logger.info("the watch of %s still shows the counter a fold lost on; listing again", store._key(key))
-            cache.refresh()
-            lost_on = (shown_version, now)
-        elif cache.healthy and (index.first_pending(digest) == request_id or now >= patience):
-            outcome = _fold_adds(store, cache, index, key, round_number)
-            if outcome is False:  # another fold came first: wait for the watch to show it
-                lost += 1
-                store.stats["conflicts"] += 1
-                patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
-                if lost_on is None or lost_on[0] != shown_version:
-                    lost_on = (shown_version, now)
-            elif outcome is None:
-                patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
-        wait = min(deadline, patience) - time.monotonic()
-        cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else 0.5)
-
-
-def _fold_adds(
-    store: KubernetesStore, cache: WatchCache, index: AddIndex, key: str | bytes, round_number: int | None
-) -> bool | None:
-    """Fold every pending add request on ``key`` into it: True when written, False when another
-    write came first (or the outcome is unknown), None when nothing was pending."""
-    counter_name = store._name(key)
-    shown = cache.get(counter_name)
-    counter = copy.deepcopy(shown) if shown is not None else None
-    done = folded(counter)
-    pending, present = index.pending(counter_digest(counter_name), done)
-    if not pending:
-        return None
-    value, done = fold(store._key(key), None if counter is None else store._value_of(counter), done, pending, present)
-    store.stats["folds"] += 1
-    attempt = uuid.uuid4().hex[:12]
-    if counter is None:
-        body = store._new_object(key, str(value).encode(), attempt, round_number)
-        body["metadata"]["annotations"][ADDS_ANNOTATION] = encode(done)
-        written: dict[str, Any] | bool | None = store._create(key, str(value).encode(), attempt, round_number, body)
-    else:
-        counter["metadata"].setdefault("annotations", {})[ADDS_ANNOTATION] = encode(done)
-        written = store._replace(counter, str(value).encode(), attempt)
-    return isinstance(written, dict)
+        current = None if counter is None else self.store._value_of(counter)
+        value, done = fold(self.store._key(self.key), current, done, pending, present)
+        self.store.stats["folds"] += 1
+        attempt = uuid.uuid4().hex[:12]
+        extra = {ADDS_ANNOTATION: encode(done)}
+        written = self.store._write(self.key, counter, str(value).encode(), attempt, self.round_number, extra)
+        return isinstance(written, dict)

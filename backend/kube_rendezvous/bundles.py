@@ -18,16 +18,8 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
-import uuid
 from collections.abc import Iterable
-from functools import partial
-from typing import TYPE_CHECKING, Any
-
-from .kubeapi import ApiError, ConflictError, call_with_retries
-
-if TYPE_CHECKING:
-    from .store import KubernetesStore
+from typing import Any
 
 #: A bundle holds at most this many keys (the CRD's ``maxProperties``), of values of up to
 #: ``BUNDLED_VALUE_BYTES`` each (larger ones get an object of their own), and about ``BUNDLE_BYTES`` in all.
@@ -75,27 +67,6 @@ class BundledKeys:
         self._keys_of[obj["metadata"]["name"]] = list(values)
 
 
-def read_written_once(store: KubernetesStore, keys: list[str | bytes], seconds: float) -> list[bytes]:
-    """The values of ``keys``, each written once and never changed, waited for up to ``seconds``.
-
-    Answered from the process's watch alone, with no request: any value a written-once key shows (its
-    own object or a bundle's entry) is its only value, so this answers as a GET would. N agents waiting
-    for rank 0's keys then cost N watch events and no read. Without the watch: ``get`` each.
-
-    Raises:
-        the store's ``timeout_error``: a key did not appear in time.
-    """
-    deadline = time.monotonic() + seconds
-    cache = store._key_cache()
-    if cache is not None:
-        got = store._await(cache, keys, deadline)
-        if cache.supported:
-            if got is None:
-                raise store._timed_out(next((key for key in keys if store._shown(cache, key) is None), keys[0]))
-            return got
-    return [store.get(key, max(0.0, deadline - time.monotonic())) for key in keys]
-
-
 def split(pairs: Iterable[tuple[str, bytes]]) -> tuple[list[dict[str, str]], list[tuple[str, bytes]]]:
     """The bundles (key -> base64 value, each of two keys or more) and the keys to write alone."""
     alone: list[tuple[str, bytes]] = []
@@ -114,32 +85,3 @@ def split(pairs: Iterable[tuple[str, bytes]]) -> tuple[list[dict[str, str]], lis
     alone += [pair for group in groups if len(group) == 1 for pair in group.items()]
     shared = [group for group in groups if len(group) > 1]
     return [{key: base64.b64encode(value).decode("ascii") for key, value in group.items()} for group in shared], alone
-
-
-def write_bundles(
-    store: KubernetesStore, keys: Iterable[str | bytes], values: Iterable[str | bytes], round_number: int | None
-) -> None:
-    """Write ``keys`` (each written once) as bundles; a key that does not fit one is ``set`` alone."""
-    pairs = [
-        (store._key(key), value.encode() if isinstance(value, str) else bytes(value))
-        for key, value in zip(keys, values, strict=True)
-    ]
-    bundles, alone = split(pairs)
-    for entries in bundles:
-        _create(store, entries, round_number)
-    if alone:
-        store.multi_set([key for key, _ in alone], [value for _, value in alone], round_number=round_number)
-
-
-def _create(store: KubernetesStore, entries: dict[str, str], round_number: int | None) -> None:
-    first = next(iter(entries))
-    body = store._new_object("\0".join(["bundle", *entries]), b"", uuid.uuid4().hex[:12], round_number)
-    body["spec"] = {"key": f"{len(entries)} keys written once, from {first}"[:4096], "value": "", "entries": entries}
-    post = partial(store._call, "POST", store._collection, body=body, retry=False)
-    deadline = time.monotonic() + store._retry_timeout
-    try:
-        store._installed(call_with_retries(post, deadline=deadline, what=f"POST {store._collection}"))
-    except ConflictError:
-        pass  # it exists: an earlier attempt, whose answer was lost, created it
-    except ApiError as exc:
-        raise store._failure(exc, "create") from exc

@@ -46,7 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from .adds import ADDS_TO_LABEL, counter_digest, fold
-from .bundles import read_written_once, write_bundles
+from .bundles import split
 from .kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -197,32 +197,22 @@ class KubernetesStore:
     def _value_of(obj: dict[str, Any]) -> bytes:
         return base64.b64decode(obj["spec"]["value"])
 
-    def _new_object(self, key: str | bytes, value: bytes, op: str, round_number: int | None) -> dict[str, Any]:
+    def _new_object(self, key: str | bytes, round_number: int | None, value: bytes = b"") -> dict[str, Any]:
         labels = {RENDEZVOUS_LABEL: self.rendezvous_name[:63].rstrip(".-_"), RENDEZVOUS_UID_LABEL: self.rendezvous_uid}
         if round_number is not None:
             labels[ROUND_LABEL] = str(round_number)
+        owner = {
+            "apiVersion": API_VERSION,
+            "kind": "Rendezvous",
+            "name": self.rendezvous_name,
+            "uid": self.rendezvous_uid,
+        }
         return {
             "apiVersion": API_VERSION,
             "kind": "RendezvousKey",
-            "metadata": {
-                "name": self._name(key),
-                "labels": labels,
-                "annotations": {OPS_ANNOTATION: json.dumps({self._slot(): op}, separators=(",", ":"))},
-                "ownerReferences": [
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "Rendezvous",
-                        "name": self.rendezvous_name,
-                        "uid": self.rendezvous_uid,
-                    }
-                ],
-            },
+            "metadata": {"name": self._name(key), "labels": labels, "ownerReferences": [owner]},
             "spec": {"key": self._key(key), "value": base64.b64encode(value).decode("ascii")},
         }
-
-    def _last_write(self, obj: dict[str, Any]) -> str | None:
-        """The id of the last write attempt of this store (``writer_id``) that committed on ``obj``."""
-        return self._writes(obj).get(self._slot())
 
     def _slot(self) -> str:
         """This store's slot for the calling thread: one call per slot is in flight at a time."""
@@ -237,56 +227,52 @@ class KubernetesStore:
             return {}
         return writes if isinstance(writes, dict) else {}
 
-    def _create(
+    def _write(
         self,
         key: str | bytes,
+        obj: dict[str, Any] | None,
         value: bytes,
         attempt: str,
         round_number: int | None,
-        body: dict[str, Any] | None = None,
-    ) -> dict[str, Any] | None:
-        """Create the key object (``body``, by default a new one holding ``value``); None when it
-        exists already or the outcome is unknown (read to learn it)."""
-        body = body if body is not None else self._new_object(key, value, attempt, round_number)
-        try:
-            created: dict[str, Any] = self._call("POST", self._collection, body=body, retry=False)
-            return self._installed(created)
-        except ConflictError:
-            return None
-        except ApiUnavailableError:
-            time.sleep(0.2)
-            return None
-        except ApiError as exc:
-            if exc.transient:
-                time.sleep(0.2)
-                return None
-            raise self._failure(exc, "create") from exc
-
-    def _replace(self, obj: dict[str, Any], value: bytes, attempt: str) -> dict[str, Any] | bool:
-        """Write ``value`` if ``obj`` is still current: the written object, False when somebody wrote
-        first (a lost compare-and-swap), or True when the outcome is unknown (read to learn it)."""
-        writes = self._writes(obj)
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any] | bool:
+        """Write attempt ``attempt`` of ``value`` (and ``annotations``): create the key when ``obj``, the object
+        read, is None, else replace ``obj`` if it is still current. Returns the written object, False when
+        somebody wrote first (a lost compare-and-swap), or True when the outcome is unknown (read to learn it)."""
+        body = self._new_object(key, round_number) if obj is None else obj
+        writes = self._writes(body)
         slot = self._slot()
         writes.pop(slot, None)
         writes[slot] = attempt  # the most recent writer last; the oldest are dropped
         kept = dict(list(writes.items())[-WRITERS_KEPT:])
-        obj["metadata"].setdefault("annotations", {})[OPS_ANNOTATION] = json.dumps(kept, separators=(",", ":"))
-        obj["spec"]["value"] = base64.b64encode(value).decode("ascii")
+        stamps = body["metadata"].setdefault("annotations", {})
+        stamps[OPS_ANNOTATION] = json.dumps(kept, separators=(",", ":"))
+        stamps.update(annotations or {})
+        body["spec"]["value"] = base64.b64encode(value).decode("ascii")
         try:
-            replaced: dict[str, Any] = self._call(
-                "PUT", f"{self._collection}/{obj['metadata']['name']}", body=obj, retry=False
-            )
-            return self._installed(replaced)
-        except (ConflictError, NotFoundError):
-            return False
-        except ApiUnavailableError:
-            time.sleep(0.2)
-            return True
+            if obj is None:
+                written: dict[str, Any] = self._call("POST", self._collection, body=body, retry=False)
+            else:
+                written = self._call("PUT", f"{self._collection}/{body['metadata']['name']}", body=body, retry=False)
+            return self._installed(written)
         except ApiError as exc:
-            if exc.transient:
-                time.sleep(0.2)
-                return True
-            raise self._failure(exc, "update") from exc
+            if isinstance(exc, ConflictError) or (obj is not None and isinstance(exc, NotFoundError)):
+                return False
+            if not exc.transient:
+                raise self._failure(exc, "create" if obj is None else "update") from exc
+        except ApiUnavailableError:
+            pass
+        time.sleep(0.2)
+        return True
+
+    def _post_once(self, body: dict[str, Any]) -> None:
+        """Create ``body``, an object named for this one write, retried while the API server is unreachable."""
+        try:
+            self._installed(self._call("POST", self._collection, body=body))
+        except ConflictError:
+            pass  # it exists: an earlier attempt, whose answer was lost, created it
+        except ApiError as exc:
+            raise self._failure(exc, "create") from exc
 
     def _read_modify_write(
         self, key: str | bytes, update: Any, round_number: int | None = None, *, create_first: bool = False
@@ -318,7 +304,7 @@ class KubernetesStore:
                 obj = self._newer_than(key, lost_on) if lost_on is not None else None
                 obj = obj if obj is not None else self._read(key)
                 lost_on = None
-                if obj is not None and (last := self._last_write(obj)) in attempts:
+                if obj is not None and (last := self._writes(obj).get(self._slot())) in attempts:
                     return attempts[last]
             read = True
             previous = None if obj is None else self._value_of(obj)
@@ -328,11 +314,7 @@ class KubernetesStore:
             attempt = uuid.uuid4().hex[:12]
             attempts[attempt] = (previous, desired)
             version = None if obj is None else obj["metadata"]["resourceVersion"]
-            result = (
-                self._create(key, desired, attempt, round_number)
-                if obj is None
-                else self._replace(obj, desired, attempt)
-            )
+            result = self._write(key, obj, desired, attempt, round_number)
             if isinstance(result, dict):
                 return previous, desired
             self.stats["conflicts"] += 1
@@ -374,13 +356,12 @@ class KubernetesStore:
                 return self._value_of(obj)
             if shown:  # the watch showed a key deleted since: let it catch up instead of spinning
                 time.sleep(0.05)
-            cache = self._key_cache()
-            if cache is not None:
+            if self._key_cache() is not None:
                 bundled = self._bundled(key)
                 if bundled is not None:  # written once (``write_once``): its only value
                     return bundled
                 shown = True
-                if self._await(cache, [key], deadline) is None and cache.supported:
+                if self._await([key], deadline) == []:  # the deadline came (None: the watch was refused)
                     raise self._timed_out(key)
                 continue  # shown now (or the watch was refused meanwhile): read it
             if time.monotonic() >= deadline:  # no watch allowed: read again every POLL_SECONDS
@@ -389,8 +370,8 @@ class KubernetesStore:
 
     def get_written_once(self, key: str | bytes, timeout: float | timedelta | None = None) -> bytes:
         """``get`` for a key that is written once and never changed (a round's bootstrap address, a bundled
-        key): answered from the process's watch alone (``bundles.read_written_once``), with no request."""
-        return read_written_once(self, [key], _as_seconds(timeout, self.timeout))[0]
+        key): answered from the process's watch alone, with no request (``multi_get``'s ``written_once``)."""
+        return self.multi_get([key], timeout, written_once=True)[0]
 
     def _key_cache(self) -> WatchCache | None:
         """The process's watch of this Rendezvous's keys, started on first use; None when the server refused it."""
@@ -422,9 +403,13 @@ class KubernetesStore:
         obj = cache.get(self._name(key))
         return self._value_of(obj) if obj is not None else self._bundled(key)
 
-    def _await(self, cache: WatchCache, keys: list[str | bytes], deadline: float) -> list[bytes] | None:
-        """The values of ``keys`` once the watch has listed and shows them all; None at the deadline or if
-        refused. The caller is woken by changes of its own keys only (``KeyWatch.waiter``)."""
+    def _await(self, keys: list[str | bytes], deadline: float) -> list[bytes] | None:
+        """The values of ``keys`` once the watch has listed and shows them all, or at the deadline those of the
+        first keys shown; None when the server refuses the watch. The caller is woken by changes of its own
+        keys only (``KeyWatch.waiting``)."""
+        cache = self._key_cache()
+        if cache is None:
+            return None
         got: list[bytes] = []
 
         def advance() -> bool:  # a cursor: look again from the first key not shown yet
@@ -444,7 +429,7 @@ class KubernetesStore:
                     return got
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not cache.supported:
-                    return None
+                    return got if cache.supported else None
                 event.wait(min(remaining, 1.0))
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
@@ -460,9 +445,9 @@ class KubernetesStore:
         step = int(amount)
         cache = self._key_cache()
         if cache is not None and cache.healthy:
-            from .adder import combined_add  # here: ``adder`` builds on this module
+            from .adder import CombinedAdd  # here: ``adder`` builds on this module
 
-            return combined_add(self, cache, key, step, round_number)
+            return CombinedAdd(self, cache, key, round_number).add(step)
 
         def added(current: bytes | None) -> bytes:
             return str(fold(self._key(key), current, {}, [], ())[0] + step).encode()
@@ -507,12 +492,22 @@ class KubernetesStore:
         then a blocking ``get`` for each one missing. ``round_number``: the round the keys were written in
         (its label narrows the LIST); keys written in another round are read one by one.
 
-        ``written_once``: every key is written once and never changed, as ``get_written_once``: no request.
+        ``written_once``: every key is written once and never changed, so any value it shows (its own object
+        or a bundle's entry) is its only value: answered from the process's watch alone, with no request, as
+        a GET would. Without the watch: ``get`` each.
+
+        Raises:
+            the store's ``timeout_error``: a key did not appear in time.
         """
         keys = list(keys)
         if written_once:
-            return read_written_once(self, keys, _as_seconds(timeout, self.timeout))
-        wanted = [self._name(key) for key in keys]
+            deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
+            got = self._await(keys, deadline)
+            if got is None:
+                return [self.get(key, max(0.0, deadline - time.monotonic())) for key in keys]
+            if len(got) < len(keys):
+                raise self._timed_out(keys[len(got)])
+            return got
         selector = f"{self._selector},!{ADDS_TO_LABEL}"
         if round_number is not None:
             selector += f",{ROUND_LABEL}={round_number}"
@@ -522,8 +517,8 @@ class KubernetesStore:
             raise self._failure(exc, "list") from exc
         found = {item["metadata"]["name"]: item for item in listed.get("items", [])}
         return [
-            self._value_of(found[name]) if name in found else self.get(key, timeout)
-            for name, key in zip(wanted, keys, strict=True)
+            self._value_of(found[name]) if (name := self._name(key)) in found else self.get(key, timeout)
+            for key in keys
         ]
 
     def multi_set(
@@ -541,8 +536,16 @@ class KubernetesStore:
         self, keys: Iterable[str | bytes], values: Iterable[str | bytes], *, round_number: int | None = None
     ) -> None:
         """``set`` keys that are written once and never again (a round's rank assignment) together, in
-        bundles (``bundles``): N keys cost one request, not N. Readers find them through their watch."""
-        write_bundles(self, keys, values, round_number)
+        bundles (``bundles``): N keys cost one request, not N (a key that fits no bundle is ``set`` alone).
+        Readers find them through their watch."""
+        made, alone = split((self._key(key), _as_bytes(value)) for key, value in zip(keys, values, strict=True))
+        for entries in made:  # a bundle's name is a hash of its keys: a create sent again finds it
+            body = self._new_object("\0".join(["bundle", *entries]), round_number)
+            described = f"{len(entries)} keys written once, from {next(iter(entries))}"[:4096]
+            body["spec"] = {"key": described, "value": "", "entries": entries}
+            self._post_once(body)
+        if alone:
+            self.multi_set([key for key, _ in alone], [value for _, value in alone], round_number=round_number)
 
     def check(self, keys: Iterable[str | bytes]) -> bool:
         """Return whether every key exists."""
@@ -576,11 +579,9 @@ class KubernetesStore:
         """
         deadline = time.monotonic() + _as_seconds(timeout, self.timeout)
         keys = list(keys)
-        cache = self._key_cache()
-        if cache is not None:
-            present = self._await(cache, keys, deadline) is not None
-            if cache.supported:
-                return present
+        got = self._await(keys, deadline)
+        if got is not None:
+            return len(got) == len(keys)
         while not self.check(keys):  # no watch allowed: read again every POLL_SECONDS
             if time.monotonic() >= deadline:
                 return False
