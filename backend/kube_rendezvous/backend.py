@@ -11,12 +11,10 @@ into a document, validates it and writes it with a JSON merge patch of the statu
 carries ``metadata.resourceVersion`` (compare-and-swap: a stale token gets 409, nothing is written).
 The same write stores the readable summary derived from that document.
 
-Token semantics: the token is the object's ``metadata.resourceVersion``, an opaque string, never
-parsed or ordered. ``set_state(state, token)`` writes only if ``token`` is the current one;
-otherwise (stale, ``None`` while a state exists, or not a resourceVersion) nothing is written and
-the current ``(state, token, False)`` is returned. Unlike the peer backends it stores rendezvous
-states only: bytes that are not a pickled ``_RendezvousState`` get a ``RendezvousStateError``, and
-the state handed back is equal in meaning to the one written, not byte-identical.
+The token is the object's ``metadata.resourceVersion``, an opaque string, never parsed or ordered.
+Unlike the peer backends it stores rendezvous states only: bytes that are not a pickled
+``_RendezvousState`` get a ``RendezvousStateError``, and the state handed back is equal in meaning
+to the one written, not byte-identical.
 
 Exactly once: each write carries a write id, kept in ``status.recentWriteIds`` (the last 8). After a
 write with no clear answer (no answer, 429, 5xx) the object is read: the write id there means it
@@ -169,8 +167,9 @@ class KubernetesRendezvousBackend:
         self._remembered = (obj["metadata"]["resourceVersion"], obj.get("status") or {})
         return obj
 
-    def read_document(self, obj: dict[str, Any]) -> RendezvousDocument | None:
-        """Return the validated document of ``obj`` with the intents folded in (None: no state).
+    def _state_of(self, obj: dict[str, Any]) -> tuple[bytes, Token] | None:
+        """``(state, token)`` of ``obj``: its validated document with the intents folded in, and
+        heartbeats older than the last outage's end moved forward by its length, for one expiry after it.
 
         Raises:
             RendezvousStateError: ``status.state`` is not a valid state document (nothing changed).
@@ -188,26 +187,17 @@ class KubernetesRendezvousBackend:
                 reading.foreign_run,
                 self.run_id,
             )
-        return None if reading.document is None else self._resume_after_outage(reading.document)
-
-    def _resume_after_outage(self, document: RendezvousDocument) -> RendezvousDocument:
-        """Move heartbeats older than the last outage's end forward by its length, for one expiry after it."""
-        outage = self._api.last_outage
-        if outage is None:
-            return document
-        start, end = outage
-        if datetime.now(timezone.utc) > end + self._heartbeat_expiry:
-            return document
-        moved = {
-            node: min(beat + (end - start), end) if beat < end else beat
-            for node, beat in document.last_heartbeats.items()
-        }
-        return dataclasses.replace(document, last_heartbeats=moved)
-
-    def _state_of(self, obj: dict[str, Any]) -> tuple[bytes, Token] | None:
-        document = self.read_document(obj)
+        document = reading.document
         if document is None:
             return None
+        outage = self._api.last_outage
+        if outage is not None and datetime.now(timezone.utc) <= outage[1] + self._heartbeat_expiry:
+            start, end = outage
+            moved = {
+                node: min(beat + (end - start), end) if beat < end else beat
+                for node, beat in document.last_heartbeats.items()
+            }
+            document = dataclasses.replace(document, last_heartbeats=moved)
         state = state_from_document(document, self.framework.state_class, self.framework.node_class)
         return pickle.dumps(state), obj["metadata"]["resourceVersion"]
 
@@ -262,14 +252,12 @@ class KubernetesRendezvousBackend:
             RendezvousClosedError: the Rendezvous object was deleted.
         """
         document, encoded = self._own_document(state)
-        if token is None:
+        if not isinstance(token, str) or not token:
             obj = self._read_object()
             current = self._state_of(obj)
-            if current is not None:
-                return current[0], current[1], False
+            if current is not None or token is not None:  # a state exists, or the token is not a resourceVersion
+                return None if current is None else (current[0], current[1], False)
             token = obj["metadata"]["resourceVersion"]
-        elif not isinstance(token, str) or not token:
-            return self._settled(self._read_object())
         write_id = uuid.uuid4().hex[:8]
         status = self._status_for(document, encoded, write_id, token)
         deadline = time.monotonic() + self._retry_timeout
@@ -280,8 +268,11 @@ class KubernetesRendezvousBackend:
                 written = write_status(self._api, self.namespace, self.rendezvous_name, status, token=token)
             except ConflictError:
                 if not unclear:
-                    # Lost the compare-and-swap: wait first, then read, so the state handed back is fresh.
-                    self._back_off()
+                    # Lost the compare-and-swap: wait a random time that doubles with each one lost in a row
+                    # (N losers spread out), then read, so the state handed back is fresh.
+                    self._conflict_streak += 1
+                    if self._conflict_backoff > 0:
+                        time.sleep(backoff(self._conflict_streak, self._conflict_backoff, self._max_conflict_backoff))
                 return self._settled(self._read_object(), write_id)
             except InvalidError as exc:
                 obj = self._read_object()
@@ -325,13 +316,3 @@ class KubernetesRendezvousBackend:
         if committed:
             self._conflict_streak = 0
         return None if current is None else (current[0], current[1], committed)
-
-    def _back_off(self) -> None:
-        """Wait a random time that doubles with each consecutive lost compare-and-swap.
-
-        Without it, N agents that lose retry at once and a round costs O(N^2) writes; with it the
-        retries spread out (full jitter), and the first attempt after a win is never delayed.
-        """
-        self._conflict_streak += 1
-        if self._conflict_backoff > 0:
-            time.sleep(backoff(self._conflict_streak, self._conflict_backoff, self._max_conflict_backoff))

@@ -53,11 +53,8 @@ def parse_endpoint(endpoint: str) -> tuple[str | None, str]:
     parts = text.split("/")
     if len(parts) > 2 or not all(parts):
         raise ValueError(f"--rdzv-endpoint {text!r}: expected <namespace>/<name> or <name>, e.g. 'team-a/llama-train'")
-    if len(parts) == 2:
-        return validate_namespace(parts[0], "--rdzv-endpoint namespace"), validate_object_name(
-            parts[1], "--rdzv-endpoint name"
-        )
-    return None, validate_object_name(parts[0], "--rdzv-endpoint name")
+    namespace = validate_namespace(parts[0], "--rdzv-endpoint namespace") if len(parts) == 2 else None
+    return namespace, validate_object_name(parts[-1], "--rdzv-endpoint name")
 
 
 @dataclass(frozen=True)
