@@ -14,15 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "KubernetesRendezvousBackend",
-    "KubernetesRendezvousHandler",
-    "KubernetesStore",
-    "create_backend",
-    "create_k8s_handler",
-    "register",
-]
-
 _EXPORTS = {
     "KubernetesRendezvousBackend": "backend",
     "KubernetesStore": "store",
@@ -31,6 +22,7 @@ _EXPORTS = {
     "create_k8s_handler": "handler",
     "register": "handler",
 }
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

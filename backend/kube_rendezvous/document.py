@@ -69,23 +69,8 @@ _LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
 #: Microseconds since the epoch of the latest representable time.
 MAX_MICROSECONDS = (_LATEST - EPOCH) // timedelta(microseconds=1)
 
-_KEYS = frozenset(
-    {
-        "version",
-        "round",
-        "complete",
-        "closed",
-        "deadline",
-        "heartbeatBase",
-        "addr",
-        "pid",
-        "localId",
-        "role",
-        "rankDelta",
-        "heartbeat",
-    }
-)
 _COLUMNS = ("addr", "pid", "localId", "role", "heartbeat")
+_KEYS = frozenset({"version", "round", "complete", "closed", "deadline", "heartbeatBase", "rankDelta", *_COLUMNS})
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _FLAT_ARRAY = re.compile(r"\[[^\[\]{}]*\]")
 _FLAT_OBJECT = re.compile(r"\s*\{[^\[\]{}]*\}\s*")
