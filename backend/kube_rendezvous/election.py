@@ -1,11 +1,9 @@
 """Leader election on a coordination.k8s.io/v1 Lease (``LeaseElector``), and the writer Lease of a Rendezvous.
 
-``LeaseElector`` is client-go's ``leaderelection`` scheme: one compare-and-swap step at a time, a
-Lease judged stale on the observer's own clock, its timings one validated ``LeaderElectionConfig``
-(shared by the folder's writer election and the operator's replica election). ``WriterLease`` elects the one folder of a
-Rendezvous on ``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator
-over agents; ``dead_writer_seeds`` dates the node of an agent writer that died from its last
-writer renewal, so that node expires one expiry after its death.
+``LeaseElector``'s timings are one validated ``LeaderElectionConfig`` (the folder's writer election
+and the operator's replica election). ``WriterLease`` elects the one folder of a Rendezvous on
+``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator over agents;
+``dead_writer_seeds`` dates the node of an agent writer that died from its last writer renewal.
 
 Not guaranteed: that two holders never act at once. That holds only if an old holder stops acting
 within ``duration`` of its last successful renewal (client-go's renew deadline), which the
@@ -146,16 +144,13 @@ class LeaseElector:
         self.name = name
         self.identity = identity
         self.config = config
-        self.duration = config.lease_duration
-        self.request_timeout = config.request_timeout
-        self._clock = config.clock
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.owner = owner
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         #: The resourceVersion last read or written, when this clock first saw it, and its duration.
         self._observed: tuple[str, float] | None = None
-        self._observed_duration = self.duration
+        self._observed_duration = config.lease_duration
         #: The Lease as this identity's last successful write returned it, while it holds it.
         self._held: dict[str, Any] | None = None
         #: The identity holding the Lease as last seen, and whether that holder looked alive.
@@ -166,8 +161,24 @@ class LeaseElector:
         #: When an election step last failed or was refused (this clock; -inf: never).
         self.unreachable_at = float("-inf")
 
+    @property
+    def duration(self) -> float:
+        """The duration this identity writes on the Lease (``config.lease_duration``)."""
+        return self.config.lease_duration
+
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
+
+    def _request(self, method: str, path: str | None = None, **kwargs: Any) -> Any:
+        """One request on the Lease (or ``path``) within ``config.request_timeout``."""
+        return self._api.request(method, path or self._path, timeout=self.config.request_timeout, **kwargs)
+
+    def _hold(self, lease: dict[str, Any]) -> bool:
+        """Hold ``lease``, the answer to this identity's write; True."""
+        self._held = lease
+        self._observed = (lease["metadata"]["resourceVersion"], self.config.clock())
+        self.holder, self.holder_alive = self.identity, True
+        return True
 
     def _body(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
         spec = dict((lease or {}).get("spec") or {})
@@ -206,7 +217,7 @@ class LeaseElector:
         except (ApiError, ApiUnavailableError):
             # A refusal counts too: an API server that has just started refuses (403) until its
             # authorizer has synced, and the holder's renewals were refused alike.
-            self.unreachable_at = self._clock()
+            self.unreachable_at = self.config.clock()
             raise
 
     def _step(self) -> bool:
@@ -216,44 +227,28 @@ class LeaseElector:
             # read (which waits behind every write etcd has not applied yet). A 409 means somebody
             # else wrote the Lease: read it and decide as a candidate would.
             try:
-                renewed: dict[str, Any] = self._api.request(
-                    "PUT", self._path, body=self._body(self._held, now), timeout=self.request_timeout
-                )
+                return self._hold(self._request("PUT", body=self._body(self._held, now)))
             except (ConflictError, NotFoundError):
                 self._held = None
-            else:
-                self._held = renewed
-                self._observed = (renewed["metadata"]["resourceVersion"], self._clock())
-                self.holder, self.holder_alive = self.identity, True
-                return True
         try:
             # From the API server's watch cache (resourceVersion=0), not a quorum read: N agents look
             # every few seconds, and a version the cache shows late only delays a take, whose PUT
             # is a compare-and-swap on the version it read.
-            lease: dict[str, Any] | None = self._api.request(
-                "GET", self._path, query={"resourceVersion": "0"}, timeout=self.request_timeout
-            )
+            lease: dict[str, Any] | None = self._request("GET", query={"resourceVersion": "0"})
         except NotFoundError:
             lease = None
         if lease is None:
             try:
-                created = self._api.request(
-                    "POST",
-                    resource_path(LEASE_PLURAL, self.namespace),
-                    body=self._body(None, now),
-                    timeout=self.request_timeout,
-                )
+                created = self._request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
             except ConflictError:
                 self.holder_alive = True  # another candidate has just taken it
                 return False
-            self._held = created
-            self.holder, self.holder_alive = self.identity, True
             self._took_over()
-            return True
+            return self._hold(created)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
         version = lease["metadata"]["resourceVersion"]
-        clock = self._clock()
+        clock = self.config.clock()
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, clock)
         self._observed_duration = float(spec.get("leaseDurationSeconds") or self.duration)
@@ -265,36 +260,33 @@ class LeaseElector:
             self._held = None
             return False
         try:
-            updated = self._api.request("PUT", self._path, body=self._body(lease, now), timeout=self.request_timeout)
+            updated = self._request("PUT", body=self._body(lease, now))
         except (ConflictError, NotFoundError):
             return False
-        self._held = updated
         if stale and holder and not mine:
             renew_time = spec.get("renewTime")
             # A holder that did not renew while this candidate could not reach the API server either may
             # have failed for the same reason: its silence counts only from when this candidate got through.
             renewed_at = parse_micro_time(renew_time) if renew_time else None
             self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
-        self._observed = (updated["metadata"]["resourceVersion"], self._clock())
         if not mine:
             self._took_over()
-        self.holder, self.holder_alive = self.identity, True
-        return True
+        return self._hold(updated)
 
     def seconds_until_stale(self) -> float | None:
         """Seconds until the Lease as last seen turns stale on this clock if nobody writes it (None: never seen)."""
         if self._observed is None:
             return None
-        return self._observed[1] + self._observed_duration - self._clock()
+        return self._observed[1] + self._observed_duration - self.config.clock()
 
     def release(self) -> None:
         """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
         self._held = None
         try:
-            lease = self._api.request("GET", self._path, timeout=self.request_timeout)
+            lease = self._request("GET")
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                 lease["spec"]["holderIdentity"] = ""
-                self._api.request("PUT", self._path, body=lease, timeout=self.request_timeout)
+                self._request("PUT", body=lease)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.info("could not release %s: %s", self.describe(), exc)
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
 from .election import LeaderElectionConfig, WriterLease, dead_writer_seeds
@@ -92,8 +92,8 @@ AGENT_IDENTITY_PREFIX = "agent/"
 class WriterRenewal:
     """Renews the writer Lease on a thread of its own while its holder folds.
 
-    A renewal that waits on a slow API server (measured at N=1024 on 2 cores: one Lease PUT took
-    10-25 s) then holds back neither folding nor the holder's look at the node Leases. The holder
+    A renewal that waits on a slow API server then holds back neither folding nor the holder's look
+    at the node Leases. The holder
     folds while ``holding``: no renewal was refused, and the last successful one started less than
     the election's ``renew_deadline`` ago.
     """
@@ -149,12 +149,6 @@ def candidate_wait(until_stale: float | None, jitter: float) -> float:
     if until_stale is None:
         return wait
     return min(wait, max(0.05, until_stale + STALE_MARGIN_SECONDS))
-
-
-class Stopped(Protocol):
-    def is_set(self) -> bool: ...
-
-    def wait(self, timeout: float | None = None) -> object: ...
 
 
 def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
@@ -289,8 +283,7 @@ class Folder:
             dead |= {node for node, beat in document.last_heartbeats.items() if beat == EVICTED_HEARTBEAT}
         reasons = dict.fromkeys(dead, "Evicted")
         leases = self.leases
-        if judge_expiry and not self._lease_view_fresh(current):
-            judge_expiry = False  # no expiry from a view that may be missing renewals
+        judge_expiry = judge_expiry and self._lease_view_fresh(current)  # a view that may miss renewals: no expiry
         if judge_expiry and leases is not None and leases.epoch != self._lease_epoch:
             # The watch listed again: renewals in the gap went unseen, so every clock starts again.
             self._lease_epoch = leases.epoch
@@ -383,7 +376,7 @@ class Folder:
 
     # -- the elected loop ------------------------------------------------------------------
 
-    def run(self, stopped: Stopped, on_error: Callable[[Exception], None] | None = None) -> None:
+    def run(self, stopped: threading.Event, on_error: Callable[[Exception], None] | None = None) -> None:
         """Elect, and fold while holding the writer Lease, until ``stopped``."""
         while not stopped.is_set():
             if self.elector.owner is None:  # a writer Lease it creates goes with the Rendezvous
@@ -429,7 +422,7 @@ class Folder:
         self._stop_lease_watch()
 
     def _fold_while(
-        self, renewal: WriterRenewal, stopped: Stopped, on_error: Callable[[Exception], None] | None
+        self, renewal: WriterRenewal, stopped: threading.Event, on_error: Callable[[Exception], None] | None
     ) -> None:
         """Fold whatever is asked while ``renewal`` holds the writer Lease."""
         while not stopped.is_set() and renewal.holding():
@@ -456,14 +449,12 @@ class Folder:
     def _collect_garbage(self) -> None:
         """Delete node Leases that stopped changing long ago and whose node the state no longer names."""
         leases = self.leases
-        obj = self.rendezvous.get(self.rendezvous_name)
-        if leases is None or not leases.healthy or obj is None:
+        if leases is None or not leases.healthy:
             return
-        text = (obj.get("status") or {}).get("state")
-        try:
-            named = set(self._decode(text).nodes()) if text else set()
-        except StateDocumentError:
+        document = self._stored(self.rendezvous.get(self.rendezvous_name))
+        if document is None:
             return
+        named = set(document.nodes())
         for name, item in leases.objects().items():
             record = record_of(item)
             if record is None or record.node in named:
@@ -488,11 +479,8 @@ class Folder:
             return True  # the fold restarts the observations
         records = [record for item in leases.objects().values() if (record := record_of(item)) is not None]
         self._observe(records)
-        text = (obj.get("status") or {}).get("state")
-        try:
-            named = self._decode(text).nodes() if text and records else []
-        except StateDocumentError:
-            return False
+        document = self._stored(obj) if records else None
+        named = document.nodes() if document is not None else []
         return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
 
     def _lease_view_fresh(self, records: list[NodeRecord] | None) -> bool:
@@ -528,17 +516,20 @@ class Folder:
 
     def _tick(self) -> float:
         """Seconds until the loop must look again: a last call ending, or the expiry check."""
-        obj = self.rendezvous.get(self.rendezvous_name)
-        timeout = TICK_SECONDS
-        text = ((obj or {}).get("status") or {}).get("state")
-        if text:
-            try:
-                deadline = self._decode(text).deadline
-            except StateDocumentError:
-                return timeout
-            if deadline is not None:
-                timeout = min(timeout, max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds() + 0.01))
-        return timeout
+        document = self._stored(self.rendezvous.get(self.rendezvous_name))
+        if document is None or document.deadline is None:
+            return TICK_SECONDS
+        return min(TICK_SECONDS, max(0.0, (document.deadline - datetime.now(timezone.utc)).total_seconds() + 0.01))
+
+    def _stored(self, obj: dict[str, Any] | None) -> RendezvousDocument | None:
+        """The state document of ``obj`` (empty when it has none); None without ``obj`` or when it is invalid."""
+        if obj is None:
+            return None
+        text = (obj.get("status") or {}).get("state")
+        try:
+            return self._decode(text) if text else RendezvousDocument()
+        except StateDocumentError:
+            return None
 
     def _start_lease_watch(self) -> None:
         if self.leases is None:

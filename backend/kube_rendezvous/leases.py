@@ -1,9 +1,5 @@
 """Per-node Leases (heartbeats and join/leave requests) on coordination.k8s.io/v1, and the Lease contract.
 
-Modelled on client-go's ``tools/leaderelection/resourcelock``: a small interface
-(``NodeRecordLock``: get, create, update, describe) with one implementation per storage kind, so
-moving where heartbeats live is a change to this module only.
-
 Node Lease contract (also read by the operator and ``kubectl rdzv``):
 - name ``<rendezvous>-node-<12 hex of sha256(node)>`` (a hash when the Rendezvous name is long);
 - labels ``kube-rendezvous.io/rendezvous=<rendezvous name>``, ``kube-rendezvous.io/lease=node``;
@@ -35,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from .document import NodeId
 from .folding import Desire, JoinSettings, Request
@@ -150,18 +146,6 @@ def record_of(lease: dict[str, Any]) -> NodeRecord | None:
         return None
 
 
-class NodeRecordLock(Protocol):
-    """Where one node keeps its heartbeat and request (client-go's resourcelock.Interface)."""
-
-    def get(self) -> dict[str, Any] | None: ...
-
-    def create(self, desire: Desire) -> None: ...
-
-    def update(self, desire: Desire | None = None) -> None: ...
-
-    def describe(self) -> str: ...
-
-
 class LeaseNodeLock:
     """A node's record as a coordination.k8s.io/v1 Lease (the contract in the module docstring).
 
@@ -202,13 +186,6 @@ class LeaseNodeLock:
 
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name} of node {self.node}"
-
-    def get(self) -> dict[str, Any] | None:
-        try:
-            lease: dict[str, Any] = self._api.request("GET", self._path)
-            return lease
-        except NotFoundError:
-            return None
 
     def _annotations(self, desire: Desire, now: datetime) -> dict[str, str]:
         return {
@@ -271,14 +248,6 @@ class LeaseNodeLock:
             self.desire = desire
             self._asked_round = self.round
         self.renewed_at = now
-
-    def release(self) -> None:
-        """Delete the Lease (the node is gone for good); a missing Lease is fine."""
-        try:
-            self._api.request("DELETE", self._path)
-        except NotFoundError:
-            pass
-        self.desire = None
 
 
 def list_node_records(api: KubernetesApi, namespace: str, rendezvous_name: str) -> tuple[list[NodeRecord], str]:

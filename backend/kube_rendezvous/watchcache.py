@@ -1,20 +1,15 @@
 """A list-then-watch cache of some objects, kept by one thread (a minimal informer).
 
-Agents read the Rendezvous from one of these instead of GETting it: waiting agents poll about
-once a second, and a quorum GET per poll per agent is what reaches etcd at scale; a watch is
-served from the API server's watch cache. ``shared`` gives every handler of one process the same
-watch of each object.
-
-The cache also takes the answers of this process's own writes (``install``), so a reader never
-sees an older version than the one its write returned: the installed object is shown until
-the watch delivers that version.
+Agents read the Rendezvous from one of these instead of GETting it: a watch is served from the API
+server's watch cache (``shared`` gives every handler of one process the same watch of each object).
+The cache also shows the answers of this process's own writes (``install``) until the watch
+delivers that version, so a reader never sees an older version than its own write returned.
 
 Deadlines: every watch request asks the server to end it within ``WATCH_SECONDS`` (jittered) and
-is then renewed from the last version seen; a connection that goes silent before that (a NAT or
-load balancer that dropped its state) is dropped by TCP keepalive within 11 s (``kubeapi``) and the
-objects are listed again on a new connection. ``heard_at`` says when anything last arrived
-(bookmarks included), and ``refresh`` lists again at once for a reader that finds the watch too
-quiet; ``stop`` ends a blocked read at once.
+is then renewed from the last version seen; a connection that goes silent before that is dropped by
+TCP keepalive within 11 s (``kubeapi``) and the objects are listed again on a new connection.
+``refresh`` lists again at once for a reader that finds the watch too quiet (``heard_at``); ``stop``
+ends a blocked read at once.
 
 Given ``keep`` it stores what ``keep`` makes of each object, not the object; given ``refused_retry``
 a refused list/watch empties it and is tried again later instead of given up.
@@ -135,14 +130,8 @@ class WatchCache:
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until the first list arrived; False when it did not in time or is not supported."""
-        deadline = time.monotonic() + timeout
-        with self._condition:
-            while not self.healthy and self.supported and not self._stopped.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._condition.wait(remaining)
-            return self.healthy
+        self.wait_for(lambda: self.healthy or not self.supported, timeout)
+        return self.healthy
 
     def objects(self) -> dict[str, dict[str, Any]]:
         with self._condition:
