@@ -309,12 +309,9 @@ def document_from_json(data: Any, *, max_participants: int | None = None) -> Ren
         if len(column) != len(columns[0]):
             raise StateDocumentError(name, f"has {len(column)} entries but addr has {len(columns[0])}")
     base = _integer(data["heartbeatBase"], "heartbeatBase", 0, MAX_MICROSECONDS)
-    deadline_value = data["deadline"]
-    deadline = (
-        None
-        if deadline_value is None
-        else from_microseconds(_integer(deadline_value, "deadline", 0, MAX_MICROSECONDS), "deadline")
-    )
+    deadline = data["deadline"]
+    if deadline is not None:
+        deadline = from_microseconds(_integer(deadline, "deadline", 0, MAX_MICROSECONDS), "deadline")
     deltas = data["rankDelta"]
     if not isinstance(deltas, list) or len(deltas) > MAX_NODES:
         raise StateDocumentError("rankDelta", f"must be a list of at most {MAX_NODES} integers")
