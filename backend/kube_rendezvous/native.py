@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from .document import NodeId, RendezvousDocument, StateDocumentError
-from .factory import connect, incarnation_node
+from .factory import Connection, connect, incarnation_node
 from .folder import AGENT_IDENTITY_PREFIX, owner_reference
 from .folding import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .frameworks import Framework
@@ -49,16 +49,13 @@ from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
     ApiUnavailableError,
-    KubernetesApi,
     NotFoundError,
     call_with_retries,
     resource_path,
 )
 from .leases import LeaseNodeLock
 from .prefixstore import KubernetesPrefixStore
-from .settings import RendezvousTimings
 from .shared import shared
-from .store import KubernetesStore
 from .summary import completed_by_text, forming_line
 
 logger = logging.getLogger(__name__)
@@ -81,43 +78,26 @@ class NativeHandler:
     """The ``k8s`` handler's protocol (module docstring); an adapter adds the framework's base class.
 
     Args:
-        api: the API client.
-        namespace, rendezvous_name: the Rendezvous object.
-        rendezvous: the object as read when the handler was made (owner of this node's Lease).
-        run_id: the job's run id; a state written by another run counts as none.
+        connection: the API client, the Rendezvous (owner of this node's Lease), run id and timings.
         node: this agent incarnation (``incarnation_node``).
         min_nodes, max_nodes: the launcher's ``--nnodes``.
-        timings: the resolved timings (``RendezvousTimings.resolve``).
-        store: the rendezvous store; each round gets a prefixed view of it.
         framework: whose classes and errors to use.
-        retry_timeout: seconds to retry a request while the API server is unreachable.
     """
 
     def __init__(
-        self,
-        *,
-        api: KubernetesApi,
-        namespace: str,
-        rendezvous_name: str,
-        rendezvous: dict[str, Any],
-        run_id: str,
-        node: NodeId,
-        min_nodes: int,
-        max_nodes: int,
-        timings: RendezvousTimings,
-        store: KubernetesStore,
-        framework: Framework,
-        retry_timeout: float = 60.0,
+        self, connection: Connection, node: NodeId, min_nodes: int, max_nodes: int, framework: Framework
     ) -> None:
+        api, namespace, rendezvous_name = connection.api, connection.namespace, connection.rendezvous_name
+        timings = connection.timings
         self._api = api
         self.namespace = namespace
         self.rendezvous_name = rendezvous_name
-        self.run_id = run_id
+        self.run_id = connection.run_id
         self.node = node
         self.timings = timings
         self.framework = framework
-        self._store = store
-        self._retry_timeout = retry_timeout
+        self._store = connection.store(framework)
+        self._retry_timeout = connection.config.retry_timeout
         self._join_settings = JoinSettings(min_nodes, max_nodes, timedelta(seconds=timings.last_call))
         self._shared = shared(api, namespace, rendezvous_name)
         self._watch = self._shared.watch
@@ -126,10 +106,10 @@ class NativeHandler:
             namespace,
             rendezvous_name,
             node,
-            run_id=run_id,
+            run_id=self.run_id,
             settings=self._join_settings,
             expiry_seconds=timings.heartbeat_expiry,
-            owner=owner_reference(rendezvous),
+            owner=owner_reference(connection.rendezvous),
         )
         self._folder = self._shared.folder(f"{AGENT_IDENTITY_PREFIX}{node}", timings.heartbeat_expiry)
         self._renewer = self._shared.renewer(timings.keep_alive_interval)
@@ -142,7 +122,6 @@ class NativeHandler:
         self._shutdown_result: bool | None = None
         self._leaves_at_exit = False
         self._bootstrap_server: Any = None
-        self._bootstrap_store_info: Any = None
         #: Wall-clock time (``time.time()``) the last join saw its round formed, before the bootstrap step.
         self.joined_at: float | None = None
         #: The last round's bootstrap step, in seconds: ``server`` (rank 0's TCPStore), ``address``
@@ -162,20 +141,7 @@ class NativeHandler:
         connection = connect(params, framework)
         node = incarnation_node(params.local_addr)
         logger.info("this agent is rendezvous node %s", node)
-        return cls(
-            api=connection.api,
-            namespace=connection.namespace,
-            rendezvous_name=connection.rendezvous_name,
-            rendezvous=connection.rendezvous,
-            run_id=connection.run_id,
-            node=node,
-            min_nodes=params.min_nodes,
-            max_nodes=params.max_nodes,
-            timings=connection.timings,
-            store=connection.store(framework),
-            framework=framework,
-            retry_timeout=connection.config.retry_timeout,
-        )
+        return cls(connection, node, params.min_nodes, params.max_nodes, framework)
 
     @property
     def _where(self) -> str:
@@ -288,9 +254,6 @@ class NativeHandler:
             return self._shutdown_result
         finally:
             self._stop_bootstrap_store()
-
-    def pre_shutdown(self) -> None:
-        """tensorplay's optional hook before ``shutdown`` (nothing calls it in 1.0.0): nothing to do."""
 
     # -- asking and waiting -------------------------------------------------------------------
 
@@ -486,7 +449,7 @@ class NativeHandler:
         served = time.monotonic()
         before = dict(self._store.stats)
         # rank 0's two keys (address, port) are written once: one bundle; the others read them from the watch
-        self._bootstrap_store_info = self.framework.store_info_class.build(
+        store_info = self.framework.store_info_class.build(
             rank, round_store, local_addr=self.node.addr, server_port=server_port
         )
         round_store.flush()
@@ -506,10 +469,10 @@ class NativeHandler:
             completed_by_text(obj.get("status"), document.round),
             rank,
             world_size,
-            self._bootstrap_store_info.master_addr,
-            self._bootstrap_store_info.master_port,
+            store_info.master_addr,
+            store_info.master_port,
         )
-        return self.framework.info_class(self.wrap_store(round_store), rank, world_size, self._bootstrap_store_info)
+        return self.framework.info_class(self.wrap_store(round_store), rank, world_size, store_info)
 
     def _stop_bootstrap_store(self) -> None:
         server, self._bootstrap_server = self._bootstrap_server, None
