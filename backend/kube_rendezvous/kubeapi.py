@@ -97,11 +97,7 @@ class InvalidError(ApiError):
 
 
 class ServerUnavailableError(ApiError):
-    """Raised when the server throttled (429) or was not ready (5xx); a retry may succeed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.transient = True
+    """Raised when the server throttled (429) or was not ready (5xx); a retry may succeed (always transient)."""
 
 
 class ApiUnavailableError(Exception):
@@ -123,7 +119,7 @@ _ERROR_CLASSES: dict[int, type[ApiError]] = {
 def api_error(status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> ApiError:
     """Return the exception for an answer with ``status``: the one place a status becomes a type."""
     cls = _ERROR_CLASSES.get(status) or (ServerUnavailableError if status >= 500 else ApiError)
-    return cls(status, reason, message, method, path, transient)
+    return cls(status, reason, message, method, path, transient or cls is ServerUnavailableError)
 
 
 def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) -> str:
