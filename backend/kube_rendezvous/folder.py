@@ -23,6 +23,7 @@ dead until one expiry after it first saw that node's Lease.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import random
 import threading
@@ -251,8 +252,7 @@ class Folder:
             obj = self._object()
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 return False
-            records = self._records()
-            return self._fold(obj, records, judge_expiry=judge_expiry, close=close)
+            return self._fold(obj, self._records(), judge_expiry=judge_expiry, close=close)
 
     def _fold(self, obj: dict[str, Any], records: list[NodeRecord], *, judge_expiry: bool, close: bool) -> bool:
         self.stats["folds"] += 1
@@ -380,12 +380,9 @@ class Folder:
         """Elect, and fold while holding the writer Lease, until ``stopped``."""
         while not stopped.is_set():
             if self.elector.owner is None:  # a writer Lease it creates goes with the Rendezvous
-                try:
-                    obj = self._object()
-                except (ApiError, ApiUnavailableError):
-                    obj = None
-                if obj is not None:
-                    self.elector.owner = owner_reference(obj)
+                with contextlib.suppress(ApiError, ApiUnavailableError):
+                    if (obj := self._object()) is not None:
+                        self.elector.owner = owner_reference(obj)
             failed = False
             try:
                 self.leader = self.elector.try_acquire_or_renew()

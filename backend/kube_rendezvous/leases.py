@@ -176,7 +176,6 @@ class LeaseNodeLock:
         self.owner = owner
         self.name = node_lease_name(rendezvous_name, node)
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
-        self._collection = resource_path(LEASE_PLURAL, namespace)
         self.desire: Desire | None = None
         #: The round this node saw when it last asked (set by the backend before ``update``).
         self.round = 0
@@ -218,7 +217,7 @@ class LeaseNodeLock:
             },
         }
         try:
-            self._api.request("POST", self._collection, body=body, timeout=timeout)
+            self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=body, timeout=timeout)
         except ConflictError:  # ours already (an earlier attempt whose answer was lost)
             self.update(desire, timeout)
             return
