@@ -94,9 +94,8 @@ class WriterRenewal:
     """Renews the writer Lease on a thread of its own while its holder folds.
 
     A renewal that waits on a slow API server then holds back neither folding nor the holder's look
-    at the node Leases. The holder
-    folds while ``holding``: no renewal was refused, and the last successful one started less than
-    the election's ``renew_deadline`` ago.
+    at the node Leases. The holder folds while ``holding``: no renewal was refused, and the last
+    successful one started less than the election's ``renew_deadline`` ago.
     """
 
     def __init__(self, elector: WriterLease, where: str) -> None:
