@@ -17,11 +17,7 @@ class KubernetesRendezvousHandler(NativeHandler, RendezvousHandler):
 
 
 def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHandler:
-    """Create the ``k8s`` handler from the launcher's parameters (the registry's creator).
-
-    Timings come from ``RendezvousTimings.resolve``: ``--rdzv-conf`` first, then the Rendezvous
-    spec, then the defaults. The launcher always passes ``join_timeout`` (its ``--rdzv-timeout``).
-    """
+    """Create the ``k8s`` handler from the launcher's parameters (the registry's creator)."""
     return KubernetesRendezvousHandler.from_parameters(params, frameworks.tensorplay())
 
 

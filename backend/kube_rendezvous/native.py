@@ -246,12 +246,14 @@ class NativeHandler:
         leaves and the survivors re-form. Returns False when that could not be written in the
         close timeout.
         """
-        if self._shutdown_result is not None:
-            return self._shutdown_result
+        if self._shutdown_result is None:
+            self._shutdown_result = self._end(self._close if self.succeeded else self._leave, self.timings.close)
+        return self._shutdown_result
+
+    def _end(self, end: Callable[[float], bool], seconds: float) -> bool:
+        """``end`` (a close or a leave) within ``seconds``, then stop this node's bootstrap store."""
         try:
-            deadline = time.monotonic() + self.timings.close
-            self._shutdown_result = self._close(deadline) if self.succeeded else self._leave(deadline)
-            return self._shutdown_result
+            return end(time.monotonic() + seconds)
         finally:
             self._stop_bootstrap_store()
 
@@ -527,16 +529,12 @@ class NativeHandler:
 
     def _leave_at_exit(self) -> None:
         """At interpreter exit: leave if ``shutdown()`` was never called (torch's launcher after a signal)."""
-        if self._shutdown_result is not None:
-            return
-        logger.info(
-            "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
-            self.run_id,
-        )
-        try:
-            self._shutdown_result = self._leave(time.monotonic() + EXIT_LEAVE_SECONDS)
-        finally:
-            self._stop_bootstrap_store()
+        if self._shutdown_result is None:
+            logger.info(
+                "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
+                self.run_id,
+            )
+            self._shutdown_result = self._end(self._leave, EXIT_LEAVE_SECONDS)
 
 
 __all__ = ["BACKEND_NAME", "NativeHandler"]

@@ -109,11 +109,10 @@ class KeyWatch:
         finally:
             with self._waiters_lock:
                 for key in keys:
-                    events = self._waiters.get(key, [])
-                    if event in events:
-                        events.remove(event)
+                    events = self._waiters[key]
+                    events.remove(event)
                     if not events:
-                        self._waiters.pop(key, None)
+                        del self._waiters[key]
 
     def _changed(self, obj: dict[str, Any] | None) -> None:  # from the watch thread, under the cache's lock
         if obj is None:
