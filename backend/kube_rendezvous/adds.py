@@ -78,18 +78,19 @@ def request_of(obj: Mapping[str, Any]) -> tuple[str, AddRequest] | None:
     return str(digest), AddRequest(request_id, amount)
 
 
-def folded(obj: Mapping[str, Any] | None) -> dict[str, int]:
-    """The counter's map of folded request ids to their resulting values (empty when absent or malformed)."""
-    if obj is None:
-        return {}
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ADDS_ANNOTATION, "")
+def annotation_map(obj: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """The JSON object in annotation ``name`` of ``obj`` (empty when absent or malformed)."""
+    text = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(name, "")
     try:
         parsed = json.loads(text) if text else {}
     except ValueError:
         return {}
-    if not isinstance(parsed, dict):
-        return {}
-    return {str(key): value for key, value in parsed.items() if isinstance(value, int)}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def folded(obj: Mapping[str, Any] | None) -> dict[str, int]:
+    """The counter's map of folded request ids to their resulting values (empty when absent or malformed)."""
+    return {str(key): value for key, value in annotation_map(obj, ADDS_ANNOTATION).items() if isinstance(value, int)}
 
 
 def fold(
@@ -222,6 +223,7 @@ __all__ = [
     "AddIndex",
     "AddRequest",
     "CounterValueError",
+    "annotation_map",
     "counter_digest",
     "encode",
     "fold",

@@ -1,12 +1,5 @@
 """``KubernetesPrefixStore``: a view of a ``KubernetesStore`` under a key prefix (a round's store).
 
-Every call goes to the underlying store with ``prefix/key``; a write through a round's view carries that
-round's label. Optionally pipelined: sets are sent ``SETS_IN_FLIGHT`` at a time and the next other call
-waits for them. Keys the framework writes once per round (``written_once``: its rank assignment) are read
-from the process's watch (``KubernetesStore.get_written_once``) and, when pipelined, their sets are gathered
-for ``BATCH_LINGER_SECONDS`` and written as one bundle (``KubernetesStore.write_once``): rank 0 publishing
-N agents' ranks costs one request, not N.
-
 Not guaranteed: a pipelined set whose process dies before a flush may be lost, and another client may
 not see a pipelined set yet when the caller's ``set`` returns.
 """
@@ -38,11 +31,11 @@ class KubernetesPrefixStore:
     raises the first failure, and a second set of a key waits for the first. So what the caller does
     next through the view sees its writes, while N sets in a row (rank 0 publishing every agent's
     ranks, one by one, in tensorplay's agent) cost about one round trip per ``SETS_IN_FLIGHT``.
-    Not guaranteed: a set whose process dies before a flush may be lost (as a set whose answer never
-    came); another client may not see it yet when the caller's ``set`` returns.
 
     ``written_once``: prefixes (under the view's) of keys written once and never again; their reads are
-    answered by the process's watch, and their pipelined sets are written together, as bundles.
+    answered by the process's watch (``KubernetesStore.get_written_once``), and their pipelined sets are
+    gathered for ``BATCH_LINGER_SECONDS`` and written together, as bundles (``KubernetesStore.write_once``):
+    rank 0 publishing N agents' ranks costs one request, not N.
     """
 
     def __init__(

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .adds import ADDS_TO_LABEL, counter_digest, fold
+from .adds import ADDS_TO_LABEL, annotation_map, counter_digest, fold
 from .bundles import split
 from .kubeapi import (
     API_VERSION,
@@ -92,11 +92,8 @@ def _as_bytes(value: str | bytes | bytearray) -> bytes:
 
 
 def _as_seconds(timeout: float | timedelta | None, default: timedelta) -> float:
-    if timeout is None:
-        return default.total_seconds()
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+    timeout = default if timeout is None else timeout
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
 
 
 def key_object_name(rendezvous_name: str, rendezvous_uid: str, key: str) -> str:
@@ -218,15 +215,6 @@ class KubernetesStore:
         """This store's slot for the calling thread: one call per slot is in flight at a time."""
         return f"{self.writer_id}.{threading.get_ident() % 1000003}"
 
-    @staticmethod
-    def _writes(obj: dict[str, Any]) -> dict[str, str]:
-        text = (obj["metadata"].get("annotations") or {}).get(OPS_ANNOTATION, "")
-        try:
-            writes = json.loads(text) if text else {}
-        except ValueError:
-            return {}
-        return writes if isinstance(writes, dict) else {}
-
     def _write(
         self,
         key: str | bytes,
@@ -240,7 +228,7 @@ class KubernetesStore:
         read, is None, else replace ``obj`` if it is still current. Returns the written object, False when
         somebody wrote first (a lost compare-and-swap), or True when the outcome is unknown (read to learn it)."""
         body = self._new_object(key, round_number) if obj is None else obj
-        writes = self._writes(body)
+        writes = annotation_map(body, OPS_ANNOTATION)
         slot = self._slot()
         writes.pop(slot, None)
         writes[slot] = attempt  # the most recent writer last; the oldest are dropped
@@ -304,7 +292,7 @@ class KubernetesStore:
                 obj = self._newer_than(key, lost_on) if lost_on is not None else None
                 obj = obj if obj is not None else self._read(key)
                 lost_on = None
-                if obj is not None and (last := self._writes(obj).get(self._slot())) in attempts:
+                if obj is not None and (last := annotation_map(obj, OPS_ANNOTATION).get(self._slot())) in attempts:
                     return attempts[last]
             read = True
             previous = None if obj is None else self._value_of(obj)
@@ -324,9 +312,7 @@ class KubernetesStore:
     def _newer_than(self, key: str | bytes, version: str) -> dict[str, Any] | None:
         """A copy of ``key``'s object as the watch shows it, if that is not ``version``; else None."""
         cache = self._key_cache()
-        if cache is None or not cache.healthy:
-            return None
-        shown = cache.get(self._name(key))
+        shown = cache.get(self._name(key)) if cache is not None and cache.healthy else None
         if shown is None or shown["metadata"].get("resourceVersion") == version:
             return None
         return copy.deepcopy(shown)
