@@ -122,9 +122,7 @@ class Request:
     settings: JoinSettings
     #: When the node asked (its own clock); orders the requests of one fold, nothing else.
     requested_at: datetime
-    #: The round a join asks to be in (``join_scope`` of the state the node saw). A join applies only
-    #: in that round, or while the node waits (wait or redundancy list): a node removed after its round
-    #: completed is never put back by its last request.
+    #: The round a join asks to be in (``join_scope`` of the state the node saw; the rule **Scope** above).
     round: int | None = None
 
 
@@ -333,13 +331,10 @@ def fold(
 ) -> RendezvousDocument:
     """Return ``document`` with ``dead`` nodes removed and every request applied, in one serial order.
 
-    Order: dead nodes first (as the framework's dead-node pruning does: one epilogue for all
-    removed participants), then the requests by ``requested_at`` and node, then the last call's
-    completion if it is due (with ``pods``: also once every live training pod joined). When the
-    round moved on during the requests, they apply once more in the same order (the waiting nodes'
-    turns in the round that opened). ``settings`` apply to the pruning and the completion; each
-    join uses the settings of the node that asked. ``carry``: the carry rule, for the members it vouches
-    for (None: the framework's own rules).
+    In the module's order (**Dead nodes**, then **Order**), then the last call's completion if it is
+    due (with ``pods``: also once every live training pod joined). ``settings`` apply to the pruning
+    and the completion; each join uses the settings of the node that asked. ``carry``: the carry rule,
+    for the members it vouches for (None: the framework's own rules).
     """
     state = _Working(document or RendezvousDocument())
     if [node for node in dead if state.drop(node)]:  # every dead node dropped, then one epilogue
