@@ -34,12 +34,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kube_rendezvous.backend import KubernetesRendezvousBackend
+from kube_rendezvous.document import NodeId
 from kube_rendezvous.factory import create_backend
+from kube_rendezvous.folding import Desire, JoinSettings
+from kube_rendezvous.kubeapi import KubernetesApi, call_with_retries, load_api_client
+from kube_rendezvous.leases import LeaseNodeLock, list_node_records
 from kube_rendezvous.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
@@ -242,6 +247,35 @@ class TestStoreWriteUnderOneFault:
             f"compare_and_swap after a {kind} fault returned {result} and stored {stored!r} "
             f"(proxy saw: {[(e.method, e.fault) for e in fault_proxy.events]})"
         )
+
+
+@pytest.mark.parametrize("kind, options", SINGLE_FAULTS)
+def test_a_node_lease_whose_create_answer_was_lost_is_patched_on_the_retry(
+    fault_proxy: FaultProxy,
+    proxied_kubeconfig: Path,
+    direct: tuple[KubernetesRendezvousBackend, KubernetesStore],
+    namespace: str,
+    kind: str,
+    options: dict[str, Any],
+) -> None:
+    """A node's first join request (its Lease's POST) under one fault, retried as the handler retries it.
+
+    When the POST committed but its answer was lost (drop_answer, delay), the retry's POST meets a
+    409 and must patch the Lease it made; it used to create again from ``update`` and recurse
+    until RecursionError. The request must be on the Lease either way.
+    """
+    api = KubernetesApi(load_api_client(str(proxied_kubeconfig), None)[0], REQUEST_TIMEOUT)
+    node = NodeId("10.0.0.9", 109, 0)
+    lock = LeaseNodeLock(
+        api, namespace, "rdzv", node, run_id="job", settings=JoinSettings(1, 2, timedelta(0)), expiry_seconds=15
+    )
+    fault_proxy.inject(kind, count=1, methods={"POST"}, path=r"/leases$", **options)
+    call_with_retries(lambda: lock.update(Desire.JOIN), deadline=time.monotonic() + RETRY_TIMEOUT, what="join")
+    assert fault_proxy.faults[kind] == 1, "the fault was not injected"
+    sent = [event.method for event in fault_proxy.events if "/leases" in event.path]
+    assert sent == (["POST", "POST", "PATCH"] if kind in COMMITTING else ["POST", "POST"]), sent
+    records, _ = list_node_records(api, namespace, "rdzv")
+    assert [(record.node, record.desire) for record in records] == [(node, Desire.JOIN)]
 
 
 @pytest.mark.parametrize("kind, options", SINGLE_FAULTS)

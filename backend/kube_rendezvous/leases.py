@@ -218,7 +218,8 @@ class LeaseNodeLock:
         }
         try:
             self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=body, timeout=timeout)
-        except ConflictError:  # ours already (an earlier attempt whose answer was lost)
+        except ConflictError:  # ours already (an earlier attempt whose answer was lost): patch it instead
+            self.desire = desire  # so that ``update`` patches, never creates again
             self.update(desire, timeout)
             return
         self.desire = desire
