@@ -89,7 +89,8 @@ def main() -> None:
     for thread in threads:
         thread.join()
     counts = [dict(store.stats) for store in raw]
-    watches = {id(store._cache): dict(store._cache.stats) for store in raw if store._cache is not None}
+    caches = [store._keys.cache for store in raw if store._keys is not None]  # the process's key watches
+    watches = {id(cache): dict(cache.stats) for cache in caches}
     with open(args.out, "w") as handle:
         json.dump({"started": started, "results": results, "store": counts, "watches": list(watches.values())}, handle)
     os._exit(0)
