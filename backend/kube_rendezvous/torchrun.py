@@ -46,13 +46,10 @@ logger = logging.getLogger(__name__)
 class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
     """A ``torch.distributed.Store`` backed by a ``KubernetesStore`` (or a round's prefix view of it).
 
-    It behaves as torch's own TCPStore and HashStore do (checked op for op on random sequences, and
-    by torch's ``_test_python_store``): blocking ``get`` and ``wait`` use the timeout torch set on
-    this store (``set_timeout``) unless given one and raise ``DistStoreError`` when it runs out;
-    ``compare_set`` on a missing key sets ``desired`` only when ``expected`` is empty, and otherwise
-    returns ``expected``; ``clone`` is a new handle on the same store. torch's C++ trampoline calls a
-    Python store's methods by their C++ names where those differ (``getNumKeys``, ``deleteKey``), so
-    those names are here too, and ``num_keys`` and ``delete_key`` work through torch's ``PrefixStore``.
+    It behaves as torch's own TCPStore and HashStore do: blocking ``get`` and ``wait`` use the timeout
+    torch set on this store (``set_timeout``) unless given one and raise ``DistStoreError`` when it runs
+    out. torch's C++ trampoline calls a Python store's methods by their C++ names where those differ
+    (``getNumKeys``, ``deleteKey``), so those names are here too.
     """
 
     def __init__(self, store: KubernetesStore | KubernetesPrefixStore) -> None:
