@@ -8,7 +8,6 @@ watch hands the handler; the kubelet's real restart of a container is ``test_rea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from kubernetes import client
 
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import create_rendezvous
+from tests.test_faults import fault_proxy  # noqa: F401 - a fixture
 from tests.test_operator import GROUP, PLURAL, VERSION, operator_account, read
 from tests.testenv import ControlPlane
 
@@ -35,17 +35,6 @@ EARLIER = NodeId(POD_IP, 7, 0)
 LATER = NodeId(POD_IP, 8, 0)
 #: A node of another pod, never judged here.
 OTHER = NodeId("10.9.0.6", 7, 0)
-
-
-@pytest.fixture
-def fault_proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(
-        control_plane.server, control_plane.pki.ca_cert, control_plane.pki.ca_key, tmp_path / "faultproxy", seed=5
-    )
-    proxy.start()
-    yield proxy
-    proxy.stop()
-    assert proxy.errors == [], f"the fault proxy itself failed: {proxy.errors}"
 
 
 def lease(namespace: str, node: NodeId, renewed: datetime) -> dict[str, Any]:
@@ -90,7 +79,7 @@ def test_a_restart_is_judged_once_with_the_leases_and_again_only_after_a_failed_
     namespace: str,
     crds: None,
     objects: client.CustomObjectsApi,
-    fault_proxy: FaultProxy,
+    fault_proxy: FaultProxy,  # noqa: F811 - the fixture
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
