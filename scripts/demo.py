@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -163,14 +164,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20, help="training steps of one second each (default 20)")
     parser.add_argument("--simulated", action="store_true", help="play the kubelet instead of running a real node")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory after a success")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-demo-"))
     missing = None if args.simulated else unavailable()
     if missing is not None:
         say(f"no real node on this machine ({missing}): the demo plays the kubelet instead")
-    if args.simulated or missing is not None:
-        return simulated(args.steps, workdir)
-    return real_node(args.steps, workdir)
+    try:
+        play = simulated if args.simulated or missing is not None else real_node
+        result = play(args.steps, workdir)
+    except BaseException:
+        say(f"the demo failed: its logs and the cluster's data are kept in {workdir}")
+        raise
+    if result != 0 or args.keep:
+        say(f"its logs and the cluster's data are kept in {workdir}")
+        return result
+    remove_workdir(workdir)
+    return result
+
+
+def mounts_under(directory: Path) -> list[str]:
+    """The mount points at or below ``directory`` (``/proc/self/mounts``; its paths escape spaces as octal)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[1].encode().decode("unicode_escape") for line in lines if len(line.split()) > 1]
+    return [point for point in points if point == str(directory) or point.startswith(f"{directory}/")]
+
+
+def remove_workdir(workdir: Path) -> None:
+    """Remove the demo's working directory (about 750 MB with a real node), unless something is still mounted
+    below it: removing then could reach through a pod's bind mount into the host's files."""
+    mounted = mounts_under(workdir)
+    if mounted:
+        say(f"{workdir} is kept: {len(mounted)} mount(s) remain below it (first: {mounted[0]}); unmount, remove it")
+        return
+    shutil.rmtree(workdir, ignore_errors=True)
+    say(f"removed its working directory {workdir} (--keep keeps it)")
 
 
 def real_node(steps: int, workdir: Path) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers import REPO
 
@@ -17,6 +19,8 @@ def run_demo(*args: str) -> str:
         timeout=600,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    removed = re.search(r"removed its working directory (\S+)", run.stdout)
+    assert removed is not None and not Path(removed.group(1)).exists(), "the demo left its working directory behind"
     return run.stdout
 
 
