@@ -184,15 +184,24 @@ def namespace(request: pytest.FixtureRequest, admin_api: client.ApiClient) -> It
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Attach the tail of every control-plane server log to a failing test's report."""
+    """Attach the tail of every control-plane server log and of the test's operators' logs to a failing report."""
     outcome = yield
     report = outcome.get_result()
     if report.failed:
         logs = {**(_CONTROL_PLANE.logs() if _CONTROL_PLANE is not None else {}), **_MORE_LOGS}
+        funcargs = getattr(item, "funcargs", {})
+        logs.update({f"operator ({name})": value.log for name, value in funcargs.items() if _is_operator(value)})
         for name, path in logs.items():
             if Path(path).exists():
                 tail = "\n".join(Path(path).read_text(errors="replace").splitlines()[-60:])
                 report.sections.append((f"{name} log (tail of {path})", tail))
+
+
+def _is_operator(value: object) -> bool:
+    """Whether a fixture's value is an operator process started by the tests (its log is worth reading)."""
+    from tests.e2e.operator_process import OperatorProcess
+
+    return isinstance(value, OperatorProcess)
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.harness import ElasticJob, training_in_world
+from tests.e2e.harness import ElasticJob, kill_pods, training_in_world
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import REPO, create_rendezvous, holds_for
 from tests.test_operator import events, operator, read  # noqa: F401 - a fixture
@@ -135,8 +135,7 @@ class TestNotReadyNode:
 
         # The machine dies: its agents with it; its pods still say Running. The node-lifecycle
         # controller later marks the Node Unknown (played at once here: the hardest case for timing).
-        for victim in victims:
-            victim.kill_pod()
+        kill_pods(victims)
         set_ready(core, failing, "Unknown", "NodeStatusUnknown")
         not_ready_at = time.monotonic()
         wait_until(lambda: evicted_nodes(objects, namespace) == victim_nodes, 60, "the dead agents' nodes evicted")

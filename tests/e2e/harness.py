@@ -58,18 +58,30 @@ class Agent:
 
     def kill_pod(self) -> None:
         """SIGKILL the agent and all its descendants at once, as a pod's death does."""
+        kill_pods([self])
+
+
+def kill_pods(agents: list[Agent]) -> None:
+    """SIGKILL every process of ``agents`` before waiting for any, as a machine's death does.
+
+    Killing one agent and then, after its processes were reaped, the next would let the next
+    agent's workers see their peers gone and its agent leave the rendezvous before it dies.
+    """
+    trees: list[psutil.Process] = []
+    for agent in agents:
         try:
-            root = psutil.Process(self.process.pid)
-            tree = [root, *root.children(recursive=True)]
+            root = psutil.Process(agent.process.pid)
+            trees += [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return
-        for process in tree:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(tree, timeout=10)
-        self.process.wait(10)
+            continue
+    for process in trees:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(trees, timeout=10)
+    for agent in agents:
+        agent.process.wait(10)
 
 
 @dataclass
@@ -192,9 +204,7 @@ class ElasticJob:
 
     def stop(self) -> None:
         """Kill every agent still running (test teardown)."""
-        for agent in self.agents:
-            if agent.alive():
-                agent.kill_pod()
+        kill_pods([agent for agent in self.agents if agent.alive()])
 
     def logs(self) -> str:
         """The end of every agent's output, without the launcher's configuration and result dumps."""
