@@ -318,7 +318,7 @@ class Bench:
             chaos_thread.join(limit)
             summary["chaos"] = chaos
         backend_stats = [stats for report in reports for stats in report.get("backend", [])]
-        for key in ("renewals", "requests", "self_folds", "store_requests"):
+        for key in ("requests", "self_folds", "store_requests"):
             if backend_stats and key in backend_stats[0]:
                 summary[f"{key}_total"] = sum(item.get(key, 0) for item in backend_stats)
         joined = [

@@ -128,7 +128,7 @@ class NativeHandler:
         #: (publishing or reading it), and the store's ``requests`` and ``retries`` in it.
         self.bootstrap_seconds: dict[str, float] | None = None
         #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0, "renewals": 0}
+        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0}
 
     @classmethod
     def from_parameters(cls: type[HandlerT], params: Any, framework: Framework) -> HandlerT:
