@@ -43,8 +43,8 @@ from kube_rendezvous.backend import KubernetesRendezvousBackend
 from kube_rendezvous.document import NodeId
 from kube_rendezvous.factory import create_backend
 from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.kubeapi import KubernetesApi, call_with_retries, load_api_client
-from kube_rendezvous.leases import LeaseNodeLock, list_node_records
+from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, call_with_retries, load_api_client, resource_path
+from kube_rendezvous.leases import LEASE_PLURAL, LeaseNodeLock, record_of
 from kube_rendezvous.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
@@ -274,8 +274,13 @@ def test_a_node_lease_whose_create_answer_was_lost_is_patched_on_the_retry(
     assert fault_proxy.faults[kind] == 1, "the fault was not injected"
     sent = [event.method for event in fault_proxy.events if "/leases" in event.path]
     assert sent == (["POST", "POST", "PATCH"] if kind in COMMITTING else ["POST", "POST"]), sent
-    records, _ = list_node_records(api, namespace, "rdzv")
-    assert [(record.node, record.desire) for record in records] == [(node, Desire.JOIN)]
+    # A consistent list, not list_node_records': that one reads the API server's watch cache, which
+    # may not show yet a Lease created a moment ago.
+    listed = api.request(
+        "GET", resource_path(LEASE_PLURAL, namespace), query={"labelSelector": f"{RENDEZVOUS_LABEL}=rdzv"}
+    )
+    records = [record_of(item) for item in listed["items"]]
+    assert [(record.node, record.desire) for record in records if record] == [(node, Desire.JOIN)], records
 
 
 @pytest.mark.parametrize("kind, options", SINGLE_FAULTS)
