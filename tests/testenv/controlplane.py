@@ -32,13 +32,19 @@ CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
 )
 #: What a real node's pods need besides: Jobs and Deployments make pods, the node-lifecycle
-#: controller marks a silent node NotReady (``NODE_MONITOR_GRACE_PERIOD``) and taints it.
+#: controller marks a silent node NotReady (``NODE_MONITOR_GRACE_PERIOD``) and taints it, the
+#: taint-eviction controller deletes the pods that do not tolerate that taint, the EndpointSlice
+#: controller gives Services (kube-proxy, CoreDNS) their endpoints, and the disruption controller keeps
+#: PodDisruptionBudgets' status, without which the eviction API (``kubectl drain``) refuses every pod.
 NODE_CONTROLLERS = (
     "job-controller",
     "replicaset-controller",
     "deployment-controller",
     "node-lifecycle-controller",
+    "taint-eviction-controller",
     "pod-garbage-collector-controller",
+    "endpointslice-controller",
+    "disruption-controller",
 )
 #: Seconds without a kubelet's status before its node's Ready condition turns Unknown (upstream: 50 s).
 #: Shorter here so a node failure test does not wait out the production value; the kubelet reports
@@ -125,7 +131,9 @@ class ControlPlane:
         self.logdir.mkdir(parents=True, exist_ok=True)
         #: The host's address on the bridge of pods with networks of their own (``podnet``): the serving
         #: certificate holds it, so clients in those pods (Kopf's too) verify the server as anywhere else.
-        self.pod_network = ipaddress.ip_network(f"10.{random.randint(200, 250)}.{random.randint(0, 255)}.0/24")
+        #: Node ``i``'s pods live in ``node_subnet(i)``, the i-th /24 of the /22 that starts here.
+        self.pod_network = ipaddress.IPv4Network(f"10.{random.randint(200, 250)}.{4 * random.randint(0, 63)}.0/24")
+        self.cluster_network = ipaddress.IPv4Network(f"{self.pod_network.network_address}/22")
         self.pki: Pki = create_pki(self.workdir / "pki", (str(self.pod_network[1]),))
         self.etcd_port, self.etcd_peer_port, self.apiserver_port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.apiserver_port}"
@@ -144,6 +152,12 @@ class ControlPlane:
                 self.logdir / "kube-controller-manager.log",
             ),
         }
+
+    def node_subnet(self, index: int) -> ipaddress.IPv4Network:
+        """The pod subnet of the ``index``-th node (1 to 4): the first is ``pod_network``."""
+        if not 1 <= index <= 4:
+            raise ValueError(f"node index {index}: a test cluster has 1 to 4 nodes")
+        return list(self.cluster_network.subnets(new_prefix=24))[index - 1]
 
     # -- commands -------------------------------------------------------------------------
 

@@ -1,9 +1,24 @@
-"""A real node for the test cluster: containerd, runc, the CNI bridge, kubelet and kube-scheduler (Linux, root).
+"""A real node of the test cluster: its own containerd, runc, CNI bridge and kubelet (Linux, root).
 
-``Node(plane).start()`` runs them on this machine beside a ``ControlPlane(with_node=True)``. The Node
-object it registers runs real pods: the scheduler binds them, the kubelet asks containerd for their
-sandboxes and containers, the bridge plugin gives each pod an address on the control plane's pod
-network, and the kubelet signals, restarts and kills their containers as it would anywhere.
+``tests.testenv.cluster.Cluster`` starts one or more of them on this machine beside a
+``ControlPlane(with_node=True)``, with the scheduler, kube-proxy and CoreDNS. The Node object each one
+registers runs real pods: the scheduler binds them, the kubelet asks its containerd for their sandboxes and
+containers, the bridge plugin gives each pod an address on the node's own pod subnet, and the kubelet
+signals, restarts and kills their containers as it would anywhere.
+
+What a second (and third) kubelet on the same machine needs, and why: a kubelet treats every sandbox and
+container its CRI endpoint shows as its own (garbage collection included), and two kubelets under one
+``<cgroupRoot>/kubepods`` kill each other's pods. So each node has its own:
+
+- containerd instance: ``root``, ``state``, gRPC and ttrpc sockets under the node's folder;
+- ``cgroupRoot`` (``/kube-rendezvous-<node>-<tag>``, created in every cgroup v1 hierarchy before the kubelet
+  starts and removed after it stopped): the node's ``kubepods`` tree lives below it;
+- kubelet ``--root-dir``, ``--cert-dir``, ``podLogsDirectory``, client certificate (``system:node:<name>``);
+- ports: the kubelet's (``port``; ``readOnlyPort`` 0) and ``healthzPort``, each a free port;
+- pod subnet (``ControlPlane.node_subnet``), bridge, CNI config and host-local IPAM data directory; the
+  node's address (``--node-ip``) is the host's address on its bridge;
+- topology labels (``--node-labels``): ``topology.kubernetes.io/region``/``zone`` and
+  ``cloud.google.com/gce-topology-block`` (``TOPOLOGY``), which NodeRestriction lets a kubelet set.
 
 What this environment needs of the kubelet, and why (``_kubelet_config``):
 
@@ -15,23 +30,26 @@ What this environment needs of the kubelet, and why (``_kubelet_config``):
 - ``restrict_oom_score_adj`` (containerd) and ``--oom-score-adj=0``: this sandbox withholds
   ``CAP_SYS_RESOURCE`` even from root, so no process may lower its OOM score (runc's
   ``failed to update /proc/self/oom_score_adj: Permission denied`` otherwise);
-- ``resolvConf: ""``: pods get no nameserver. No DNS runs in this cluster and the host's resolver is
-  out of the pod network's reach, so every lookup would wait out its timeout: torch's gloo looks up
-  the pod's hostname (its IPv6 address too), and each ``init_process_group`` took 10 s longer;
+- ``clusterDNS`` (``cluster.DNS_SERVICE_IP``, the kube-dns Service that CoreDNS serves) and ``resolvConf: ""``:
+  pods with ``dnsPolicy: ClusterFirst`` resolve cluster names only. The host's resolver is out of the
+  pod network's reach, so a name outside the cluster is answered NXDOMAIN at once by CoreDNS instead of
+  waiting out a timeout (torch's gloo looks up the pod's hostname: the kubelet's ``/etc/hosts`` has it);
 - ``authorization: AlwaysAllow`` on a kubelet port bound to the bridge address only; the API server
   authenticates to it with the admin certificate (``kubectl logs``, ``exec``).
 
-The network (``podnet.PodNetwork``): the bridge holds the host's ``.1``, where a relay forwards to
-the API server on 127.0.0.1. No kube-proxy runs: one iptables DNAT rule plays it for the one Service
-pods use, ``kubernetes`` (10.0.0.1:443), so in-cluster clients work unchanged. Other Services do
-not route; nothing here uses them.
+The network (``podnet.PodNetwork``): each node's bridge holds the host's ``.1`` of its subnet; the host
+routes between the bridges (``ip_forward``), so pods reach pods on other nodes directly. The API server
+listens on 127.0.0.1; a relay on the first node's bridge address forwards to it, and kube-proxy routes
+the ``kubernetes`` Service (10.0.0.1:443) there (``cluster``).
 
-Not guaranteed: one node per machine at a time (the kubelet's cgroups are machine-wide), and the
-images come from ``tests.testenv.images`` (no registry: pods must name an imported image).
+Not guaranteed: one cluster of nodes per machine at a time (kube-proxy's iptables rules are the
+machine's), and the images come from ``tests.testenv.images`` (no registry: pods must name an imported
+image).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,10 +65,19 @@ from .podnet import PodNetwork, run
 
 #: Seconds between the kubelet's node status reports (upstream: 10 s).
 NODE_STATUS_UPDATE_SECONDS = 4
-#: The ``kubernetes`` Service's address (the first of ``--service-cluster-ip-range``).
-KUBERNETES_SERVICE = ("10.0.0.1", 443)
 #: Where the bridge plugin allocates pods' addresses in the pod network (``PodNetwork.add_pod`` uses the low ones).
 POD_RANGE = (100, 250)
+#: The kube-dns Service's cluster IP, which every pod's resolv.conf names (``cluster`` serves it with CoreDNS).
+DNS_SERVICE_IP = "10.0.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+#: Node label keys of the topology the nodes carry, and each node's values (node-1 and node-2 share a zone).
+TOPOLOGY_KEYS = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone", "cloud.google.com/gce-topology-block")
+TOPOLOGY = (
+    ("local", "zone-a", "block-1"),
+    ("local", "zone-a", "block-2"),
+    ("local", "zone-b", "block-3"),
+    ("local", "zone-b", "block-4"),
+)
 
 
 def unavailable() -> str | None:
@@ -76,32 +103,40 @@ def _pod_netns() -> list[str]:
     return [entry.name for entry in folder.iterdir() if entry.name.startswith("cni-")] if folder.is_dir() else []
 
 
-class Node:
-    """containerd + kubelet + kube-scheduler, registered as Node ``name``; ``stop`` removes it all."""
+def _cgroup_hierarchies() -> list[Path]:
+    """The mount points of this machine's cgroup hierarchies (v1 controllers, and the v2 one where mounted)."""
+    found = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, mount, kind, *_ = line.split()
+        if kind in ("cgroup", "cgroup2"):
+            found.append(Path(mount))
+    return found
 
-    def __init__(self, plane: ControlPlane, name: str = "node-1") -> None:
+
+class Node:
+    """containerd + kubelet, registered as Node ``name`` (the ``index``-th of its cluster); ``stop`` removes it all."""
+
+    def __init__(self, plane: ControlPlane, name: str = "node-1", index: int = 1) -> None:
         if not plane.with_node:
             raise ValueError("the control plane must be created with with_node=True (the Job and node controllers)")
         self.plane = plane
         self.name = name
-        self.workdir = plane.workdir / "node"
+        self.index = index
+        self.labels = dict(zip(TOPOLOGY_KEYS, TOPOLOGY[index - 1], strict=True))
+        self.workdir = plane.workdir / name
         for folder in ("containerd", "cni", "kubelet", "pod-logs", "ipam"):
             (self.workdir / folder).mkdir(parents=True, exist_ok=True)
         self.containerd_socket = self.workdir / "containerd" / "containerd.sock"
-        self.network = PodNetwork(plane.pod_network, plane.apiserver_port)
+        self.network = PodNetwork(plane.node_subnet(index), plane.apiserver_port)
         self.address = self.network.host
-        self._dnat = [
-            "PREROUTING", "-i", self.network.bridge, "-p", "tcp",
-            "-d", KUBERNETES_SERVICE[0], "--dport", str(KUBERNETES_SERVICE[1]),
-            "-j", "DNAT", "--to-destination", "{}:{}".format(*self.network.relay.address),
-        ]  # fmt: skip
+        self.cgroup_root = f"/kube-rendezvous-{name}-{self.network.bridge}"
         self.kubelet_port, self.kubelet_healthz_port = free_port(), free_port()
         self._netns_before: set[str] = set()
+        self._isolated = False
         logs = plane.logdir
         self._servers = {
-            "containerd": _Server("containerd", self._containerd_command(), logs / "containerd.log"),
-            "kubelet": _Server("kubelet", self._kubelet_command(), logs / "kubelet.log"),
-            "kube-scheduler": _Server("kube-scheduler", self._scheduler_command(), logs / "kube-scheduler.log"),
+            "containerd": _Server("containerd", self._containerd_command(), logs / f"{name}-containerd.log"),
+            "kubelet": _Server("kubelet", self._kubelet_command(), logs / f"{name}-kubelet.log"),
         }
 
     # -- configuration --------------------------------------------------------------------
@@ -192,6 +227,9 @@ state = "{folder / "state"}"
             "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_SECONDS}s",
             "nodeStatusReportFrequency": f"{NODE_STATUS_UPDATE_SECONDS}s",
             "podLogsDirectory": str(self.workdir / "pod-logs"),
+            "cgroupRoot": self.cgroup_root,
+            "clusterDNS": [DNS_SERVICE_IP],
+            "clusterDomain": CLUSTER_DOMAIN,
             "resolvConf": "",
             "serializeImagePulls": False,
             "registerNode": True,
@@ -215,35 +253,24 @@ state = "{folder / "state"}"
             f"--cert-dir={folder / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={self.address}",
+            "--node-labels=" + ",".join(f"{key}={value}" for key, value in self.labels.items()),
             "--oom-score-adj=0",
-            "--v=1",
-        ]
-
-    def _scheduler_command(self) -> list[str]:
-        admin = self.plane.admin_kubeconfig
-        return [
-            str(self.plane.binaries.kube_scheduler),
-            f"--kubeconfig={admin}",
-            f"--authentication-kubeconfig={admin}",
-            f"--authorization-kubeconfig={admin}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
             "--v=1",
         ]
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 180.0) -> None:
-        """Start containerd (importing the images), the kubelet and the scheduler; wait until the node is Ready."""
-        run("iptables", "-t", "nat", "-A", *self._dnat)
+    def start(self, timeout: float = 180.0, wait: bool = True) -> None:
+        """Start containerd (importing the images) and the kubelet; with ``wait``, return once the node is Ready."""
         self._netns_before = set(_pod_netns())
+        for hierarchy in _cgroup_hierarchies():
+            (hierarchy / self.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
         self._servers["containerd"].start()
-        wait_until(self._containerd_ready, timeout, "containerd to serve")
+        wait_until(self._containerd_ready, timeout, f"{self.name}'s containerd to serve")
         import_images(self.containerd_socket, build_images().values())
         self.start_kubelet()
-        self._servers["kube-scheduler"].start()
-        wait_until(self.ready, timeout, f"node {self.name} to be Ready")
+        if wait:
+            wait_until(self.ready, timeout, f"node {self.name} to be Ready")
 
     def start_kubelet(self) -> None:
         """Start the kubelet."""
@@ -254,10 +281,16 @@ state = "{folder / "state"}"
 
         The kubelet finds its pods' containers gone and reports them (restartPolicy Never: Failed).
         """
+        self.reconnect()
         self._servers["containerd"].start()
         wait_until(self._containerd_ready, timeout, "containerd to serve again")
         self.start_kubelet()
         wait_until(self.ready, timeout, f"node {self.name} to be Ready again")
+
+    @property
+    def running(self) -> bool:
+        """Whether the node's kubelet and containerd run (false after ``fail``)."""
+        return all(server.process is not None and server.process.poll() is None for server in self._servers.values())
 
     def _containerd_ready(self) -> bool:
         self._servers["containerd"].check_running()
@@ -282,11 +315,16 @@ state = "{folder / "state"}"
             container_id.rsplit("/", 1)[-1])  # fmt: skip
 
     def fail(self) -> None:
-        """A node failure: the kubelet and containerd die (SIGKILL) and so do every pod's processes.
+        """A node failure: the node's network goes silent, then the kubelet and containerd die (SIGKILL) and so do
+        every pod's processes.
 
-        The Node object still says Ready, and its pods Running, until the node-lifecycle controller
-        notices the silence (``NODE_MONITOR_GRACE_PERIOD``).
+        The network goes first so that the death is silent, as a machine's is: the pods' peers and the API
+        server's relay get no FIN or RST from the killed processes (one kernel serves every node here) and
+        learn of it only by timeouts, heartbeats or the Node's condition. The Node object still says Ready,
+        and its pods Running, until the node-lifecycle controller notices the silence
+        (``NODE_MONITOR_GRACE_PERIOD``). ``recover`` undoes it all.
         """
+        self.isolate()
         for name in ("kubelet", "containerd"):
             server = self._servers[name]
             if server.process is not None and server.process.poll() is None:
@@ -294,6 +332,25 @@ state = "{folder / "state"}"
                 server.process.wait(30)
             server.process = None
         self._kill_shims()
+
+    def _isolation_rules(self) -> list[list[str]]:
+        bridge = self.network.bridge
+        return [["INPUT", "-i", bridge, "-j", "DROP"], ["OUTPUT", "-o", bridge, "-j", "DROP"],
+                ["FORWARD", "-i", bridge, "-j", "DROP"], ["FORWARD", "-o", bridge, "-j", "DROP"]]  # fmt: skip
+
+    def isolate(self) -> None:
+        """Drop every packet to and from this node's pods (its bridge), silently: a machine cut off."""
+        if not self._isolated:
+            for rule in self._isolation_rules():
+                run("iptables", "-I", *rule)
+            self._isolated = True
+
+    def reconnect(self) -> None:
+        """Undo ``isolate``."""
+        if self._isolated:
+            for rule in self._isolation_rules():
+                subprocess.run(["iptables", "-D", *rule], capture_output=True, timeout=30)
+            self._isolated = False
 
     def _kill_shims(self) -> None:
         """SIGKILL every container of this node's containerd (each one's init, so its PID namespace), then the shims."""
@@ -321,14 +378,27 @@ state = "{folder / "state"}"
                 pass
 
     def stop(self) -> None:
-        """Stop the scheduler, the kubelet and containerd, kill every pod, and remove the network and mounts."""
-        self._servers["kube-scheduler"].stop()
+        """Stop the kubelet and containerd, kill every pod, and remove the network, mounts and cgroups."""
         self.fail()
+        self.reconnect()
         self._unmount()
         for name in set(_pod_netns()) - self._netns_before:  # containerd's, of the sandboxes it had no time to remove
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
-        subprocess.run(["iptables", "-t", "nat", "-D", *self._dnat], capture_output=True, timeout=30)
         self.network.close()
+        self._remove_cgroups()
+
+    def _remove_cgroups(self) -> None:
+        """Remove the node's cgroup tree, deepest first (its processes are dead; a busy one is left)."""
+        for hierarchy in _cgroup_hierarchies():
+            top = hierarchy / self.cgroup_root.lstrip("/")
+            if top.is_dir():
+                for folder in sorted(
+                    (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+                ):
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
+                with contextlib.suppress(OSError):
+                    top.rmdir()
 
     def _unmount(self) -> None:
         """Unmount what the kubelet and containerd mounted under the node's folder (deepest first)."""

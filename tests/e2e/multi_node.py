@@ -1,0 +1,277 @@
+"""The README's example Job spread over the three nodes of ``tests.testenv.cluster``, and the failures of a node.
+
+Used by ``tests/test_multi_node.py`` (each case once, asserted) and ``benchmarks/multi_node.py`` (every case
+repeated, timed). Each scenario returns what it measured; the times are seconds from the fault.
+
+The manifests are ``examples/`` as shipped (``real_pods.example_objects``) plus what a multi-node test needs:
+
+- a topology spread over ``kubernetes.io/hostname`` (``DoNotSchedule``, tainted nodes not counted), so the
+  3 pods land on 3 nodes and a replacement never on a node that is down or cordoned;
+- tolerations of ``node.kubernetes.io/unreachable`` and ``not-ready`` for ``TOLERATION_SECONDS`` instead of the
+  300 s that the DefaultTolerationSeconds admission plugin adds: a pod of a dead node is deleted (and replaced
+  by the Job controller) that long after its node turned NotReady. Elastic training wants this short: the
+  rendezvous has already moved on without it (``examples/training-job.yaml`` carries the same).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from tests.e2e.real_pods import RENDEZVOUS, apply, example_objects, rendezvous_status, training_pods, worker_rounds
+from tests.testenv import wait_until
+from tests.testenv.cluster import Cluster
+from tests.testenv.node import Node
+
+#: Seconds a training pod stays bound to a NotReady or unreachable node before it is deleted and replaced.
+TOLERATION_SECONDS = 5
+#: c10d's store port on rank 0's pod (torch's default).
+C10D_PORT = 29400
+
+
+def spread(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``objects`` with the Job's pods spread one per node and a short toleration of a dead node."""
+    for item in objects:
+        if item["kind"] != "Job":
+            continue
+        pod = item["spec"]["template"]["spec"]
+        labels = item["spec"]["template"]["metadata"]["labels"]
+        pod["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "nodeTaintsPolicy": "Honor",
+                "labelSelector": {"matchLabels": labels},
+            }
+        ]
+        pod["tolerations"] = [
+            {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_SECONDS}
+            for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+        ]
+    return objects
+
+
+def c10d_objects(last_call_seconds: int = 10, **environment: str) -> list[dict[str, Any]]:
+    """``examples/torch/indexed-job.yaml`` with torch's own c10d backend, as PyTorch's maintainers advise on
+    Kubernetes: rank 0's store found by a headless Service's DNS name (the Indexed Job's pod 0, whose hostname
+    is ``llama-train-0``), spread like ``spread``."""
+    objects = spread(example_objects("torch/indexed-job.yaml", **environment))
+    job = next(item for item in objects if item["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    pod["subdomain"] = RENDEZVOUS
+    container = pod["containers"][0]
+    endpoint = f"{RENDEZVOUS}-0.{RENDEZVOUS}:{C10D_PORT}"
+    container["args"] = [
+        {"--rdzv-backend=k8s": "--rdzv-backend=c10d"}.get(arg, arg)
+        if not arg.startswith("--rdzv-endpoint=")
+        else f"--rdzv-endpoint={endpoint}"
+        for arg in container["args"]
+    ]
+    # The same last call as the k8s runs' Rendezvous (LAST_CALL_SECONDS of the tests): 3 of at most 4 nodes.
+    container["args"].insert(0, f"--rdzv-conf=last_call_timeout={last_call_seconds}")
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": RENDEZVOUS},
+            "spec": {
+                "clusterIP": "None",
+                # A record for each pod as soon as it has an address (c10d's store host included).
+                "publishNotReadyAddresses": True,
+                "selector": {"batch.kubernetes.io/job-name": RENDEZVOUS},
+                "ports": [{"name": "c10d", "port": C10D_PORT}],
+            },
+        }
+    )
+    return objects
+
+
+@dataclass
+class Placement:
+    """The training pods Running now: name -> (address, node)."""
+
+    pods: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def on(self, node: str) -> list[str]:
+        return sorted(pod for pod, (_, where) in self.pods.items() if where == node)
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {pod: address for pod, (address, _) in self.pods.items()}
+
+
+def placement(
+    core: client.CoreV1Api, namespace: str, count: int = 3, exclude: frozenset[str] = frozenset()
+) -> Placement | None:
+    """The training pods once exactly ``count`` are Running with an address on ``count`` distinct nodes, none in
+    ``exclude``."""
+    pods = [pod for pod in training_pods(core, namespace) if pod.metadata.name not in exclude]
+    running = {
+        pod.metadata.name: (pod.status.pod_ip, pod.spec.node_name)
+        for pod in pods
+        if pod.status.phase == "Running" and pod.status.pod_ip
+    }
+    if len(running) != count or len(pods) != count or len({node for _, node in running.values()}) != count:
+        return None
+    return Placement(running)
+
+
+def members(objects: client.CustomObjectsApi, namespace: str) -> tuple[int, set[str]] | None:
+    """The current round and its members' addresses, once it formed (Complete)."""
+    status = rendezvous_status(objects, namespace)
+    if status.get("phase") != "Complete":
+        return None
+    return int(status["round"]), {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
+
+
+def node_named(cluster: Cluster, name: str) -> Node:
+    return next(node for node in cluster.nodes if node.name == name)
+
+
+def pod_index(pod: client.V1Pod) -> int:
+    return int(pod.metadata.labels["batch.kubernetes.io/job-completion-index"])
+
+
+@dataclass
+class Recovery:
+    """What a node failure or drain led to, in seconds from the fault (None: not within the window)."""
+
+    victim_node: str
+    victim_pods: list[str]
+    survivors_training: float | None
+    replacement_training: float | None = None
+    not_ready: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def start_spread_job(
+    cluster: Cluster, namespace: str, objects: list[dict[str, Any]], rendezvous: bool = True
+) -> tuple[Placement, dict[str, int]]:
+    """Apply ``objects``; return the 3 pods' placement once each pod's workers trained in a world of 3."""
+    api = _api(cluster)
+    core, objects_api = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    apply(cluster.node, namespace, objects)
+    first = wait_until(lambda: placement(core, namespace), 180, "3 training pods Running on 3 nodes")
+    if rendezvous:
+        wait_until(
+            lambda: (found := members(objects_api, namespace)) and found[1] == set(first.addresses.values()),
+            120,
+            "a round of the 3 pods",
+        )
+    trained = {
+        pod: wait_until(lambda pod=pod: worker_rounds(cluster.node, namespace, pod, 3), 120, f"{pod} training with 3")
+        for pod in first.pods
+    }
+    return first, trained
+
+
+def _api(cluster: Cluster) -> client.ApiClient:
+    from kubernetes import config
+
+    return config.new_client_from_config(str(cluster.plane.admin_kubeconfig))
+
+
+def pod_zero_node(core: client.CoreV1Api, namespace: str, first: Placement) -> str:
+    """The node of the Indexed Job's pod 0 (c10d's store host; the same kill for both backends)."""
+    pods = {pod.metadata.name: pod for pod in training_pods(core, namespace)}
+    zero = next(name for name in first.pods if pod_index(pods[name]) == 0)
+    return first.pods[zero][1]
+
+
+def fail_node_and_recover(
+    cluster: Cluster,
+    namespace: str,
+    first: Placement,
+    trained: dict[str, int],
+    victim_node: str,
+    window: float = 180,
+    replacement: bool = True,
+) -> Recovery:
+    """Kill ``victim_node`` (kubelet, containerd and its containers); time the survivors' next training round and
+    the replacement's. The node stays down (``Node.recover`` brings it back)."""
+    api = _api(cluster)
+    core = client.CoreV1Api(api)
+    victims = first.on(victim_node)
+    survivors = sorted(set(first.pods) - set(victims))
+    node_named(cluster, victim_node).fail()
+    failed = time.monotonic()
+    recovery = Recovery(victim_node, victims, None)
+
+    def not_ready() -> bool:
+        conditions = core.read_node(victim_node).status.conditions or []
+        return any(c.type == "Ready" and c.status != "True" for c in conditions)
+
+    def survivors_trained() -> bool:
+        if recovery.not_ready is None and not_ready():
+            recovery.not_ready = time.monotonic() - failed
+        return all(worker_rounds(cluster.node, namespace, pod) > trained[pod] for pod in survivors)
+
+    try:
+        wait_until(survivors_trained, window, f"the pods on the other nodes ({', '.join(survivors)}) training again")
+    except TimeoutError:
+        return recovery
+    recovery.survivors_training = time.monotonic() - failed
+    if replacement:
+        after = wait_until(
+            lambda: placement(core, namespace, exclude=frozenset(victims)), window, "the Job's replacement Running"
+        )
+        new = sorted(set(after.pods) - set(first.pods))
+        recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
+        wait_until(
+            lambda: all(worker_rounds(cluster.node, namespace, pod, 3) > 0 for pod in new),
+            window,
+            f"the replacement {', '.join(new)} training with 3",
+        )
+        recovery.replacement_training = time.monotonic() - failed
+    return recovery
+
+
+def drain_and_recover(
+    cluster: Cluster, namespace: str, first: Placement, trained: dict[str, int], node: str, window: float = 180
+) -> Recovery:
+    """``kubectl drain`` ``node`` (cordon, then the eviction API for each pod, PodDisruptionBudgets honoured); time
+    the survivors' next training round and the replacement's. The node is uncordoned afterwards."""
+    api = _api(cluster)
+    core = client.CoreV1Api(api)
+    victims = first.on(node)
+    survivors = sorted(set(first.pods) - set(victims))
+    plane = cluster.plane
+    command = [str(plane.binaries.kubectl), f"--kubeconfig={plane.admin_kubeconfig}", "drain", node]
+    command += ["--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={int(window)}s"]
+    drained = time.monotonic()
+    drain = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    recovery = Recovery(node, victims, None)
+    try:
+        try:
+            wait_until(
+                lambda: all(worker_rounds(cluster.node, namespace, pod) > trained[pod] for pod in survivors),
+                window,
+                f"the pods on the other nodes ({', '.join(survivors)}) training again",
+            )
+        except TimeoutError:
+            return recovery
+        recovery.survivors_training = time.monotonic() - drained
+        after = wait_until(
+            lambda: placement(core, namespace, exclude=frozenset(victims)), window, "the Job's replacement Running"
+        )
+        new = sorted(set(after.pods) - set(first.pods))
+        recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
+        wait_until(
+            lambda: all(worker_rounds(cluster.node, namespace, pod, 3) > 0 for pod in new),
+            window,
+            f"the replacement {', '.join(new)} training with 3",
+        )
+        recovery.replacement_training = time.monotonic() - drained
+        output, _ = drain.communicate(timeout=window)
+        recovery.details["drain"] = {"exit": drain.returncode, "output": output[-2000:]}
+        return recovery
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+            drain.wait(10)
+        plane.kubectl("uncordon", node)
