@@ -106,9 +106,9 @@ class Placement:
 
 
 def placement(
-    core: client.CoreV1Api, namespace: str, count: int = 3, exclude: frozenset[str] = frozenset()
+    core: client.CoreV1Api, namespace: str, exclude: frozenset[str] = frozenset(), nodes: int = 3, count: int = 3
 ) -> Placement | None:
-    """The training pods once exactly ``count`` are Running with an address on ``count`` distinct nodes, none in
+    """The training pods once exactly ``count`` are Running with an address, on ``nodes`` distinct nodes, none in
     ``exclude``."""
     pods = [pod for pod in training_pods(core, namespace) if pod.metadata.name not in exclude]
     running = {
@@ -116,7 +116,7 @@ def placement(
         for pod in pods
         if pod.status.phase == "Running" and pod.status.pod_ip
     }
-    if len(running) != count or len(pods) != count or len({node for _, node in running.values()}) != count:
+    if len(running) != count or len(pods) != count or len({node for _, node in running.values()}) != nodes:
         return None
     return Placement(running)
 
@@ -218,7 +218,9 @@ def fail_node_and_recover(
     recovery.survivors_training = time.monotonic() - failed
     if replacement:
         after = wait_until(
-            lambda: placement(core, namespace, exclude=frozenset(victims)), window, "the Job's replacement Running"
+            lambda: placement(core, namespace, exclude=frozenset(victims), nodes=2),
+            window,
+            "the Job's replacement Running",
         )
         new = sorted(set(after.pods) - set(first.pods))
         recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
@@ -257,7 +259,9 @@ def drain_and_recover(
             return recovery
         recovery.survivors_training = time.monotonic() - drained
         after = wait_until(
-            lambda: placement(core, namespace, exclude=frozenset(victims)), window, "the Job's replacement Running"
+            lambda: placement(core, namespace, exclude=frozenset(victims), nodes=2),
+            window,
+            "the Job's replacement Running",
         )
         new = sorted(set(after.pods) - set(first.pods))
         recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
