@@ -69,8 +69,18 @@ def micro_time(moment: datetime) -> str:
 
 
 def parse_micro_time(text: str) -> datetime:
-    """The inverse of ``micro_time`` (also accepts whole seconds)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """The inverse of ``micro_time`` (also accepts whole seconds and any UTC offset): an aware UTC datetime.
+
+    Raises:
+        ValueError: not an RFC 3339 time, or one without a UTC offset (a naive time cannot be compared
+            with the aware ones every other time here is).
+    """
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(
+            f"the time {text!r} has no UTC offset (a MicroTime ends in Z, e.g. 2026-01-02T03:04:05.000000Z)"
+        )
+    return moment.astimezone(timezone.utc)
 
 
 def _prefixed(rendezvous_name: str, suffix: str) -> str:
