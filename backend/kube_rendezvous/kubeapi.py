@@ -400,11 +400,19 @@ def socket_options() -> list[tuple[int, int, int]]:
     return options
 
 
-def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:
-    """Return an API client and the kubeconfig context's namespace (None in-cluster).
+#: What an agent passes to name its kubeconfig: ``load_api_client``'s default advice.
+AGENT_KUBECONFIG_FIX = "pass --rdzv-conf kubeconfig=PATH"
+
+
+def load_api_client(
+    kubeconfig: str | None, context: str | None, *, fix: str = AGENT_KUBECONFIG_FIX
+) -> tuple[k8s_client.ApiClient, str | None]:
+    """Return an API client and the kubeconfig context's namespace (None in-cluster, or none set).
 
     In-cluster credentials (the pod's service-account token, refreshed as it rotates) are
-    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig.
+    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig. ``fix`` is
+    how the caller's user names another kubeconfig (the agents' ``--rdzv-conf``, the plugin's
+    ``--kubeconfig``, the operator's ``--kubeconfig``): the error message advises it.
 
     Raises:
         ValueError: no usable credentials; the message says what to pass.
@@ -425,10 +433,13 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_cl
         contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         if context is not None:
             active = next((item for item in contexts if item["name"] == context), active)
-        return api_client, (active or {}).get("context", {}).get("namespace")
-    except (k8s_config.ConfigException, OSError, TypeError) as exc:
+        settings = (active or {}).get("context") or {}  # a context may be listed as ``context: null``
+        namespace = settings.get("namespace") if isinstance(settings, dict) else None
+        return api_client, str(namespace) if namespace else None
+    except (k8s_config.ConfigException, OSError, TypeError, AttributeError) as exc:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        named = f" (context {context!r})" if context else ""
         raise ValueError(
-            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r} could not be loaded ({exc}). "
-            "Run in a pod with a ServiceAccount, or pass --rdzv-conf kubeconfig=PATH."
+            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r}{named} could not be loaded "
+            f"({exc}). Run in a pod with a ServiceAccount, or {fix}."
         ) from exc

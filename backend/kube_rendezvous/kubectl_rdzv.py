@@ -43,7 +43,9 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[KubernetesApi,
     given = kubeconfig is not None or context is not None or bool(os.environ.get("KUBECONFIG"))
     in_pod = not given and not Path(where).expanduser().exists()
     try:
-        api_client, namespace = kubeapi.load_api_client(None if in_pod else where, context)
+        api_client, namespace = kubeapi.load_api_client(
+            None if in_pod else where, context, fix="pass --kubeconfig PATH and --context NAME"
+        )
         if in_pod:
             namespace = Path(SERVICE_ACCOUNT_NAMESPACE_FILE).read_text().strip()
     except (OSError, ValueError) as exc:
