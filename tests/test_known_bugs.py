@@ -1,0 +1,142 @@
+"""Known bugs of issue #40, one test each, written before the fix (each docstring says what it showed).
+
+Pure where the bug lives in this process's code (the in-memory fake or a stub API); the real control plane
+where the bug is about the API server's answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous import kubeapi, kubectl_rdzv
+from kube_rendezvous.leases import micro_time, parse_micro_time
+from kube_rendezvous.watchcache import WatchCache
+
+# -- 2. a WatchCache re-list must not replace an object this process installed while the list was on its way ------
+
+
+def rendezvous(version: str) -> dict[str, Any]:
+    return {"metadata": {"name": "rdzv", "resourceVersion": version}, "status": {"seen": version}}
+
+
+class ListRacedByAnInstall:
+    """A stub API: its first list is answered with version 5 while this process's write (answered
+    with version 6) is installed meanwhile; every later list shows version 6. Watches stay quiet."""
+
+    def __init__(self) -> None:
+        self.cache: WatchCache | None = None
+        self.lists = 0
+        self.stopped = threading.Event()
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.lists += 1
+        if self.lists == 1:
+            assert self.cache is not None
+            self.cache.install(rendezvous("6"))  # another thread's write answered while this list was in flight
+            return {"items": [rendezvous("5")], "metadata": {"resourceVersion": "5"}}
+        return {"items": [rendezvous("6")], "metadata": {"resourceVersion": "6"}}
+
+    def watch(self, path: str, **_: Any) -> Iterator[dict[str, Any]]:
+        self.stopped.wait(10)
+        return iter(())
+
+
+@pytest.mark.pure
+def test_a_relist_keeps_an_object_installed_while_the_list_was_on_its_way() -> None:
+    """Before the fix: ``AssertionError: assert '5' == '6'`` (the list's older version replaced the write's answer)."""
+    api = ListRacedByAnInstall()
+    cache = WatchCache(api, "/apis/x/v1/namespaces/n/rendezvouses", {}, "test")  # type: ignore[arg-type]
+    api.cache = cache
+    cache.start()
+    try:
+        assert cache.wait_ready(5)
+        found = cache.get("rdzv")
+        assert found is not None and found["metadata"]["resourceVersion"] == "6"
+    finally:
+        api.stopped.set()
+        cache.stop()
+
+
+# -- 3. kubeconfig with ``context: null``, and a load error that names the caller's own fix -------------------------
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: "https://127.0.0.1:1"}}
+users:
+- name: u
+  user: {{token: abc}}
+contexts:
+- name: good
+  context: {{cluster: c, user: u}}
+- name: empty
+  context: null
+current-context: {current}
+"""
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / "config"
+    path.write_text(KUBECONFIG.format(current="empty"))
+    return path
+
+
+@pytest.mark.pure
+def test_a_context_listed_as_null_gives_no_namespace_not_an_attribute_error(
+    kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix: ``AttributeError: 'NoneType' object has no attribute 'get'`` (the kubernetes client of this
+    repository refuses ``context: null`` in the loaded context first, so the listing is made to show it)."""
+    kubeconfig.write_text(KUBECONFIG.format(current="good"))
+    listing = ([{"name": "good", "context": None}], {"name": "good", "context": None})
+    monkeypatch.setattr(kubeapi.k8s_config, "list_kube_config_contexts", lambda **_: listing)
+    _, namespace = kubeapi.load_api_client(str(kubeconfig), None)
+    assert namespace is None
+
+
+@pytest.mark.pure
+def test_a_null_current_context_is_refused_naming_the_callers_fix(kubeconfig: Path) -> None:
+    """Before the fix: ``TypeError: load_api_client() got an unexpected keyword argument 'fix'``: every caller's
+    message said "pass --rdzv-conf kubeconfig=PATH", the agents' option, to the operator and the plugin too."""
+    with pytest.raises(ValueError, match="--rdzv-conf kubeconfig=PATH") as agent:
+        kubeapi.load_api_client(str(kubeconfig), None)
+    assert "context" in str(agent.value)
+    with pytest.raises(ValueError) as other:
+        kubeapi.load_api_client(str(kubeconfig), None, fix="pass --kubeconfig PATH")
+    assert "--rdzv-conf" not in str(other.value) and "pass --kubeconfig PATH" in str(other.value)
+
+
+@pytest.mark.pure
+def test_the_plugin_names_its_own_options_for_a_null_context(kubeconfig: Path) -> None:
+    """The plugin's message names --kubeconfig/--context, never the agents' --rdzv-conf (this one held before)."""
+    with pytest.raises(kubectl_rdzv.PluginError) as failure:
+        kubectl_rdzv.connect(str(kubeconfig), None)
+    assert "--rdzv-conf" not in str(failure.value) and "--context" in str(failure.value)
+
+
+# -- 4. parse_micro_time: aware UTC, or refused ------------------------------------------------------------------------
+
+
+@pytest.mark.pure
+def test_parse_micro_time_refuses_a_time_without_an_offset() -> None:
+    """Before the fix: ``Failed: DID NOT RAISE <class 'ValueError'>`` (a naive datetime came back)."""
+    with pytest.raises(ValueError, match="UTC offset"):
+        parse_micro_time("2026-01-02T03:04:05.000006")
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("text", ["2026-01-02T03:04:05.000006Z", "2026-01-02T03:04:05Z", "2026-01-02T04:04:05+01:00"])
+def test_parse_micro_time_returns_utc(text: str) -> None:
+    parsed = parse_micro_time(text)
+    assert parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None)
+    assert parsed.replace(microsecond=0) == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert parse_micro_time(micro_time(parsed)) == parsed
