@@ -6,7 +6,9 @@ where the bug is about the API server's answer.
 
 from __future__ import annotations
 
+import pickle
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,8 +16,20 @@ from typing import Any
 
 import pytest
 from kube_rendezvous import kubeapi, kubectl_rdzv
+from kube_rendezvous.backend import KubernetesRendezvousBackend
+from kube_rendezvous.kubeapi import KubernetesApi
 from kube_rendezvous.leases import micro_time, parse_micro_time
 from kube_rendezvous.watchcache import WatchCache
+from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+from tests.helpers import create_rendezvous
+
+
+def pickled_state(round_number: int) -> bytes:
+    made = _RendezvousState()
+    made.round = round_number
+    return pickle.dumps(made)
+
 
 # -- 2. a WatchCache re-list must not replace an object this process installed while the list was on its way ------
 
@@ -140,3 +154,26 @@ def test_parse_micro_time_returns_utc(text: str) -> None:
     assert parsed.tzinfo is not None and parsed.utcoffset() == timezone.utc.utcoffset(None)
     assert parsed.replace(microsecond=0) == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert parse_micro_time(micro_time(parsed)) == parsed
+
+
+# -- 1. a malformed compare-and-swap token: refused before it is sent, never an outage ------------------------------
+
+
+@pytest.mark.cluster
+def test_a_malformed_token_is_refused_promptly_and_is_no_outage(
+    control_plane: Any, namespace: str, agent_kubeconfig: Path, objects: Any
+) -> None:
+    """Before the fix: the API server answered the malformed tokens with 500, which the client counted as an
+    outage (``last_outage`` set, the state write retried after a back-off)."""
+    create_rendezvous(objects, namespace, "rdzv", minNodes=2, maxNodes=2)
+    api = KubernetesApi(kubeapi.load_api_client(str(agent_kubeconfig), None)[0])
+    backend = KubernetesRendezvousBackend(api, namespace, "rdzv", "run-1", retry_timeout=10, conflict_backoff=0)
+    written = backend.set_state(pickled_state(1))
+    assert written is not None and written[2] is True
+    for token in ("not-a-version", "12abc", "-1", "1.5", " 5", "5 ", "0x10", "99999999999999999999999"):
+        began = time.monotonic()
+        answer = backend.set_state(pickled_state(2), token)
+        took = time.monotonic() - began
+        assert answer is not None and (answer[1], answer[2]) == (written[1], False), token
+        assert took < 2, f"{token!r}: {took:.1f} s"
+        assert api.last_outage is None, f"{token!r} counted as an outage"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 from urllib.parse import quote
 
 import urllib3
@@ -137,6 +137,18 @@ def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) 
             f"(verb {verb!r} on {resource!r} in API group {group!r}); see docs/rbac.yaml."
         )
     return f"Could not {verb} {resource} in namespace {namespace!r}: {exc}"
+
+
+def is_resource_version(token: object) -> TypeGuard[str]:
+    """Whether ``token`` has the shape of a resourceVersion this project's API servers issue: a decimal
+    unsigned 64-bit number (etcd's revision). A shape check, never an order.
+
+    The API server answers a precondition on any other resourceVersion with 500 (it fails to parse it),
+    an answer that reads as an outage; such a token is refused before it is sent instead.
+    """
+    return (
+        isinstance(token, str) and 0 < len(token) <= 20 and token.isascii() and token.isdigit() and int(token) < 2**64
+    )
 
 
 def resource_path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
