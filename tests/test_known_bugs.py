@@ -10,18 +10,33 @@ import pickle
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 from kube_rendezvous import kubeapi, kubectl_rdzv
 from kube_rendezvous.backend import KubernetesRendezvousBackend
-from kube_rendezvous.kubeapi import KubernetesApi
-from kube_rendezvous.leases import micro_time, parse_micro_time
+from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous.kubeapi import MERGE_PATCH as MERGE
+from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, RENDEZVOUS_PLURAL, KubernetesApi, resource_path
+from kube_rendezvous.leases import (
+    ANNOTATION_NODE,
+    LABEL_LEASE,
+    LEASE_PLURAL,
+    micro_time,
+    node_lease_name,
+    parse_micro_time,
+)
 from kube_rendezvous.watchcache import WatchCache
+from kube_rendezvous_operator import handlers, logic
+from kube_rendezvous_operator.config import OperatorConfig
+from kube_rendezvous_operator.handlers import Observed, OperatorMemo, stored_state
+from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
+from tests.fakeapi import FakeKubernetesApi
 from tests.helpers import create_rendezvous
 
 
@@ -177,3 +192,89 @@ def test_a_malformed_token_is_refused_promptly_and_is_no_outage(
         assert answer is not None and (answer[1], answer[2]) == (written[1], False), token
         assert took < 2, f"{token!r}: {took:.1f} s"
         assert api.last_outage is None, f"{token!r} counted as an outage"
+
+
+# -- 6. the operator's restart rule: one Lease read per restart, not one per pod event ------------------------------
+
+
+class CountingApi(FakeKubernetesApi):
+    """The in-memory API, counting its requests by method and path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, **options: Any) -> Any:
+        self.seen.append((method, path))
+        return super().request(method, path, **options)
+
+
+@pytest.mark.pure
+def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Already fixed by 45cfdb2 (this guards it; ``tests/test_restart_rule.py`` is its cluster twin): every
+    event of a restarted pod re-read the Leases for 5 minutes."""
+    earlier, later, other = NodeId("10.9.0.5", 7, 0), NodeId("10.9.0.5", 8, 0), NodeId("10.9.0.6", 7, 0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    finished = now - timedelta(seconds=30)
+    api = CountingApi()
+    namespace = "ns"
+    document = RendezvousDocument(
+        round=1, complete=True, participants={earlier: 0, other: 1}, wait_list=frozenset({later})
+    )
+    body = {
+        "apiVersion": "kube-rendezvous.io/v1alpha1",
+        "kind": "Rendezvous",
+        "metadata": {"name": "job"},
+        "spec": {"minNodes": 1, "maxNodes": 3},
+    }
+    api.request("POST", resource_path(RENDEZVOUS_PLURAL, namespace), body=body)
+    status = {"state": encode_document(document), "runId": "run-1"}
+    api.request(
+        "PATCH",
+        resource_path(RENDEZVOUS_PLURAL, namespace, "job", "status"),
+        body={"status": status},
+        content_type=MERGE,
+    )
+    for node, renewed in ((earlier, finished - timedelta(seconds=20)), (later, now), (other, now)):
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": node_lease_name("job", node),
+                "labels": {RENDEZVOUS_LABEL: "job", LABEL_LEASE: "node"},
+                "annotations": {ANNOTATION_NODE: str(node)},
+            },
+            "spec": {"holderIdentity": str(node), "leaseDurationSeconds": 15, "renewTime": micro_time(renewed)},
+        }
+        api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease)
+    posted: list[str] = []
+    monkeypatch.setattr(handlers, "post_event", lambda body, event, *_: posted.append(event.reason))
+    memo = OperatorMemo(OperatorConfig(), api)  # type: ignore[arg-type]
+    key = (namespace, "job")
+    stored = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]
+    memo.observed[key] = Observed(dict(stored), stored_state(memo, key, stored["state"]).document)
+    memo.selectors[key] = logic.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+    pod = kopf.Body(
+        {
+            "metadata": {"name": "trainer-0", "namespace": namespace, "uid": "uid-0", "labels": {}},
+            "status": {
+                "phase": "Running",
+                "podIP": "10.9.0.5",
+                "containerStatuses": [
+                    {
+                        "name": "agent",
+                        "restartCount": 1,
+                        "state": {"running": {}},
+                        "lastState": {"terminated": {"exitCode": 137, "finishedAt": micro_time(finished)[:19] + "Z"}},
+                    }
+                ],
+            },
+        }
+    )
+    api.seen.clear()
+    for _ in range(6):  # the restarted pod's status updates: one judgement, then nothing
+        evict_nodes_of_gone_pods("MODIFIED", pod, {RENDEZVOUS_LABEL: "job"}, namespace, memo)
+    lease_reads = [path for method, path in api.seen if method == "GET" and path.endswith("/leases")]
+    assert len(lease_reads) == 1, api.seen
+    after = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]
+    assert after["evictedNodes"] == [str(earlier)] and posted == ["NodeEvicted"]
