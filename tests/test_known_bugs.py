@@ -6,6 +6,7 @@ where the bug is about the API server's answer.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import threading
 import time
@@ -16,11 +17,19 @@ from typing import Any
 
 import kopf
 import pytest
-from kube_rendezvous import kubeapi, kubectl_rdzv
+from kube_rendezvous import frameworks, kubeapi, kubectl_rdzv, native
 from kube_rendezvous.backend import KubernetesRendezvousBackend
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous.factory import Connection
+from kube_rendezvous.handler import KubernetesRendezvousHandler
 from kube_rendezvous.kubeapi import MERGE_PATCH as MERGE
-from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, RENDEZVOUS_PLURAL, KubernetesApi, resource_path
+from kube_rendezvous.kubeapi import (
+    RENDEZVOUS_LABEL,
+    RENDEZVOUS_PLURAL,
+    ApiUnavailableError,
+    KubernetesApi,
+    resource_path,
+)
 from kube_rendezvous.leases import (
     ANNOTATION_NODE,
     LABEL_LEASE,
@@ -29,6 +38,8 @@ from kube_rendezvous.leases import (
     node_lease_name,
     parse_micro_time,
 )
+from kube_rendezvous.settings import KubernetesRendezvousConfig, RendezvousTimings
+from kube_rendezvous.shared import release, shared
 from kube_rendezvous.watchcache import WatchCache
 from kube_rendezvous_operator import handlers, logic
 from kube_rendezvous_operator.config import OperatorConfig
@@ -278,3 +289,120 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
     assert len(lease_reads) == 1, api.seen
     after = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]
     assert after["evictedNodes"] == [str(earlier)] and posted == ["NodeEvicted"]
+
+
+# -- 5. the leave at exit: states its real timeout, and is quiet when there is nothing to leave ---------------------
+
+
+class DownableApi(FakeKubernetesApi):
+    """The in-memory API that can go away (every request and watch fails: no answer) and counts requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.requests = 0
+
+    def request(self, method: str, path: str, **options: Any) -> Any:
+        self.requests += 1
+        if self.down:
+            raise ApiUnavailableError(f"{method} {path}: ConnectionRefusedError")
+        return super().request(method, path, **options)
+
+    def watch(self, path: str, **options: Any) -> Iterator[dict[str, Any]]:
+        if self.down:
+            raise ApiUnavailableError(f"WATCH {path}: ConnectionRefusedError")
+        return super().watch(path, **options)
+
+
+@pytest.fixture
+def exit_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[DownableApi]:
+    monkeypatch.setattr(native, "EXIT_LEAVE_SECONDS", 1.0)
+    api = DownableApi()
+    body = {
+        "apiVersion": "kube-rendezvous.io/v1alpha1",
+        "kind": "Rendezvous",
+        "metadata": {"name": "rdzv"},
+        "spec": {"minNodes": 1, "maxNodes": 2},
+    }
+    api.request("POST", resource_path(RENDEZVOUS_PLURAL, "exit"), body=body)
+    yield api
+    api.down = False
+    release("exit")
+    api.close()
+
+
+def exit_handler(api: DownableApi, pid: int) -> KubernetesRendezvousHandler:
+    """A ``k8s`` handler of Rendezvous ``exit/rdzv`` on ``api`` (max nodes 1: a join forms a round at once)."""
+    obj = api.request("GET", resource_path(RENDEZVOUS_PLURAL, "exit", "rdzv"))
+    config = KubernetesRendezvousConfig(name="rdzv", namespace="exit", retry_timeout=5)
+    connection = Connection(api, "exit", "rdzv", obj, "job-1", RendezvousTimings(last_call=0.2), config)  # type: ignore[arg-type]
+    handler = KubernetesRendezvousHandler(connection, NodeId("127.0.0.1", pid, 0), 1, 1, frameworks.tensorplay())
+    handler.next_rendezvous()  # registers the leave at exit
+    return handler
+
+
+def exit_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name.startswith("kube_rendezvous") and r.levelno >= logging.WARNING
+    ]
+
+
+@pytest.mark.pure
+def test_a_failed_leave_at_exit_warns_once_with_the_real_timeout(
+    exit_api: DownableApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the fix: the warning said "could not be reached for 5 s" (the retry timeout), not the exit's 1 s."""
+    handler = exit_handler(exit_api, 1)
+    exit_api.down = True
+    watch = shared(exit_api, "exit", "rdzv").watch  # type: ignore[arg-type]
+    watch.refresh()  # the watch fails over to GETs, as after the API server went away
+    assert watch.wait_for(lambda: not watch.healthy, 10)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="kube_rendezvous"):
+        handler._leave_at_exit()
+    warned = exit_warnings(caplog)
+    assert len(warned) == 1 and "could not leave the rendezvous job-1" in warned[0], warned
+    assert "for 1 s" in warned[0] and "for 5 s" not in warned[0], warned
+
+
+@pytest.mark.pure
+def test_a_leave_at_exit_with_nothing_to_leave_is_quiet(
+    exit_api: DownableApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the fix: ``could not leave the rendezvous job-1: The Kubernetes API server did not take this node's
+    leave request`` after 1 s, for a handler whose rendezvous this process had released (as every test's namespace
+    does at its end, before the exit) and whose API server was gone; and a request for one that had left already."""
+    left = exit_handler(exit_api, 1)
+    left.shutdown()  # not succeeded: it leaves now
+    left._shutdown_result = None  # as if the framework had left without a shutdown (its last ask was a leave)
+    released = exit_handler(exit_api, 2)
+    release("exit")
+    exit_api.down = True
+    caplog.clear()
+    began, requests = time.monotonic(), exit_api.requests
+    with caplog.at_level(logging.DEBUG, logger="kube_rendezvous"):
+        left._leave_at_exit()
+        released._leave_at_exit()
+    assert exit_warnings(caplog) == []
+    assert (exit_api.requests, time.monotonic() - began < 0.5) == (requests, True)
+
+
+@pytest.mark.pure
+def test_a_leave_at_exit_into_a_gone_namespace_is_quiet(
+    exit_api: DownableApi, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix: ``could not leave the rendezvous job-1: Could not patch leases ... 404`` (a warning) when
+    the node's Lease and its namespace were gone while the Rendezvous was still shown (held by a finalizer)."""
+    handler = exit_handler(exit_api, 1)
+    answer = exit_api.request
+
+    def gone(method: str, path: str, **options: Any) -> Any:
+        if "/leases" in path and method in ("PATCH", "POST"):
+            raise kubeapi.api_error(404, "NotFound", 'namespaces "exit" not found', method, path)
+        return answer(method, path, **options)
+
+    monkeypatch.setattr(exit_api, "request", gone)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="kube_rendezvous"):
+        handler._leave_at_exit()
+    assert exit_warnings(caplog) == []

@@ -122,6 +122,13 @@ def api_error(status: int, reason: str, message: str, method: str, path: str, tr
     return cls(status, reason, message, method, path, transient or cls is ServerUnavailableError)
 
 
+def is_gone(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the object or its namespace is gone (404), or the namespace is being deleted."""
+    return isinstance(exc, NotFoundError) or (
+        isinstance(exc, ForbiddenError) and "because it is being terminated" in exc.message
+    )
+
+
 def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) -> str:
     """Return a message for a failed call; for a refusal it names the permission to grant."""
     if isinstance(exc, ForbiddenError) and exc.status == 401:

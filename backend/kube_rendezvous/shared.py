@@ -147,6 +147,7 @@ class SharedRendezvous:
         self._keys: dict[str, KeyWatch] = {}
         self._folder: tuple[Folder, threading.Event, threading.Thread] | None = None
         self._renewers: dict[float, LeaseRenewer] = {}
+        self._stopped = False
 
     def keys(self, rendezvous_uid: str) -> KeyWatch:
         """The watch of the store keys of the incarnation ``rendezvous_uid``, started on first use."""
@@ -189,9 +190,15 @@ class SharedRendezvous:
                 found = self._renewers[interval] = LeaseRenewer(interval)
             return found
 
+    @property
+    def stopped(self) -> bool:
+        """Whether this process released the Rendezvous (``release``): nothing of it runs any more."""
+        return self._stopped
+
     def stop(self, deadline: float) -> None:
         """Stop everything; a folder holding the writer Lease releases it (waits until ``deadline`` at most)."""
         with self._lock:
+            self._stopped = True
             running, self._folder = self._folder, None
             watches = [self.watch, *(keys.cache for keys in self._keys.values())]
             renewers = list(self._renewers.values())
