@@ -6,7 +6,7 @@ through one ``SharedRendezvous`` (``shared``), made on first use:
 - one watch of the object (``watch``): waiting agents and the launcher's monitor loop read it, so
   N handlers cost one watch, not N reads a second;
 - one watch of its store keys per incarnation of the object (``keys``), with the index of the add
-  requests it shows (``adds.AddIndex``) and of the keys its bundles hold (``BundledKeys``);
+  requests it shows (``adder.AddIndex``) and of the keys its bundles hold (``BundledKeys``);
 - the decoded state document of the latest texts (``decoded``), decoded once for every reader;
 - the process's own folder (``folder``), a candidate writer for when no operator folds;
 - one Lease renewer per keep-alive interval (``renewer``): the nodes' heartbeats.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .adds import AddIndex
+from .adder import AddIndex
 from .bundles import BundledKeys
 from .document import RendezvousDocument, decode_document
 from .folder import Folder
