@@ -217,7 +217,7 @@ class TestAtomicity:
         assert store.add("counter", 1) == 1
         cache = store._key_cache()
         assert cache is not None
-        monkeypatch.setattr(cache, "_apply", lambda kind, obj: None)  # the watch delivers nothing more
+        monkeypatch.setattr(cache, "apply_event", lambda kind, obj: None)  # the watch delivers nothing more
         run_workers("add-to-key", 1, endpoint, str(agent_kubeconfig), "counter", "5")
         store.timeout = 60
         assert store.add("counter", 1) == 7

@@ -172,7 +172,9 @@ class WatchCache:
         for listener in self._listeners:
             listener(obj)
 
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+    def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Take one watch event (``ADDED``, ``MODIFIED`` or ``DELETED`` of ``obj``) into account, as the watch
+        thread does with each it receives; for a caller that learned of a change another way (and tests)."""
         name = obj.get("metadata", {}).get("name")
         if not name:
             return
@@ -262,7 +264,7 @@ class WatchCache:
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         self.stats["events"] += 1
-                        self._apply(str(event["type"]), obj)
+                        self.apply_event(str(event["type"]), obj)
                     if self._stopped.is_set() or self._refreshing:
                         break
                 failures = 0
