@@ -41,9 +41,9 @@ from kube_rendezvous.leases import (
 from kube_rendezvous.settings import KubernetesRendezvousConfig, RendezvousTimings
 from kube_rendezvous.shared import release, shared
 from kube_rendezvous.watchcache import WatchCache
-from kube_rendezvous_operator import handlers, logic
+from kube_rendezvous_operator import logic, memory
 from kube_rendezvous_operator.config import OperatorConfig
-from kube_rendezvous_operator.handlers import Observed, OperatorMemo, stored_state
+from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
 from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
@@ -259,7 +259,7 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
         }
         api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease)
     posted: list[str] = []
-    monkeypatch.setattr(handlers, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(memory, "post_event", lambda body, event, *_: posted.append(event.reason))
     memo = OperatorMemo(OperatorConfig(), api)  # type: ignore[arg-type]
     key = (namespace, "job")
     stored = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]

@@ -18,6 +18,7 @@ import kopf
 from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
 
 from .config import OperatorConfig
+from .memory import OperatorMemo
 
 #: Seconds one request of the operator's handlers may take.
 REQUEST_SECONDS = 15.0
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
     client, _ = load_api_client(config.kubeconfig, None, fix=KUBECONFIG_FIX)
-    memo = handlers.OperatorMemo(config=config, api=KubernetesApi(client, REQUEST_SECONDS))
+    memo = OperatorMemo(config=config, api=KubernetesApi(client, REQUEST_SECONDS))
 
     def run() -> None:
         kopf.run(
