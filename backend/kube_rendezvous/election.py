@@ -29,15 +29,8 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .leases import (
-    ANNOTATION_WRITER_PRIORITY,
-    LABEL_LEASE,
-    LEASE_PLURAL,
-    NodeRecord,
-    micro_time,
-    parse_micro_time,
-    writer_lease_name,
-)
+from .leaseformat import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
+from .leases import ANNOTATION_WRITER_PRIORITY, NodeRecord, writer_lease_name
 
 logger = logging.getLogger(__name__)
 

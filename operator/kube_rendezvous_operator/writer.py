@@ -34,13 +34,8 @@ from kube_rendezvous.kubeapi import (
     KubernetesApi,
     resource_path,
 )
-from kube_rendezvous.leases import (
-    ANNOTATION_NODE,
-    LABEL_LEASE,
-    LEASE_PLURAL,
-    parse_micro_time,
-    parse_node,
-)
+from kube_rendezvous.leaseformat import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, parse_micro_time
+from kube_rendezvous.leases import parse_node
 from kube_rendezvous.watchcache import object_watch
 
 from .memory import OperatorMemo, training_pods
