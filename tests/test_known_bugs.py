@@ -60,13 +60,14 @@ def pickled_state(round_number: int) -> bytes:
 # -- 2. a WatchCache re-list must not replace an object this process installed while the list was on its way ------
 
 
-def rendezvous(version: str) -> dict[str, Any]:
-    return {"metadata": {"name": "rdzv", "resourceVersion": version}, "status": {"seen": version}}
+def rendezvous(version: str, seen: str) -> dict[str, Any]:
+    return {"metadata": {"name": "rdzv", "resourceVersion": version}, "status": {"seen": seen}}
 
 
 class ListRacedByAnInstall:
     """A stub API: its first list is answered with version 5 while this process's write (answered
-    with version 6) is installed meanwhile; every later list shows version 6. Watches stay quiet."""
+    with version 6) is installed meanwhile; every later list shows version 6. Watches stay quiet
+    until the cache ends them."""
 
     def __init__(self) -> None:
         self.cache: WatchCache | None = None
@@ -77,12 +78,21 @@ class ListRacedByAnInstall:
         self.lists += 1
         if self.lists == 1:
             assert self.cache is not None
-            self.cache.install(rendezvous("6"))  # another thread's write answered while this list was in flight
-            return {"items": [rendezvous("5")], "metadata": {"resourceVersion": "5"}}
-        return {"items": [rendezvous("6")], "metadata": {"resourceVersion": "6"}}
+            self.cache.install(rendezvous("6", "installed"))  # another thread's write answered meanwhile
+            return {"items": [rendezvous("5", "listed")], "metadata": {"resourceVersion": "5"}}
+        return {"items": [rendezvous("6", "listed")], "metadata": {"resourceVersion": "6"}}
 
-    def watch(self, path: str, **_: Any) -> Iterator[dict[str, Any]]:
-        self.stopped.wait(10)
+    def watch(self, path: str, *, on_response: Any = None, **_: Any) -> Iterator[dict[str, Any]]:
+        ended = threading.Event()
+
+        class Response:
+            def shutdown(self) -> None:
+                ended.set()
+
+        if on_response is not None:
+            on_response(Response())
+        while not (ended.is_set() or self.stopped.is_set()):
+            ended.wait(0.05)
         return iter(())
 
 
@@ -97,6 +107,11 @@ def test_a_relist_keeps_an_object_installed_while_the_list_was_on_its_way() -> N
         assert cache.wait_ready(5)
         found = cache.get("rdzv")
         assert found is not None and found["metadata"]["resourceVersion"] == "6"
+        # The raced list is followed by another, sent after the install: it shows that version, and replaces it.
+        assert cache.wait_for(
+            lambda: api.lists >= 2 and (cache.get("rdzv") or {}).get("status", {}).get("seen") == "listed", 5
+        )
+        assert cache.objects()["rdzv"]["metadata"]["resourceVersion"] == "6"
     finally:
         api.stopped.set()
         cache.stop()

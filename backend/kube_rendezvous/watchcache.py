@@ -231,7 +231,8 @@ class WatchCache:
                     for name, obj in self._installed.items()
                     if obj["metadata"].get("resourceVersion") != versions.get(name)
                 }
-                self._refreshing = bool(self._installed)  # list again: the next list was sent after the install
+                if self._installed:
+                    self._refreshing = True  # list again: the next list is sent after the install
             self.healthy = self.supported = True
             self.refused = None
             self.epoch += 1 if interrupted else 0
