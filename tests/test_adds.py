@@ -1,4 +1,4 @@
-"""Combining adds, the pure part: the fold and the index a process keeps from its watch."""
+"""Combining adds: the pure fold (``adds``), and the index a process keeps from its watch (``adder.AddIndex``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import base64
 from typing import Any
 
 import pytest
+from kube_rendezvous.adder import AddIndex
 from kube_rendezvous.adds import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
-    AddIndex,
     AddRequest,
     CounterValueError,
     counter_digest,

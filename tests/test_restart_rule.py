@@ -17,9 +17,9 @@ import pytest
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
 from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, load_api_client, resource_path
 from kube_rendezvous.leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, node_lease_name
-from kube_rendezvous_operator import handlers, logic
+from kube_rendezvous_operator import logic, memory
 from kube_rendezvous_operator.config import OperatorConfig
-from kube_rendezvous_operator.handlers import Observed, OperatorMemo, stored_state
+from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
 from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
 from kubernetes import client
 
@@ -99,7 +99,7 @@ def test_a_restart_is_judged_once_with_the_leases_and_again_only_after_a_failed_
 
     posted: list[str] = []
     # Kopf posts Events from its own engine, which does not run here: record what would be posted.
-    monkeypatch.setattr(handlers, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(memory, "post_event", lambda body, event, *_: posted.append(event.reason))
     with operator_account(control_plane, namespace) as kubeconfig:
         proxied = proxy_kubeconfig(kubeconfig, fault_proxy.url, tmp_path / "proxied.kubeconfig")
         memo = OperatorMemo(OperatorConfig(), KubernetesApi(load_api_client(str(proxied), None)[0], 5.0))

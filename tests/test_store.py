@@ -45,7 +45,7 @@ def key_objects(objects: client.CustomObjectsApi, namespace: str) -> list[dict[s
 
 def add_request(store: KubernetesStore, key: str, request_id: str, amount: int) -> dict[str, Any]:
     """An add request on ``key`` as an agent creates it (the body of a RendezvousKey)."""
-    counter = store._name(key)
+    counter = store.object_name(key)
     labels = {ADDS_TO_LABEL: counter_digest(counter), "kube-rendezvous.io/rendezvous-uid": store.rendezvous_uid}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -217,7 +217,7 @@ class TestAtomicity:
         assert store.add("counter", 1) == 1
         cache = store._key_cache()
         assert cache is not None
-        monkeypatch.setattr(cache, "_apply", lambda kind, obj: None)  # the watch delivers nothing more
+        monkeypatch.setattr(cache, "apply_event", lambda kind, obj: None)  # the watch delivers nothing more
         run_workers("add-to-key", 1, endpoint, str(agent_kubeconfig), "counter", "5")
         store.timeout = 60
         assert store.add("counter", 1) == 7
@@ -272,7 +272,7 @@ class TestAtomicity:
         # The orphan stays (nobody knows that its adder will never read its value) until the
         # counter, its round or the Rendezvous goes; it is not a key.
         left = sorted(item["metadata"]["name"] for item in key_objects(objects, namespace))
-        assert left == sorted([store._name("exit/arrived"), orphan["metadata"]["name"]])
+        assert left == sorted([store.object_name("exit/arrived"), orphan["metadata"]["name"]])
         assert store.num_keys() == 1
 
     def test_an_add_to_a_key_that_holds_no_integer_names_the_key_and_loses_nothing(
@@ -388,7 +388,7 @@ class TestBlockingCalls:
         store.delete_key("reused")
         cache = reader._key_cache()
         assert cache is not None
-        wait_until(lambda: cache.get(store._name("reused")) is None, 10, "the watch to show the deletion")
+        wait_until(lambda: cache.get(store.object_name("reused")) is None, 10, "the watch to show the deletion")
         outcome: list[bytes] = []
         thread = threading.Thread(target=lambda: outcome.append(reader.get("reused", timeout=60)))
         thread.start()

@@ -18,22 +18,28 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import Any, Protocol
 
 from .adds import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
+    CONFLICT_BACKOFF_BASE,
+    CONFLICT_BACKOFF_MAX,
     FOLD_PATIENCE_SECONDS,
+    AddRequest,
     counter_digest,
     encode,
     fold,
     folded,
     request_name,
+    request_of,
 )
 from .kubeapi import ApiError, ApiUnavailableError, NotFoundError, backoff
-from .store import CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX, KubernetesStore
 from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
@@ -43,6 +49,152 @@ logger = logging.getLogger(__name__)
 STALE_COUNTER_SECONDS = 5.0
 
 
+class AddIndex:
+    """What one process's watch of a Rendezvous's keys shows about adds, kept by its events.
+
+    The pending add requests of each counter, and the results of the requests this process
+    waits for, recorded from every version of the counter the watch delivers (a waiter woken
+    late still learns a result that a later version dropped). ``changed`` is called from the
+    watch thread for every object that changed (None after a list); the rest from adders.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Per counter digest: request id -> request, for every request object shown.
+        self._requests: dict[str, dict[str, AddRequest]] = {}
+        #: Per counter digest: the folded map of the counter as last shown (only counters waited on).
+        self._done: dict[str, dict[str, int]] = {}
+        #: Request ids this process waits for -> counter digest.
+        self._waiting: dict[str, str] = {}
+        #: Results of waited-for requests, as soon as any shown version of the counter had them.
+        self._results: dict[str, int] = {}
+
+    def expect(self, request_id: str, digest: str) -> None:
+        with self._lock:
+            self._waiting[request_id] = digest
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._waiting.pop(request_id, None)
+            self._results.pop(request_id, None)
+
+    def result(self, request_id: str) -> int | None:
+        with self._lock:
+            return self._results.get(request_id)
+
+    def shown(self, digest: str, request_id: str) -> bool:
+        """Whether the watch shows the request object (False once it was deleted)."""
+        with self._lock:
+            return request_id in self._requests.get(digest, {})
+
+    def pending(self, digest: str, done: Mapping[str, int]) -> tuple[list[AddRequest], set[str]]:
+        """The requests shown for ``digest`` that ``done`` lacks, and the ids of every request shown."""
+        with self._lock:
+            shown = dict(self._requests.get(digest, {}))
+        pending = [request for request_id, request in sorted(shown.items()) if request_id not in done]
+        return pending, set(shown)
+
+    def first_pending(self, digest: str) -> str | None:
+        """The smallest id of a request shown for ``digest`` and not yet folded (its adder folds)."""
+        with self._lock:
+            done = self._done.get(digest, {})
+            ids = [request_id for request_id in self._requests.get(digest, {}) if request_id not in done]
+        return min(ids) if ids else None
+
+    def changed(self, obj: Mapping[str, Any] | None, present: bool, objects: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Record a change: ``obj`` now shown (``present``) or deleted; None: rebuild from ``objects``."""
+        with self._lock:
+            if obj is None:
+                self._requests = {}
+                self._done = {}
+                for each in objects:
+                    self._record(each, True)
+                return
+            self._record(obj, present)
+
+    def _record(self, obj: Mapping[str, Any], present: bool) -> None:
+        found = request_of(obj)
+        if found is not None:
+            digest, request = found
+            if present:
+                self._requests.setdefault(digest, {})[request.id] = request
+            else:
+                requests = self._requests.get(digest, {})
+                requests.pop(request.id, None)
+                if not requests:
+                    self._requests.pop(digest, None)
+            return
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if ".k-" not in name:
+            return
+        digest = counter_digest(name)
+        if digest not in self._waiting.values():
+            self._done.pop(digest, None)
+            return
+        done = folded(obj) if present else {}
+        self._done[digest] = done
+        for request_id, waited in self._waiting.items():
+            if waited == digest and request_id in done:
+                self._results.setdefault(request_id, done[request_id])
+
+
+class KeyObjects(Protocol):
+    """What a combined add needs of its store (``store.KubernetesStore`` is one): the store's public
+    interface to its key objects, one RendezvousKey object per key."""
+
+    @property
+    def timeout(self) -> timedelta: ...
+
+    timeout_error: type[Exception]
+    stats: dict[str, int]
+
+    @property
+    def adds(self) -> AddIndex:
+        """The process's index of add requests and fold results of this store's keys (from its key watch)."""
+        ...
+
+    def object_name(self, key: str | bytes) -> str:
+        """The name of the object that holds ``key``."""
+        ...
+
+    def key_text(self, key: str | bytes) -> str:
+        """``key`` as text (bytes are UTF-8)."""
+        ...
+
+    def value_of(self, obj: dict[str, Any]) -> bytes:
+        """The value a key object holds."""
+        ...
+
+    def new_key_object(self, key: str | bytes, round_number: int | None, value: bytes = b"") -> dict[str, Any]:
+        """The body of a new object that holds ``value`` at ``key`` (not created)."""
+        ...
+
+    def create_once(self, body: dict[str, Any]) -> None:
+        """Create ``body`` (an object named for one write), retried while the API server is unreachable."""
+        ...
+
+    def delete_object(self, name: str) -> None:
+        """Delete the key object ``name``, retried while the API server is unreachable.
+
+        Raises:
+            NotFoundError: it does not exist.
+        """
+        ...
+
+    def write_key(
+        self,
+        key: str | bytes,
+        obj: dict[str, Any] | None,
+        value: bytes,
+        attempt: str,
+        round_number: int | None,
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any] | bool:
+        """One compare-and-swap write of ``key`` over ``obj`` as read (None: create it): the written object,
+        False when another write came first, True when the outcome is unknown."""
+        ...
+
+
 def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
     return lambda: cache.changes != changes
 
@@ -50,11 +202,10 @@ def _changed_since(cache: WatchCache, changes: int) -> Callable[[], bool]:
 class CombinedAdd:
     """An ``add`` to ``key`` by an add request that one fold writes into the counter with all others pending."""
 
-    def __init__(self, store: KubernetesStore, cache: WatchCache, key: str | bytes, round_number: int | None) -> None:
-        assert store._keys is not None  # a combined add runs only on the key watch
-        self.store, self.cache, self.index = store, cache, store._keys.adds
+    def __init__(self, store: KeyObjects, cache: WatchCache, key: str | bytes, round_number: int | None) -> None:
+        self.store, self.cache, self.index = store, cache, store.adds
         self.key, self.round_number = key, round_number
-        self.counter = store._name(key)
+        self.counter = store.object_name(key)
         self.digest = counter_digest(self.counter)
 
     def add(self, step: int) -> int:
@@ -66,10 +217,10 @@ class CombinedAdd:
             shown = self.cache.get(self.counter)
             self.index.changed(shown if shown is not None else {"metadata": {"name": self.counter}}, shown is not None)
             try:
-                body = self.store._new_object(self.key, self.round_number, str(step).encode())
+                body = self.store.new_key_object(self.key, self.round_number, str(step).encode())
                 body["metadata"]["name"] = request_name(self.counter, request_id)
                 body["metadata"]["labels"][ADDS_TO_LABEL] = self.digest
-                self.store._post_once(body)
+                self.store.create_once(body)
                 result = self._await_fold(request_id, deadline)
             except BaseException:  # not a value at the key, or timed out: the request must not fold later
                 self._delete_request(request_id)
@@ -83,11 +234,13 @@ class CombinedAdd:
 
     def _delete_request(self, request_id: str) -> None:
         try:
-            self.store._call("DELETE", f"{self.store._collection}/{request_name(self.counter, request_id)}")
+            self.store.delete_object(request_name(self.counter, request_id))
         except NotFoundError:
             pass
         except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
-            logger.info("could not delete the add request %s of %s: %s", request_id, self.store._key(self.counter), exc)
+            logger.info(
+                "could not delete the add request %s of %s: %s", request_id, self.store.key_text(self.counter), exc
+            )
 
     def _await_fold(self, request_id: str, deadline: float) -> int | None:
         """The counter's value after request ``request_id``, once folded (by this adder or another);
@@ -106,13 +259,13 @@ class CombinedAdd:
                 return None
             now = time.monotonic()
             if now > deadline:
-                raise store.timeout_error(f"KubernetesStore: add({store._key(self.key)!r}) was not folded in time")
+                raise store.timeout_error(f"KubernetesStore: add({store.key_text(self.key)!r}) was not folded in time")
             shown = cache.get(self.counter)
             shown_version = None if shown is None else str(shown["metadata"].get("resourceVersion"))
             if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
                 store.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
                 logger.info(
-                    "the watch of %s still shows the counter a fold lost on; listing again", store._key(self.key)
+                    "the watch of %s still shows the counter a fold lost on; listing again", store.key_text(self.key)
                 )
                 cache.refresh()
                 lost_on = (shown_version, now)
@@ -138,10 +291,10 @@ class CombinedAdd:
         pending, present = self.index.pending(self.digest, done)
         if not pending:
             return None
-        current = None if counter is None else self.store._value_of(counter)
-        value, done = fold(self.store._key(self.key), current, done, pending, present)
+        current = None if counter is None else self.store.value_of(counter)
+        value, done = fold(self.store.key_text(self.key), current, done, pending, present)
         self.store.stats["folds"] += 1
         attempt = uuid.uuid4().hex[:12]
         extra = {ADDS_ANNOTATION: encode(done)}
-        written = self.store._write(self.key, counter, str(value).encode(), attempt, self.round_number, extra)
+        written = self.store.write_key(self.key, counter, str(value).encode(), attempt, self.round_number, extra)
         return isinstance(written, dict)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,10 @@ ADDS_TO_LABEL = "kube-rendezvous.io/adds-to"
 #: Seconds an adder waits for the adder with the smallest pending request id to fold its request,
 #: before folding itself (randomly up to twice that, so crashed folders are replaced one at a time).
 FOLD_PATIENCE_SECONDS = 1.0
+#: Seconds: after the k-th lost compare-and-swap on a key (a store write, or a fold of a counter), a writer
+#: waits a random time of up to min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**k) before reading it again.
+CONFLICT_BACKOFF_BASE = 0.005
+CONFLICT_BACKOFF_MAX = 2.0
 #: Infix of an add request's object name: ``<counter name prefix>.a-<counter hash>-<request id>``.
 REQUEST_INFIX = ".a-"
 
@@ -127,100 +130,10 @@ def encode(done: Mapping[str, int]) -> str:
     return json.dumps(dict(done), separators=(",", ":"))
 
 
-class AddIndex:
-    """What one process's watch of a Rendezvous's keys shows about adds, kept by its events.
-
-    The pending add requests of each counter, and the results of the requests this process
-    waits for, recorded from every version of the counter the watch delivers (a waiter woken
-    late still learns a result that a later version dropped). ``changed`` is called from the
-    watch thread for every object that changed (None after a list); the rest from adders.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        #: Per counter digest: request id -> request, for every request object shown.
-        self._requests: dict[str, dict[str, AddRequest]] = {}
-        #: Per counter digest: the folded map of the counter as last shown (only counters waited on).
-        self._done: dict[str, dict[str, int]] = {}
-        #: Request ids this process waits for -> counter digest.
-        self._waiting: dict[str, str] = {}
-        #: Results of waited-for requests, as soon as any shown version of the counter had them.
-        self._results: dict[str, int] = {}
-
-    def expect(self, request_id: str, digest: str) -> None:
-        with self._lock:
-            self._waiting[request_id] = digest
-
-    def forget(self, request_id: str) -> None:
-        with self._lock:
-            self._waiting.pop(request_id, None)
-            self._results.pop(request_id, None)
-
-    def result(self, request_id: str) -> int | None:
-        with self._lock:
-            return self._results.get(request_id)
-
-    def shown(self, digest: str, request_id: str) -> bool:
-        """Whether the watch shows the request object (False once it was deleted)."""
-        with self._lock:
-            return request_id in self._requests.get(digest, {})
-
-    def pending(self, digest: str, done: Mapping[str, int]) -> tuple[list[AddRequest], set[str]]:
-        """The requests shown for ``digest`` that ``done`` lacks, and the ids of every request shown."""
-        with self._lock:
-            shown = dict(self._requests.get(digest, {}))
-        pending = [request for request_id, request in sorted(shown.items()) if request_id not in done]
-        return pending, set(shown)
-
-    def first_pending(self, digest: str) -> str | None:
-        """The smallest id of a request shown for ``digest`` and not yet folded (its adder folds)."""
-        with self._lock:
-            done = self._done.get(digest, {})
-            ids = [request_id for request_id in self._requests.get(digest, {}) if request_id not in done]
-        return min(ids) if ids else None
-
-    def changed(self, obj: Mapping[str, Any] | None, present: bool, objects: Iterable[Mapping[str, Any]] = ()) -> None:
-        """Record a change: ``obj`` now shown (``present``) or deleted; None: rebuild from ``objects``."""
-        with self._lock:
-            if obj is None:
-                self._requests = {}
-                self._done = {}
-                for each in objects:
-                    self._record(each, True)
-                return
-            self._record(obj, present)
-
-    def _record(self, obj: Mapping[str, Any], present: bool) -> None:
-        found = request_of(obj)
-        if found is not None:
-            digest, request = found
-            if present:
-                self._requests.setdefault(digest, {})[request.id] = request
-            else:
-                requests = self._requests.get(digest, {})
-                requests.pop(request.id, None)
-                if not requests:
-                    self._requests.pop(digest, None)
-            return
-        name = str((obj.get("metadata") or {}).get("name") or "")
-        if ".k-" not in name:
-            return
-        digest = counter_digest(name)
-        if digest not in self._waiting.values():
-            self._done.pop(digest, None)
-            return
-        done = folded(obj) if present else {}
-        self._done[digest] = done
-        for request_id, waited in self._waiting.items():
-            if waited == digest and request_id in done:
-                self._results.setdefault(request_id, done[request_id])
-
-
 __all__ = [
     "ADDS_ANNOTATION",
     "ADDS_TO_LABEL",
     "FOLD_PATIENCE_SECONDS",
-    "AddIndex",
     "AddRequest",
     "CounterValueError",
     "annotation_map",

@@ -62,6 +62,7 @@ from .kubeapi import (
     backoff,
     call_with_retries,
     describe_api_error,
+    is_resource_version,
     resource_path,
 )
 from .statecheck import load_own_state
@@ -243,7 +244,8 @@ class KubernetesRendezvousBackend:
         Returns ``(state, new_token, True)`` when written, else the current
         ``(state, token, False)`` (None when there is no state) without writing: for a stale
         token, for ``token=None`` while a state exists, and for a token that is not a
-        resourceVersion string. A 409 is never an error here.
+        resourceVersion (``kubeapi.is_resource_version``: never sent, the server would answer 500).
+        A 409 is never an error here.
 
         Raises:
             RendezvousStateError: ``state`` is not a valid rendezvous state, would not fit in an
@@ -252,7 +254,7 @@ class KubernetesRendezvousBackend:
             RendezvousClosedError: the Rendezvous object was deleted.
         """
         document, encoded = self._own_document(state)
-        if not isinstance(token, str) or not token:
+        if not is_resource_version(token):  # None, or not a resourceVersion: nothing is sent with it
             obj = self._read_object()
             current = self._state_of(obj)
             if current is not None or token is not None:  # a state exists, or the token is not a resourceVersion

@@ -29,15 +29,8 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .leases import (
-    ANNOTATION_WRITER_PRIORITY,
-    LABEL_LEASE,
-    LEASE_PLURAL,
-    NodeRecord,
-    micro_time,
-    parse_micro_time,
-    writer_lease_name,
-)
+from .leaseformat import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
+from .leases import ANNOTATION_WRITER_PRIORITY, NodeRecord, writer_lease_name
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +260,10 @@ class LeaseElector:
             renew_time = spec.get("renewTime")
             # A holder that did not renew while this candidate could not reach the API server either may
             # have failed for the same reason: its silence counts only from when this candidate got through.
-            renewed_at = parse_micro_time(renew_time) if renew_time else None
+            try:
+                renewed_at = parse_micro_time(renew_time) if renew_time else None
+            except ValueError:  # not a MicroTime: as if it never renewed
+                renewed_at = None
             self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
         if not mine:
             self._took_over()

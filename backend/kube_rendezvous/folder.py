@@ -46,16 +46,8 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .leases import (
-    ANNOTATION_DESIRE,
-    ANNOTATION_ROUND,
-    LABEL_LEASE,
-    LEASE_PLURAL,
-    LeaseObservations,
-    NodeRecord,
-    list_node_records,
-    record_of,
-)
+from .leaseformat import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
+from .leases import LeaseObservations, NodeRecord, list_node_records, record_of
 from .status import write_status
 from .summary import departure_of, summarize_document
 from .watchcache import WatchCache

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 from urllib.parse import quote
 
 import urllib3
@@ -122,6 +122,13 @@ def api_error(status: int, reason: str, message: str, method: str, path: str, tr
     return cls(status, reason, message, method, path, transient or cls is ServerUnavailableError)
 
 
+def is_gone(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the object or its namespace is gone (404), or the namespace is being deleted."""
+    return isinstance(exc, NotFoundError) or (
+        isinstance(exc, ForbiddenError) and "because it is being terminated" in exc.message
+    )
+
+
 def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) -> str:
     """Return a message for a failed call; for a refusal it names the permission to grant."""
     if isinstance(exc, ForbiddenError) and exc.status == 401:
@@ -137,6 +144,18 @@ def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) 
             f"(verb {verb!r} on {resource!r} in API group {group!r}); see docs/rbac.yaml."
         )
     return f"Could not {verb} {resource} in namespace {namespace!r}: {exc}"
+
+
+def is_resource_version(token: object) -> TypeGuard[str]:
+    """Whether ``token`` has the shape of a resourceVersion this project's API servers issue: a decimal
+    unsigned 64-bit number (etcd's revision). A shape check, never an order.
+
+    The API server answers a precondition on any other resourceVersion with 500 (it fails to parse it),
+    an answer that reads as an outage; such a token is refused before it is sent instead.
+    """
+    return (
+        isinstance(token, str) and 0 < len(token) <= 20 and token.isascii() and token.isdigit() and int(token) < 2**64
+    )
 
 
 def resource_path(plural: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -400,11 +419,19 @@ def socket_options() -> list[tuple[int, int, int]]:
     return options
 
 
-def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_client.ApiClient, str | None]:
-    """Return an API client and the kubeconfig context's namespace (None in-cluster).
+#: What an agent passes to name its kubeconfig: ``load_api_client``'s default advice.
+AGENT_KUBECONFIG_FIX = "pass --rdzv-conf kubeconfig=PATH"
+
+
+def load_api_client(
+    kubeconfig: str | None, context: str | None, *, fix: str = AGENT_KUBECONFIG_FIX
+) -> tuple[k8s_client.ApiClient, str | None]:
+    """Return an API client and the kubeconfig context's namespace (None in-cluster, or none set).
 
     In-cluster credentials (the pod's service-account token, refreshed as it rotates) are
-    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig.
+    used when running in a pod and no kubeconfig is given; otherwise the kubeconfig. ``fix`` is
+    how the caller's user names another kubeconfig (the agents' ``--rdzv-conf``, the plugin's
+    ``--kubeconfig``, the operator's ``--kubeconfig``): the error message advises it.
 
     Raises:
         ValueError: no usable credentials; the message says what to pass.
@@ -425,10 +452,13 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> tuple[k8s_cl
         contexts, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         if context is not None:
             active = next((item for item in contexts if item["name"] == context), active)
-        return api_client, (active or {}).get("context", {}).get("namespace")
-    except (k8s_config.ConfigException, OSError, TypeError) as exc:
+        settings = (active or {}).get("context") or {}  # a context may be listed as ``context: null``
+        namespace = settings.get("namespace") if isinstance(settings, dict) else None
+        return api_client, str(namespace) if namespace else None
+    except (k8s_config.ConfigException, OSError, TypeError, AttributeError) as exc:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        named = f" (context {context!r})" if context else ""
         raise ValueError(
-            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r} could not be loaded ({exc}). "
-            "Run in a pod with a ServiceAccount, or pass --rdzv-conf kubeconfig=PATH."
+            f"No Kubernetes credentials: not in a pod, and the kubeconfig {where!r}{named} could not be loaded "
+            f"({exc}). Run in a pod with a ServiceAccount, or {fix}."
         ) from exc

@@ -25,7 +25,8 @@ from .document import node_names
 from .folding import role_of
 from .kubeapi import RENDEZVOUS_PLURAL, ApiError, ApiUnavailableError, KubernetesApi, NotFoundError, resource_path
 from .kubectl_rdzv_report import PluginError, build_report, change_label, decode_state, render_status, summary_line
-from .leases import LEASE_PLURAL, parse_node
+from .leaseformat import LEASE_PLURAL
+from .leases import parse_node
 from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE
 from .status import EVICT_ATTEMPTS, add_evictions
 from .summary import format_time
@@ -43,7 +44,9 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[KubernetesApi,
     given = kubeconfig is not None or context is not None or bool(os.environ.get("KUBECONFIG"))
     in_pod = not given and not Path(where).expanduser().exists()
     try:
-        api_client, namespace = kubeapi.load_api_client(None if in_pod else where, context)
+        api_client, namespace = kubeapi.load_api_client(
+            None if in_pod else where, context, fix="pass --kubeconfig PATH and --context NAME"
+        )
         if in_pod:
             namespace = Path(SERVICE_ACCOUNT_NAMESPACE_FILE).read_text().strip()
     except (OSError, ValueError) as exc:

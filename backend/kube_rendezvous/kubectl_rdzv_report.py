@@ -10,7 +10,7 @@ from typing import Any
 
 from .document import CLEAR_HINT, RendezvousDocument, StateDocumentError, decode_document
 from .folding import role_of
-from .leases import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
+from .leaseformat import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
 from .settings import RendezvousTimings
 from .summary import completed_by_text, departure_line, format_time, rendezvous_phase
 

@@ -43,17 +43,21 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
+from .leaseformat import (
+    ANNOTATION_DESIRE,
+    ANNOTATION_DESIRED_AT,
+    ANNOTATION_NODE,
+    ANNOTATION_ROUND,
+    ANNOTATION_RUN_ID,
+    ANNOTATION_SETTINGS,
+    LABEL_LEASE,
+    LEASE_PLURAL,
+    micro_time,
+    parse_micro_time,
+)
 
 logger = logging.getLogger(__name__)
 
-LEASE_PLURAL = "leases"
-LABEL_LEASE = "kube-rendezvous.io/lease"
-ANNOTATION_NODE = "kube-rendezvous.io/node"
-ANNOTATION_DESIRE = "kube-rendezvous.io/desire"
-ANNOTATION_DESIRED_AT = "kube-rendezvous.io/desired-at"
-ANNOTATION_SETTINGS = "kube-rendezvous.io/join-settings"
-ANNOTATION_RUN_ID = "kube-rendezvous.io/run-id"
-ANNOTATION_ROUND = "kube-rendezvous.io/desired-round"
 ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
 #: Longest object name Kubernetes accepts.
 MAX_NAME = 253
@@ -61,16 +65,6 @@ MAX_NAME = 253
 OBSERVER_GAP_SECONDS = 5.0
 #: Node Lease renewals one process keeps in flight at once (threads of its ``LeaseRenewer``).
 RENEWALS_IN_FLIGHT = 8
-
-
-def micro_time(moment: datetime) -> str:
-    """A ``metav1.MicroTime`` string."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_micro_time(text: str) -> datetime:
-    """The inverse of ``micro_time`` (also accepts whole seconds)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _prefixed(rendezvous_name: str, suffix: str) -> str:

@@ -51,6 +51,7 @@ from .kubeapi import (
     ApiUnavailableError,
     NotFoundError,
     call_with_retries,
+    is_gone,
     resource_path,
 )
 from .leases import LeaseNodeLock
@@ -271,13 +272,16 @@ class NativeHandler:
         self, call: Callable[[], T], deadline: float | None, what: str, verb: str, resource: str, unreachable: str
     ) -> T:
         """``call`` retried until ``deadline`` (the join waits out an outage until its join timeout, a leave
-        until the close timeout; else ``retry_timeout`` from now).
+        until the close timeout, the leave at exit ``EXIT_LEAVE_SECONDS``; else ``retry_timeout`` from now).
+        ``{seconds}`` in ``unreachable`` becomes the seconds it was retried for.
 
         Raises:
             RendezvousConnectionError: it failed (``Framework.api_failure``: ``unreachable`` unless refused).
         """
+        now = time.monotonic()
+        until = now + self._retry_timeout if deadline is None else deadline
+        unreachable = unreachable.replace("{seconds}", f"{max(0.0, until - now):.0f}")
         unreachable += " See the inner exception for details."
-        until = time.monotonic() + self._retry_timeout if deadline is None else deadline
         try:
             return call_with_retries(call, deadline=until, what=what)
         except (ApiError, ApiUnavailableError) as exc:
@@ -299,7 +303,7 @@ class NativeHandler:
         if self._watch.healthy:
             obj = self._watch.get(self.rendezvous_name)
         else:
-            unreachable = f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s."
+            unreachable = "The Kubernetes API server could not be reached for {seconds} s."
             obj = self._call(get, deadline, f"GET rendezvous {self._where}", "get", RENDEZVOUS_PLURAL, unreachable)
         if obj is None:
             raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).")
@@ -486,8 +490,12 @@ class NativeHandler:
 
     # -- leaving and closing ------------------------------------------------------------------
 
-    def _leave(self, deadline: float) -> bool:
-        """Leave without closing; False when that could not be written by ``deadline``."""
+    def _leave(self, deadline: float, *, at_exit: bool = False) -> bool:
+        """Leave without closing; False when that could not be written by ``deadline``.
+
+        ``at_exit``: a Lease or namespace found gone (404, or a namespace being deleted) means there is
+        nothing to leave, said at debug level; any other failure warns.
+        """
         try:
             reading = self._read(deadline)
             if reading.document is not None and not reading.document.closed and not reading.close_requested:
@@ -497,6 +505,9 @@ class NativeHandler:
         except self.framework.closed_error:
             pass
         except self.framework.rendezvous_error as exc:
+            if at_exit and is_gone(exc.__cause__):
+                logger.debug("nothing to leave in %s at exit: %s", self.run_id, exc)
+                return True
             logger.warning("could not leave the rendezvous %s: %s", self.run_id, exc)
             return False
         self._renewer.remove(self._lease)  # nothing to leave: no state, or a closed rendezvous takes no one
@@ -528,13 +539,24 @@ class NativeHandler:
             logger.info("could not record the closed state: %s", exc)
 
     def _leave_at_exit(self) -> None:
-        """At interpreter exit: leave if ``shutdown()`` was never called (torch's launcher after a signal)."""
-        if self._shutdown_result is None:
-            logger.info(
-                "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
-                self.run_id,
-            )
-            self._shutdown_result = self._end(self._leave, EXIT_LEAVE_SECONDS)
+        """At interpreter exit: leave if ``shutdown()`` was never called (torch's launcher after a signal).
+
+        Nothing to leave, said at debug level and without a request: this node's last request was a leave
+        (or it never asked), or this process released the Rendezvous already (``shared.release``: its
+        watch and renewals are stopped, the heartbeat expiry takes the node out). A Rendezvous closed or
+        deleted, or a namespace gone, is found quietly too (``_leave``); any other failure warns once.
+        """
+        if self._shutdown_result is not None:
+            return
+        if self._lease.desire is not Desire.JOIN or self._shared.stopped:
+            logger.debug("nothing to leave in %s at exit (node %s)", self.run_id, self.node)
+            self._shutdown_result = self._end(lambda _: True, 0.0)
+            return
+        logger.info(
+            "exiting without a shutdown of the rendezvous handler (a signal ended the agent): leaving %s",
+            self.run_id,
+        )
+        self._shutdown_result = self._end(lambda deadline: self._leave(deadline, at_exit=True), EXIT_LEAVE_SECONDS)
 
 
 __all__ = ["BACKEND_NAME", "NativeHandler"]

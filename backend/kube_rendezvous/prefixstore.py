@@ -16,7 +16,7 @@ from .store import SETS_IN_FLIGHT, KubernetesStore
 #: Seconds a pipelined view gathers sets of written-once keys before it writes them as one bundle
 #: (any other call through the view writes them at once).
 BATCH_LINGER_SECONDS = 0.05
-_name = KubernetesStore._key  # a key as str (bytes are UTF-8)
+_name = KubernetesStore.key_text  # a key as str (bytes are UTF-8)
 
 
 class KubernetesPrefixStore:

@@ -6,7 +6,7 @@ through one ``SharedRendezvous`` (``shared``), made on first use:
 - one watch of the object (``watch``): waiting agents and the launcher's monitor loop read it, so
   N handlers cost one watch, not N reads a second;
 - one watch of its store keys per incarnation of the object (``keys``), with the index of the add
-  requests it shows (``adds.AddIndex``) and of the keys its bundles hold (``BundledKeys``);
+  requests it shows (``adder.AddIndex``) and of the keys its bundles hold (``BundledKeys``);
 - the decoded state document of the latest texts (``decoded``), decoded once for every reader;
 - the process's own folder (``folder``), a candidate writer for when no operator folds;
 - one Lease renewer per keep-alive interval (``renewer``): the nodes' heartbeats.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .adds import AddIndex
+from .adder import AddIndex
 from .bundles import BundledKeys
 from .document import RendezvousDocument, decode_document
 from .folder import Folder
@@ -147,6 +147,7 @@ class SharedRendezvous:
         self._keys: dict[str, KeyWatch] = {}
         self._folder: tuple[Folder, threading.Event, threading.Thread] | None = None
         self._renewers: dict[float, LeaseRenewer] = {}
+        self._stopped = False
 
     def keys(self, rendezvous_uid: str) -> KeyWatch:
         """The watch of the store keys of the incarnation ``rendezvous_uid``, started on first use."""
@@ -189,9 +190,15 @@ class SharedRendezvous:
                 found = self._renewers[interval] = LeaseRenewer(interval)
             return found
 
+    @property
+    def stopped(self) -> bool:
+        """Whether this process released the Rendezvous (``release``): nothing of it runs any more."""
+        return self._stopped
+
     def stop(self, deadline: float) -> None:
         """Stop everything; a folder holding the writer Lease releases it (waits until ``deadline`` at most)."""
         with self._lock:
+            self._stopped = True
             running, self._folder = self._folder, None
             watches = [self.watch, *(keys.cache for keys in self._keys.values())]
             renewers = list(self._renewers.values())

@@ -45,7 +45,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .adds import ADDS_TO_LABEL, annotation_map, counter_digest, fold
+from .adder import AddIndex, CombinedAdd
+from .adds import (
+    ADDS_TO_LABEL,
+    CONFLICT_BACKOFF_BASE,
+    CONFLICT_BACKOFF_MAX,
+    annotation_map,
+    counter_digest,
+    fold,
+)
 from .bundles import split
 from .kubeapi import (
     API_VERSION,
@@ -77,10 +85,6 @@ OPS_ANNOTATION = "kube-rendezvous.io/ops"
 #: How many writers' last write ids a key remembers (JSON ``{writer: attempt}``, the most recent writers).
 WRITERS_KEPT = 2048
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
-#: Seconds: after the k-th lost compare-and-swap on a key, a writer waits a random time of up to
-#: min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**k) before reading it again.
-CONFLICT_BACKOFF_BASE = 0.005
-CONFLICT_BACKOFF_MAX = 2.0
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
 #: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
@@ -159,13 +163,13 @@ class KubernetesStore:
             raise ValueError(f"store timeout must be positive, got {value!r}")
         self._timeout = timedelta(seconds=seconds)
 
-    # -- plumbing ----------------------------------------------------------------------------
+    # -- plumbing, and the key objects (public: ``adder.KeyObjects``, what a combined add uses) ----
 
-    def _name(self, key: str | bytes) -> str:
-        return key_object_name(self.rendezvous_name, self.rendezvous_uid, self._key(key))
+    def object_name(self, key: str | bytes) -> str:
+        return key_object_name(self.rendezvous_name, self.rendezvous_uid, self.key_text(key))
 
     @staticmethod
-    def _key(key: str | bytes) -> str:
+    def key_text(key: str | bytes) -> str:
         return key if isinstance(key, str) else key.decode("utf-8")
 
     def _call(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
@@ -180,7 +184,7 @@ class KubernetesStore:
 
     def _read(self, key: str | bytes) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = self._call("GET", f"{self._collection}/{self._name(key)}")
+            obj: dict[str, Any] = self._call("GET", f"{self._collection}/{self.object_name(key)}")
         except NotFoundError:
             return None
         except ApiError as exc:
@@ -191,10 +195,10 @@ class KubernetesStore:
         return RuntimeError(describe_api_error(exc, verb, KEY_PLURAL, self.namespace))
 
     @staticmethod
-    def _value_of(obj: dict[str, Any]) -> bytes:
+    def value_of(obj: dict[str, Any]) -> bytes:
         return base64.b64decode(obj["spec"]["value"])
 
-    def _new_object(self, key: str | bytes, round_number: int | None, value: bytes = b"") -> dict[str, Any]:
+    def new_key_object(self, key: str | bytes, round_number: int | None, value: bytes = b"") -> dict[str, Any]:
         labels = {RENDEZVOUS_LABEL: self.rendezvous_name[:63].rstrip(".-_"), RENDEZVOUS_UID_LABEL: self.rendezvous_uid}
         if round_number is not None:
             labels[ROUND_LABEL] = str(round_number)
@@ -207,15 +211,15 @@ class KubernetesStore:
         return {
             "apiVersion": API_VERSION,
             "kind": "RendezvousKey",
-            "metadata": {"name": self._name(key), "labels": labels, "ownerReferences": [owner]},
-            "spec": {"key": self._key(key), "value": base64.b64encode(value).decode("ascii")},
+            "metadata": {"name": self.object_name(key), "labels": labels, "ownerReferences": [owner]},
+            "spec": {"key": self.key_text(key), "value": base64.b64encode(value).decode("ascii")},
         }
 
     def _slot(self) -> str:
         """This store's slot for the calling thread: one call per slot is in flight at a time."""
         return f"{self.writer_id}.{threading.get_ident() % 1000003}"
 
-    def _write(
+    def write_key(
         self,
         key: str | bytes,
         obj: dict[str, Any] | None,
@@ -227,7 +231,7 @@ class KubernetesStore:
         """Write attempt ``attempt`` of ``value`` (and ``annotations``): create the key when ``obj``, the object
         read, is None, else replace ``obj`` if it is still current. Returns the written object, False when
         somebody wrote first (a lost compare-and-swap), or True when the outcome is unknown (read to learn it)."""
-        body = self._new_object(key, round_number) if obj is None else obj
+        body = self.new_key_object(key, round_number) if obj is None else obj
         writes = annotation_map(body, OPS_ANNOTATION)
         slot = self._slot()
         writes.pop(slot, None)
@@ -253,7 +257,18 @@ class KubernetesStore:
         time.sleep(0.2)
         return True
 
-    def _post_once(self, body: dict[str, Any]) -> None:
+    def delete_object(self, name: str) -> None:
+        """Delete the key object ``name``, retried while the API server is unreachable (``NotFoundError``: gone)."""
+        self._call("DELETE", f"{self._collection}/{name}")
+
+    @property
+    def adds(self) -> AddIndex:
+        """The process's index of the add requests and fold results of these keys, kept by its key watch."""
+        self._key_cache()  # makes the key watch on first use
+        assert self._keys is not None
+        return self._keys.adds
+
+    def create_once(self, body: dict[str, Any]) -> None:
         """Create ``body``, an object named for this one write, retried while the API server is unreachable."""
         try:
             self._installed(self._call("POST", self._collection, body=body))
@@ -295,14 +310,14 @@ class KubernetesStore:
                 if obj is not None and (last := annotation_map(obj, OPS_ANNOTATION).get(self._slot())) in attempts:
                     return attempts[last]
             read = True
-            previous = None if obj is None else self._value_of(obj)
+            previous = None if obj is None else self.value_of(obj)
             desired = update(previous)
             if desired is None:
                 return previous, None
             attempt = uuid.uuid4().hex[:12]
             attempts[attempt] = (previous, desired)
             version = None if obj is None else obj["metadata"]["resourceVersion"]
-            result = self._write(key, obj, desired, attempt, round_number)
+            result = self.write_key(key, obj, desired, attempt, round_number)
             if isinstance(result, dict):
                 return previous, desired
             self.stats["conflicts"] += 1
@@ -312,7 +327,7 @@ class KubernetesStore:
     def _newer_than(self, key: str | bytes, version: str) -> dict[str, Any] | None:
         """A copy of ``key``'s object as the watch shows it, if that is not ``version``; else None."""
         cache = self._key_cache()
-        shown = cache.get(self._name(key)) if cache is not None and cache.healthy else None
+        shown = cache.get(self.object_name(key)) if cache is not None and cache.healthy else None
         if shown is None or shown["metadata"].get("resourceVersion") == version:
             return None
         return copy.deepcopy(shown)
@@ -339,7 +354,7 @@ class KubernetesStore:
         while True:
             obj = self._read(key)
             if obj is not None:
-                return self._value_of(obj)
+                return self.value_of(obj)
             if shown:  # the watch showed a key deleted since: let it catch up instead of spinning
                 time.sleep(0.05)
             if self._key_cache() is not None:
@@ -376,18 +391,18 @@ class KubernetesStore:
         return obj
 
     def _timed_out(self, key: str | bytes) -> Exception:
-        return self.timeout_error(f"KubernetesStore: timed out waiting for key {self._key(key)!r}")
+        return self.timeout_error(f"KubernetesStore: timed out waiting for key {self.key_text(key)!r}")
 
     def _bundled(self, key: str | bytes) -> bytes | None:
         """The value of ``key`` if the watch shows it in a bundle (``write_once``)."""
-        return None if self._keys is None else self._keys.bundled.get(self._key(key))
+        return None if self._keys is None else self._keys.bundled.get(self.key_text(key))
 
     def _shown(self, cache: WatchCache, key: str | bytes) -> bytes | None:
         """The value of ``key`` as the watch shows it (its own object or a bundle), once listed."""
         if not cache.healthy:
             return None
-        obj = cache.get(self._name(key))
-        return self._value_of(obj) if obj is not None else self._bundled(key)
+        obj = cache.get(self.object_name(key))
+        return self.value_of(obj) if obj is not None else self._bundled(key)
 
     def _await(self, keys: list[str | bytes], deadline: float) -> list[bytes] | None:
         """The values of ``keys`` once the watch has listed and shows them all, or at the deadline those of the
@@ -407,7 +422,7 @@ class KubernetesStore:
             return got
         assert self._keys is not None
         self.stats["shared_waits"] += 1
-        with self._keys.waiting([self._key(key) for key in keys]) as event:
+        with self._keys.waiting([self.key_text(key) for key in keys]) as event:
             while True:
                 event.clear()
                 if advance():
@@ -431,12 +446,10 @@ class KubernetesStore:
         step = int(amount)
         cache = self._key_cache()
         if cache is not None and cache.healthy:
-            from .adder import CombinedAdd  # here: ``adder`` builds on this module
-
             return CombinedAdd(self, cache, key, round_number).add(step)
 
         def added(current: bytes | None) -> bytes:
-            return str(fold(self._key(key), current, {}, [], ())[0] + step).encode()
+            return str(fold(self.key_text(key), current, {}, [], ())[0] + step).encode()
 
         _, written = self._read_modify_write(key, added, round_number)
         assert written is not None
@@ -503,7 +516,7 @@ class KubernetesStore:
             raise self._failure(exc, "list") from exc
         found = {item["metadata"]["name"]: item for item in listed.get("items", [])}
         return [
-            self._value_of(found[name]) if (name := self._name(key)) in found else self.get(key, timeout)
+            self.value_of(found[name]) if (name := self.object_name(key)) in found else self.get(key, timeout)
             for key in keys
         ]
 
@@ -524,12 +537,12 @@ class KubernetesStore:
         """``set`` keys that are written once and never again (a round's rank assignment) together, in
         bundles (``bundles``): N keys cost one request, not N (a key that fits no bundle is ``set`` alone).
         Readers find them through their watch."""
-        made, alone = split((self._key(key), _as_bytes(value)) for key, value in zip(keys, values, strict=True))
+        made, alone = split((self.key_text(key), _as_bytes(value)) for key, value in zip(keys, values, strict=True))
         for entries in made:  # a bundle's name is a hash of its keys: a create sent again finds it
-            body = self._new_object("\0".join(["bundle", *entries]), round_number)
+            body = self.new_key_object("\0".join(["bundle", *entries]), round_number)
             described = f"{len(entries)} keys written once, from {next(iter(entries))}"[:4096]
             body["spec"] = {"key": described, "value": "", "entries": entries}
-            self._post_once(body)
+            self.create_once(body)
         if alone:
             self.multi_set([key for key, _ in alone], [value for _, value in alone], round_number=round_number)
 
@@ -545,9 +558,9 @@ class KubernetesStore:
     def delete_key(self, key: str | bytes) -> None:
         """Delete ``key``; deleting a missing key does nothing. Adds still pending on it go first."""
         try:
-            selector = f"{self._selector},{ADDS_TO_LABEL}={counter_digest(self._name(key))}"
+            selector = f"{self._selector},{ADDS_TO_LABEL}={counter_digest(self.object_name(key))}"
             self._call("DELETE", self._collection, query={"labelSelector": selector})
-            self._call("DELETE", f"{self._collection}/{self._name(key)}")
+            self._call("DELETE", f"{self._collection}/{self.object_name(key)}")
         except NotFoundError:
             pass
         except ApiError as exc:

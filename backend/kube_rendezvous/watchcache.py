@@ -70,6 +70,8 @@ class WatchCache:
         self.what = what
         self._objects: dict[str, dict[str, Any]] = {}
         self._installed: dict[str, dict[str, Any]] = {}
+        #: Counts installs, so a list can tell whether one arrived while it was on its way.
+        self._installs = 0
         #: resourceVersions the watch has delivered lately, per name (an install of one is stale).
         self._delivered: dict[str, list[str]] = {}
         self._condition = threading.Condition()
@@ -150,6 +152,7 @@ class WatchCache:
             if obj["metadata"].get("resourceVersion") in self._delivered.get(name, ()):
                 return  # the watch was faster: what it shows is this version or newer
             self._installed[name] = obj
+            self._installs += 1
             self._changed(obj)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
@@ -169,7 +172,9 @@ class WatchCache:
         for listener in self._listeners:
             listener(obj)
 
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+    def apply_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Take one watch event (``ADDED``, ``MODIFIED`` or ``DELETED`` of ``obj``) into account, as the watch
+        thread does with each it receives; for a caller that learned of a change another way (and tests)."""
         name = obj.get("metadata", {}).get("name")
         if not name:
             return
@@ -194,7 +199,17 @@ class WatchCache:
                 self._changed(obj)
 
     def _list(self, interrupted: bool) -> str:
+        """List the objects and replace the cache's with them; return the list's resourceVersion.
+
+        The installs: a list sent after an install shows that write or a later one, so it replaces
+        the installed object. An install that arrived while the list was on its way may be newer
+        than what the list shows (resourceVersions are never compared here to tell): it is kept
+        unless the list shows that very version, and the objects are listed again at once (a
+        ``refresh``), which then replaces it.
+        """
         self.stats["lists"] += 1
+        with self._condition:
+            installs_before = self._installs
         listed = self._api.request("GET", self._collection, query=dict(self._query))
         with self._condition:
             before, self._objects = self._objects, {}
@@ -203,7 +218,21 @@ class WatchCache:
                 kept = item if self._keep is None else self._keep(item, before.get(name))
                 if kept is not None:
                     self._objects[name] = kept
-            self._installed.clear()
+                if self._keep is None:
+                    delivered = self._delivered.setdefault(name, [])
+                    delivered.append(str(item["metadata"].get("resourceVersion")))
+                    del delivered[:-64]
+            if self._installs == installs_before:
+                self._installed.clear()
+            else:
+                versions = {name: obj["metadata"].get("resourceVersion") for name, obj in self._objects.items()}
+                self._installed = {
+                    name: obj
+                    for name, obj in self._installed.items()
+                    if obj["metadata"].get("resourceVersion") != versions.get(name)
+                }
+                if self._installed:
+                    self._refreshing = True  # list again: the next list is sent after the install
             self.healthy = self.supported = True
             self.refused = None
             self.epoch += 1 if interrupted else 0
@@ -236,7 +265,7 @@ class WatchCache:
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         self.stats["events"] += 1
-                        self._apply(str(event["type"]), obj)
+                        self.apply_event(str(event["type"]), obj)
                     if self._stopped.is_set() or self._refreshing:
                         break
                 failures = 0

@@ -18,9 +18,13 @@ import kopf
 from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
 
 from .config import OperatorConfig
+from .memory import OperatorMemo
 
 #: Seconds one request of the operator's handlers may take.
 REQUEST_SECONDS = 15.0
+
+#: How an operator's user names another kubeconfig (``load_api_client``'s advice when none loads).
+KUBECONFIG_FIX = "set KUBECONFIG=PATH in the operator's environment"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
-    client, _ = load_api_client(config.kubeconfig, None)
-    memo = handlers.OperatorMemo(config=config, api=KubernetesApi(client, REQUEST_SECONDS))
+    client, _ = load_api_client(config.kubeconfig, None, fix=KUBECONFIG_FIX)
+    memo = OperatorMemo(config=config, api=KubernetesApi(client, REQUEST_SECONDS))
 
     def run() -> None:
         kopf.run(
@@ -54,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     from .leadership import OPERATOR_ELECTION, Leadership, StandbyHealth, operator_namespace
 
     # Its own client, with requests shorter than the renew deadline, so a hung request cannot outlast it.
-    election_api = KubernetesApi(load_api_client(config.kubeconfig, None)[0], OPERATOR_ELECTION.request_timeout)
+    election_api = KubernetesApi(
+        load_api_client(config.kubeconfig, None, fix=KUBECONFIG_FIX)[0], OPERATOR_ELECTION.request_timeout
+    )
     leadership = Leadership(election_api, operator_namespace(config.pod_namespace), config.identity)
     with StandbyHealth(config.liveness):
         leadership.acquire()

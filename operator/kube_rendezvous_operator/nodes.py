@@ -92,7 +92,7 @@ class NodeReadiness:
 
     def observe(self, node: dict[str, Any], deleted: bool = False) -> None:
         """Take one Node into account as its watch event would (for tests)."""
-        self._cache._apply("DELETED" if deleted else "MODIFIED", node)
+        self._cache.apply_event("DELETED" if deleted else "MODIFIED", node)
 
     def _changed(self, node: dict[str, Any] | None) -> None:
         """The cache's listener: a NotReady Node changed (``node``), or all were listed or refused (None)."""

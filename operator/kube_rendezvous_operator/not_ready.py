@@ -19,8 +19,9 @@ from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError
 from kube_rendezvous.summary import format_time
 
 from . import logic, not_ready_logic
-from .handlers import Key, OperatorMemo, evict_and_report
+from .memory import Key, OperatorMemo, evict_and_report
 from .nodes import NodeReadiness, NotReady
+from .writer import heartbeats, merge_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,6 @@ def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
         return
     with memo.pods_lock:
         pods = list((memo.pods.get(key) or {}).values())
-    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
 
     try:
         beats = heartbeats(memo.api, *key)

@@ -19,8 +19,9 @@ from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, ApiError, ApiUnavailableEr
 from kube_rendezvous.summary import format_time
 
 from . import logic, metrics
-from .handlers import OperatorMemo, evict_and_report, pods_changed, stored_state
+from .memory import OperatorMemo, evict_and_report, pods_changed, stored_state
 from .not_ready import evict_on_not_ready
+from .writer import heartbeats, merge_heartbeats, with_lease_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,6 @@ def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, 
     stored = _open_document(memo, namespace, rendezvous)
     if stored is None:
         return
-    from .writer import with_lease_heartbeats  # heartbeats live on the nodes' Leases
 
     gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
     known = logic.known_nodes(stored)
@@ -125,7 +125,6 @@ def judge_restart(
     stored = _open_document(memo, namespace, rendezvous)
     if stored is None or memo.judged_restarts.get(judged) == restarted_at:
         return
-    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
 
     try:
         beats = heartbeats(memo.api, namespace, rendezvous)
@@ -185,7 +184,6 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     document = stored_state(memo, (namespace, name), status.get("state")).document
     if document is None or document.closed:
         return
-    from .writer import heartbeats, merge_heartbeats  # heartbeats live on the nodes' Leases
 
     try:
         beats: dict[NodeId, datetime] | None = heartbeats(memo.api, namespace, name)

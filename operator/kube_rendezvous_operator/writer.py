@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import threading
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.folder import Folder
@@ -34,17 +34,11 @@ from kube_rendezvous.kubeapi import (
     KubernetesApi,
     resource_path,
 )
-from kube_rendezvous.leases import (
-    ANNOTATION_NODE,
-    LABEL_LEASE,
-    LEASE_PLURAL,
-    parse_micro_time,
-    parse_node,
-)
+from kube_rendezvous.leaseformat import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, parse_micro_time
+from kube_rendezvous.leases import parse_node
 from kube_rendezvous.watchcache import object_watch
 
-if TYPE_CHECKING:
-    from .handlers import OperatorMemo
+from .memory import OperatorMemo, training_pods
 
 #: Seconds a stopped folder's thread gets to release the writer Lease and end.
 FOLDER_STOP_SECONDS = 10.0
@@ -52,8 +46,6 @@ FOLDER_STOP_SECONDS = 10.0
 
 async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
     """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
-    from .handlers import training_pods  # handlers imports this module
-
     assert namespace is not None  # Rendezvous objects are namespaced
     done = threading.Event()
     watch = object_watch(memo.api, namespace, name).start()

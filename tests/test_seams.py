@@ -1,0 +1,238 @@
+"""The seams between the library's modules, read from their source with ``ast`` (pure; nothing is imported).
+
+(a) No module reads another module's underscore names: no ``x._name`` (``x`` not ``self``/``cls``) of a
+    name that another module of the packages defines and this one does not, no ``from m import _name``
+    of a package module ``m``, no ``m._name`` of an imported package module. Dunder names are public.
+(b) No import cycle among the packages' modules; imports inside functions count as much as those at the
+    top (a lazy import hides a cycle, it does not remove it).
+(c) The layer rule: the pure modules (decisions on values: no request, no thread, no lock) import no I/O
+    module: not ``kubernetes``, ``kopf``, ``urllib3``, ``socket``, ``threading``, ``subprocess``, and of the
+    packages' own modules only other pure ones.
+
+(a) is read from names, not types: ``x._name`` counts when ``_name`` is defined in another module of the
+packages and not in this one (a name both define is not caught). The allow-lists below are empty: every
+finding of issue #40 was fixed (``adder`` uses the store's public ``KeyObjects`` interface, ``nodes`` the
+cache's ``apply_event``, the operator's shared memory is ``memory``, ``AddIndex`` left ``adds`` for ``adder``).
+An entry added there must say why it cannot be fixed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pure
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "kube_rendezvous": REPO / "backend" / "kube_rendezvous",
+    "kube_rendezvous_operator": REPO / "operator" / "kube_rendezvous_operator",
+}
+
+#: The pure modules: values in, values out.
+PURE = {
+    "kube_rendezvous.document",
+    "kube_rendezvous.folding",
+    "kube_rendezvous.intents",
+    "kube_rendezvous.summary",
+    "kube_rendezvous.settings",
+    "kube_rendezvous.adds",
+    "kube_rendezvous.statecheck",
+    "kube_rendezvous.leaseformat",
+    "kube_rendezvous.kubectl_rdzv_report",
+    "kube_rendezvous_operator.logic",
+    "kube_rendezvous_operator.not_ready_logic",
+}
+#: Modules outside the packages that do I/O (or run threads): no pure module imports them.
+IO_MODULES = {"kubernetes", "kopf", "urllib3", "socket", "threading", "subprocess", "requests", "http", "asyncio"}
+
+#: Findings of (a) left in place, (module, name), each with a comment saying why. Keep it short.
+PRIVATE_READS_ALLOWED: set[tuple[str, str]] = set()
+#: Import edges of (b) left in place (importer, imported), each with its reason.
+CYCLE_EDGES_ALLOWED: set[tuple[str, str]] = set()
+#: Imports of (c) left in place (pure module, imported), each with its reason.
+LAYER_ALLOWED: set[tuple[str, str]] = set()
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    tree: ast.Module
+    #: Underscore names this module defines (functions, classes, attributes, assignments, parameters).
+    defines: set[str] = field(default_factory=set)
+    #: Package modules it imports, at the top or in a function: name -> line.
+    imports: dict[str, int] = field(default_factory=dict)
+    #: Every module it imports (outside the packages too), by its top-level name.
+    top_levels: set[str] = field(default_factory=set)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def load_modules() -> dict[str, Module]:
+    modules: dict[str, Module] = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            modules[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
+    for module in modules.values():
+        package = module.name if module.path.stem == "__init__" else module.name.rsplit(".", 1)[0]
+        for node in ast.walk(module.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                module.defines.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                module.defines.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                module.defines.add(node.id)
+            elif isinstance(node, ast.arg):
+                module.defines.add(node.arg)
+            elif isinstance(node, ast.keyword) and node.arg:
+                module.defines.add(node.arg)  # dataclass fields passed by name
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                module.defines.add(node.target.id)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    module.top_levels.add(alias.name.split(".")[0])
+                    if alias.name in modules:
+                        module.imports.setdefault(alias.name, node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                module.top_levels.add(source.split(".")[0])
+                if source in modules:
+                    module.imports.setdefault(source, node.lineno)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:  # ``from . import handlers``
+                        module.imports.setdefault(f"{source}.{alias.name}", node.lineno)
+    return modules
+
+
+MODULES = load_modules()
+
+
+def private_reads(module: Module) -> Iterator[tuple[str, int, str]]:
+    """(name read, line, how) for each read of another module's underscore name."""
+    defined_elsewhere = set().union(*(other.defines for other in MODULES.values() if other is not module))
+    module_aliases: dict[str, str] = {}
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                source = node.module or ""
+                if is_private(alias.name) and (
+                    any(source == name or name.endswith("." + source) for name in MODULES) or node.level
+                ):
+                    yield alias.name, node.lineno, f"from {'.' * node.level}{source} import {alias.name}"
+                target = f"{module.name.rsplit('.', 1)[0]}.{alias.name}" if node.level else f"{source}.{alias.name}"
+                if target in MODULES:
+                    module_aliases[alias.asname or alias.name] = target
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    module_aliases[alias.asname or alias.name] = alias.name
+    for node in ast.walk(module.tree):
+        if not isinstance(node, ast.Attribute) or not is_private(node.attr):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Name) and owner.id in module_aliases:
+            yield node.attr, node.lineno, f"{owner.id}.{node.attr} of module {module_aliases[owner.id]}"
+        elif node.attr in defined_elsewhere and node.attr not in module.defines:
+            yield node.attr, node.lineno, f"{ast.unparse(owner)}.{node.attr}"
+
+
+def test_no_module_reads_another_modules_underscore_names() -> None:
+    found = sorted(
+        f"{module.name}:{line}: {how}"
+        for module in MODULES.values()
+        for name, line, how in private_reads(module)
+        if (module.name, name) not in PRIVATE_READS_ALLOWED
+    )
+    assert found == []
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), edges allowed left out."""
+    graph = {
+        name: sorted(target for target in module.imports if (name, target) not in CYCLE_EDGES_ALLOWED)
+        for name, module in MODULES.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_there_is_no_import_cycle_among_the_modules() -> None:
+    described = [
+        " <-> ".join(component)
+        + ": "
+        + "; ".join(
+            f"{name} imports {target} (line {MODULES[name].imports[target]})"
+            for name in component
+            for target in MODULES[name].imports
+            if target in component and (name, target) not in CYCLE_EDGES_ALLOWED
+        )
+        for component in cycles()
+    ]
+    assert described == []
+
+
+def test_the_pure_modules_import_no_io_module() -> None:
+    assert PURE <= set(MODULES), PURE - set(MODULES)
+    found = sorted(
+        f"{name} imports {target}"
+        for name in PURE
+        for target in {*MODULES[name].imports, *(MODULES[name].top_levels & IO_MODULES)}
+        if target not in PURE and target not in PACKAGES and (name, target) not in LAYER_ALLOWED
+    )
+    assert found == []
+
+
+def test_the_checks_see_what_they_look_for() -> None:
+    """The checks themselves: each finds its kind of finding in a made-up module."""
+    source = "import threading\nfrom .store import _hidden\n\ndef f(store):\n    return store._KeyObject\n"
+    made = Module("kube_rendezvous.made_up", PACKAGES["kube_rendezvous"] / "made_up.py", ast.parse(source))
+    MODULES["kube_rendezvous.made_up"] = made
+    MODULES["kube_rendezvous.store"].defines.add("_KeyObject")
+    try:
+        reads = {how for _, _, how in private_reads(made)}
+        assert reads == {"from .store import _hidden", "store._KeyObject"}
+    finally:
+        del MODULES["kube_rendezvous.made_up"]
