@@ -7,11 +7,11 @@ for tool in go npm python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool: install it first (Go >= 1.26, Node.js with npm, Python >= 3.10)" >&2; exit 1; }
 done
 # Debian packages: iproute2 (network namespaces), iptables (packet-level faults, the node's Service rule),
-# containerd, runc and containernetworking-plugins (the real node's runtime and pod network),
+# containerd, runc and containernetworking-plugins (the real nodes' runtime and pod network), conntrack (kube-proxy),
 # buildah and debootstrap (the operator image from the Dockerfile, tests/testenv/operator_image.py).
-PACKAGES="iproute2 iptables containerd runc containernetworking-plugins buildah debootstrap"
+PACKAGES="iproute2 iptables conntrack containerd runc containernetworking-plugins buildah debootstrap"
 if ! command -v iptables >/dev/null || ! command -v ip >/dev/null || ! command -v containerd >/dev/null \
-    || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ] \
+    || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ] || ! command -v conntrack >/dev/null \
     || ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
   echo "== Debian packages: $PACKAGES"
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

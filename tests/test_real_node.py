@@ -235,18 +235,18 @@ def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_h
     real_node: Node, node_api: client.ApiClient, node_namespace: str, helm: Helm
 ) -> None:
     """The operator image built from the Dockerfile (``testenv.operator_image``) runs as the chart's Deployment:
-    Ready with in-cluster credentials, rolled to 2 replicas by ``helm upgrade``, and ``helm test`` passes."""
+    Ready with in-cluster credentials, rolled to 2 replicas by ``helm upgrade``, and ``helm test`` passes: its
+    pod resolves the metrics Service's name (CoreDNS) and gets ``/metrics`` through it (kube-proxy)."""
     plane = real_node.plane
     import_images(real_node.containerd_socket, [build_operator_image()])
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
-    # No cluster DNS or kube-proxy here, so no Service name resolves: helm test checks the operator through
-    # the API (it lists Rendezvous objects) rather than through the metrics Service.
+    # kube-proxy and CoreDNS run (``testenv.cluster``): helm test reaches the operator through its metrics
+    # Service by name, as in any cluster.
     values = (
         f"image.repository={repository}",
         f"image.tag={tag}",
         "image.pullPolicy=Never",
         "rbac.scope=namespace",
-        "metrics.service.enabled=false",
     )
     release = install(helm, plane, "rdzv", node_namespace, *values)
     deployment = the(operator_objects(release.manifests, "Deployment"), "Deployment")["metadata"]["name"]

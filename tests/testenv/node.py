@@ -282,15 +282,30 @@ state = "{folder / "state"}"
         The kubelet finds its pods' containers gone and reports them (restartPolicy Never: Failed).
         """
         self.reconnect()
-        self._servers["containerd"].start()
-        wait_until(self._containerd_ready, timeout, "containerd to serve again")
-        self.start_kubelet()
+        if not self._running("containerd"):
+            self._servers["containerd"].start()
+            wait_until(self._containerd_ready, timeout, "containerd to serve again")
+        if not self._running("kubelet"):
+            self.start_kubelet()
         wait_until(self.ready, timeout, f"node {self.name} to be Ready again")
+
+    def stop_kubelet(self) -> None:
+        """Only the kubelet dies (SIGKILL): its pods' containers run on and reach the network, the Node's status
+        goes stale and the node-lifecycle controller marks it NotReady. ``recover`` starts it again."""
+        server = self._servers["kubelet"]
+        if server.process is not None and server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(30)
+        server.process = None
+
+    def _running(self, name: str) -> bool:
+        process = self._servers[name].process
+        return process is not None and process.poll() is None
 
     @property
     def running(self) -> bool:
         """Whether the node's kubelet and containerd run (false after ``fail``)."""
-        return all(server.process is not None and server.process.poll() is None for server in self._servers.values())
+        return all(self._running(name) for name in self._servers)
 
     def _containerd_ready(self) -> bool:
         self._servers["containerd"].check_running()
