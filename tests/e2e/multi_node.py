@@ -143,6 +143,15 @@ def members(objects: client.CustomObjectsApi, namespace: str) -> tuple[int, set[
     return int(status["round"]), {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
 
 
+def log_tails(cluster: Cluster, namespace: str, pods: list[str], lines: int = 25) -> dict[str, str]:
+    """The last ``lines`` of each pod's log (what a failed wait shows)."""
+    found = {}
+    for pod in pods:
+        done = cluster.plane.kubectl("-n", namespace, "logs", pod, f"--tail={lines}", check=False)
+        found[pod] = done.stdout + done.stderr
+    return found
+
+
 def node_named(cluster: Cluster, name: str) -> Node:
     return next(node for node in cluster.nodes if node.name == name)
 
@@ -235,6 +244,7 @@ def fail_node_and_recover(
     try:
         wait_until(survivors_trained, window, f"the pods on the other nodes ({', '.join(survivors)}) training again")
     except TimeoutError:
+        recovery.details["logs"] = log_tails(cluster, namespace, survivors)
         return recovery
     recovery.survivors_training = time.monotonic() - failed
     if replacement:
@@ -281,6 +291,7 @@ def drain_and_recover(
             output, _ = drain.communicate(timeout=30)
             recovery.details["drain"] = {"exit": drain.returncode, "output": output[-2000:]}
             recovery.details["status"] = rendezvous_status(client.CustomObjectsApi(api), namespace)
+            recovery.details["logs"] = log_tails(cluster, namespace, survivors)
             return recovery
         recovery.survivors_training = time.monotonic() - drained
         after = wait_until(

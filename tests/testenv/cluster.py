@@ -147,7 +147,6 @@ class Cluster:
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {kubeconfig} testenv
         pods insecure
-        fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }}
     cache 5

@@ -13,7 +13,10 @@ container its CRI endpoint shows as its own (garbage collection included), and t
 - containerd instance: ``root``, ``state``, gRPC and ttrpc sockets under the node's folder;
 - ``cgroupRoot`` (``/kube-rendezvous-<node>-<tag>``, created in every cgroup v1 hierarchy before the kubelet
   starts and removed after it stopped): the node's ``kubepods`` tree lives below it;
-- kubelet ``--root-dir``, ``--cert-dir``, ``podLogsDirectory``, client certificate (``system:node:<name>``);
+- kubelet ``--root-dir``, ``--cert-dir``, ``podLogsDir``, client certificate (``system:node:<name>``). The
+  pod log folder above all: each kubelet's container garbage collection removes every folder of its
+  ``podLogsDir`` whose pod its runtime does not know, so with the default ``/var/log/pods`` shared, each node
+  deleted the other nodes' pods' logs within a minute (``kubectl logs`` then lost their first lines);
 - ports: the kubelet's (``port``; ``readOnlyPort`` 0) and ``healthzPort``, each a free port;
 - pod subnet (``ControlPlane.node_subnet``), bridge, CNI config and host-local IPAM data directory; the
   node's address (``--node-ip``) is the host's address on its bridge;
@@ -226,7 +229,7 @@ state = "{folder / "state"}"
             "imageGCLowThresholdPercent": 99,
             "nodeStatusUpdateFrequency": f"{NODE_STATUS_UPDATE_SECONDS}s",
             "nodeStatusReportFrequency": f"{NODE_STATUS_UPDATE_SECONDS}s",
-            "podLogsDirectory": str(self.workdir / "pod-logs"),
+            "podLogsDir": str(self.workdir / "pod-logs"),
             "cgroupRoot": self.cgroup_root,
             "clusterDNS": [DNS_SERVICE_IP],
             "clusterDomain": CLUSTER_DOMAIN,
