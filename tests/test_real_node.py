@@ -17,7 +17,6 @@ from tests.e2e.real_pods import (
     rendezvous_status,
     round_with,
     running_pods,
-    training_pods,
     worker_rounds,
 )
 from tests.test_chart import Helm, install, operator_objects, the, upgrade
@@ -273,43 +272,4 @@ def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_h
         lambda: any(c["type"] == "Ready" for c in rendezvous_status(objects, node_namespace).get("conditions") or []),
         60,
         "the operator pod to mark the Rendezvous Ready",
-    )
-
-
-def test_a_node_failure_turns_the_node_notready_and_the_operator_evicts_its_pods_nodes(
-    real_node: Node, node_api: client.ApiClient, node_namespace: str, node_operator: OperatorProcess
-) -> None:
-    """The kubelet and every container SIGKILLed: the node-lifecycle controller marks the Node NotReady (its
-    pods still say Running), and the operator evicts their nodes ``--node-not-ready-seconds`` later, long
-    before their heartbeats (90 s here) would expire. Last in this module: the node stays down."""
-    core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
-    manifests = example_objects(last_call_seconds=LAST_CALL_SECONDS)
-    rendezvous = next(item for item in manifests if item["kind"] == "Rendezvous")
-    rendezvous["spec"].update(keepAliveIntervalSeconds=10, keepAliveMaxAttempts=9)
-    apply(real_node, node_namespace, manifests)
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-
-    real_node.fail()
-    failed = time.monotonic()
-
-    def ready_condition() -> client.V1NodeCondition:
-        conditions = core.read_node(real_node.name).status.conditions
-        return next(condition for condition in conditions if condition.type == "Ready")
-
-    not_ready = wait_until(lambda: (c := ready_condition()).status != "True" and c, 120, "the Node NotReady")
-    noticed = time.monotonic()
-    assert {pod.status.phase for pod in training_pods(core, node_namespace)} == {"Running"}  # the API does not know
-    status = wait_until(
-        lambda: len((found := rendezvous_status(objects, node_namespace)).get("evictedNodes") or []) == 3 and found,
-        60,
-        "the operator to evict the 3 nodes on the NotReady node",
-    )
-    evicted = time.monotonic()
-    assert {node.rsplit("_", 2)[0] for node in status["evictedNodes"]} == set(first.values())
-    node_evicted(core, node_namespace, "is NotReady", "a NodeEvicted Event naming the NotReady node")
-    assert evicted - failed < 90, f"evicted {evicted - failed:.0f} s after the failure: not before the heartbeat expiry"
-    print(
-        f"node failed; NotReady ({not_ready.status}) {noticed - failed:.1f} s later; "
-        f"evicted {evicted - noticed:.1f} s after NotReady"
     )
