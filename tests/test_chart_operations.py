@@ -349,6 +349,7 @@ class TestTheHelmTestHook:
                     "KUBECONFIG": str(kubeconfig),
                     "CRD_NAMES": crd_names,
                     "METRICS_URL": metrics_url,
+                    "METRICS_WAIT_SECONDS": "1",  # the script's retries after a rollout, cut short here
                     "WATCH_NAMESPACE": watched,
                 }
                 return subprocess.run(

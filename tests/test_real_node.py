@@ -14,6 +14,7 @@ from tests.e2e.real_pods import (
     REPO,
     apply,
     example_objects,
+    pod_log,
     rendezvous_status,
     round_with,
     running_pods,
@@ -89,6 +90,10 @@ def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.Ap
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
+
+
+def pod_names(api: client.ApiClient, namespace: str) -> list[str]:
+    return [pod.metadata.name for pod in client.CoreV1Api(api).list_namespaced_pod(namespace).items]
 
 
 def node_evicted(core: client.CoreV1Api, namespace: str, text: str, what: str) -> str:
@@ -259,7 +264,13 @@ def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_h
     wait_until(lambda: ready(1), 180, "the operator Deployment Ready")
     upgrade(helm, plane, "rdzv", node_namespace, *values, "operator.replicas=2", "crds.install=false")
     wait_until(lambda: ready(2), 180, "2 operator replicas Ready after helm upgrade")
-    tested = helm.run("test", "rdzv", "--namespace", node_namespace, "--kubeconfig", str(plane.admin_kubeconfig))
+    try:
+        tested = helm.run("test", "rdzv", "--namespace", node_namespace, "--kubeconfig", str(plane.admin_kubeconfig))
+    except AssertionError as failed:
+        test_pod = next(p for p in pod_names(node_api, node_namespace) if p.endswith("-test"))
+        raise AssertionError(
+            f"{failed}\nits pod's log:\n" + "\n".join(pod_log(real_node, node_namespace, test_pod))
+        ) from None
     assert "Phase:          Succeeded" in tested.stdout, tested.stdout
     # The operator pods reconcile for real: a Rendezvous of this namespace gets its Ready condition.
     apply(

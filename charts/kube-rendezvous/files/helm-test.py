@@ -3,6 +3,7 @@
 # pod it uses $KUBECONFIG, which is how the repository's tests run this very script.
 import os
 import sys
+import time
 import urllib.request
 
 from kubernetes import client, config
@@ -28,16 +29,26 @@ for crd in os.environ["CRD_NAMES"].split():
 
 url = os.environ.get("METRICS_URL", "")
 if url:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            text = answer.read().decode()
-    except OSError as error:
+    # Right after a rollout the Service may still route a moment to a replica that is going away (its
+    # endpoints and the node's proxy rules follow within seconds): try again for up to 30 s.
+    deadline = time.monotonic() + float(os.environ.get("METRICS_WAIT_SECONDS", "30"))
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                text = answer.read().decode()
+            error = None
+        except OSError as caught:
+            error = caught
+        if error is None or time.monotonic() > deadline:
+            break
+        print(f"{url}: {error}; trying again")
+        time.sleep(2)
+    if error is not None:
         failures.append(f"{url}: {error}")
+    elif "kube_rendezvous_operator_write_conflicts_total" in text:
+        print(f"{url} serves the operator's metrics")
     else:
-        if "kube_rendezvous_operator_write_conflicts_total" in text:
-            print(f"{url} serves the operator's metrics")
-        else:
-            failures.append(f"{url} answered without the operator's metrics")
+        failures.append(f"{url} answered without the operator's metrics")
 else:
     namespace = os.environ["WATCH_NAMESPACE"]
     try:
