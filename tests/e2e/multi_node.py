@@ -213,6 +213,31 @@ def pod_zero_node(core: client.CoreV1Api, namespace: str, first: Placement) -> s
     return first.pods[zero][1]
 
 
+def await_replacement(
+    cluster: Cluster,
+    namespace: str,
+    first: Placement,
+    victims: list[str],
+    recovery: Recovery,
+    since: float,
+    window: float,
+) -> None:
+    """Wait for the Job's replacement of ``victims`` to run on a live node and train with 3; record when, from
+    ``since``, and where it landed."""
+    core = client.CoreV1Api(_api(cluster))
+    after = wait_until(
+        lambda: placement(core, namespace, exclude=frozenset(victims), nodes=2), window, "the Job's replacement Running"
+    )
+    new = sorted(set(after.pods) - set(first.pods))
+    recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
+    wait_until(
+        lambda: all(worker_rounds(cluster.node, namespace, pod, 3) > 0 for pod in new),
+        window,
+        f"the replacement {', '.join(new)} training with 3",
+    )
+    recovery.replacement_training = time.monotonic() - since
+
+
 def fail_node_and_recover(
     cluster: Cluster,
     namespace: str,
@@ -248,19 +273,7 @@ def fail_node_and_recover(
         return recovery
     recovery.survivors_training = time.monotonic() - failed
     if replacement:
-        after = wait_until(
-            lambda: placement(core, namespace, exclude=frozenset(victims), nodes=2),
-            window,
-            "the Job's replacement Running",
-        )
-        new = sorted(set(after.pods) - set(first.pods))
-        recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
-        wait_until(
-            lambda: all(worker_rounds(cluster.node, namespace, pod, 3) > 0 for pod in new),
-            window,
-            f"the replacement {', '.join(new)} training with 3",
-        )
-        recovery.replacement_training = time.monotonic() - failed
+        await_replacement(cluster, namespace, first, victims, recovery, failed, window)
     return recovery
 
 
@@ -270,7 +283,6 @@ def drain_and_recover(
     """``kubectl drain`` ``node`` (cordon, then the eviction API for each pod, PodDisruptionBudgets honoured); time
     the survivors' next training round and the replacement's. The node is uncordoned afterwards."""
     api = _api(cluster)
-    core = client.CoreV1Api(api)
     victims = first.on(node)
     survivors = sorted(set(first.pods) - set(victims))
     plane = cluster.plane
@@ -294,19 +306,7 @@ def drain_and_recover(
             recovery.details["logs"] = log_tails(cluster, namespace, survivors)
             return recovery
         recovery.survivors_training = time.monotonic() - drained
-        after = wait_until(
-            lambda: placement(core, namespace, exclude=frozenset(victims), nodes=2),
-            window,
-            "the Job's replacement Running",
-        )
-        new = sorted(set(after.pods) - set(first.pods))
-        recovery.details["replacement_nodes"] = [after.pods[pod][1] for pod in new]
-        wait_until(
-            lambda: all(worker_rounds(cluster.node, namespace, pod, 3) > 0 for pod in new),
-            window,
-            f"the replacement {', '.join(new)} training with 3",
-        )
-        recovery.replacement_training = time.monotonic() - drained
+        await_replacement(cluster, namespace, first, victims, recovery, drained, window)
         output, _ = drain.communicate(timeout=window)
         recovery.details["drain"] = {"exit": drain.returncode, "output": output[-2000:]}
         return recovery
