@@ -217,6 +217,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 dropped = len(lines) - len(kept)
                 where = f"tail of {path}" + (f", without {dropped} lines of known noise" if dropped else "")
                 report.sections.append((f"{name} log ({where})", "\n".join(kept[-60:])))
+        for title, tail in _workload_logs(funcargs):
+            report.sections.append((title, tail))
+
+
+#: Lines of each agent's or training pod's log a failing report shows.
+WORKLOAD_LOG_LINES = 40
+
+
+def _workload_logs(funcargs: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """The tails of the test's agents' logs (its ``tmp_path``) and of its pods' container logs (its ``namespace``,
+    read from every node's ``podLogsDir``): what the agents did is what a failing wait needs to be read."""
+    from tests.e2e.harness import quiet
+
+    tmp_path, namespace = funcargs.get("tmp_path"), funcargs.get("namespace")
+    paths = sorted(Path(tmp_path).glob("*/*.log")) if isinstance(tmp_path, Path) else []
+    if isinstance(namespace, str) and _CONTROL_PLANE is not None:
+        paths += sorted(_CONTROL_PLANE.workdir.glob(f"*/pod-logs/{namespace}_*/*/*.log"))
+    for path in paths:
+        lines = quiet(path.read_text(errors="replace")).splitlines()
+        yield f"{path.parent.name}/{path.name} (tail of {path})", "\n".join(lines[-WORKLOAD_LOG_LINES:])
 
 
 def _is_operator(value: object) -> bool:

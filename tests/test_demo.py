@@ -45,9 +45,12 @@ def test_the_simulated_demo_recovers_from_a_killed_pod_and_shows_kubectl_get_rdz
     assert "round formed and training" in out
     assert "survivors training again in a new round" in out
     assert "agents exited with [0, 0]" in out
+    # Under load the first round may form with two agents and the third join the next: the round the
+    # three trained in is read from the table printed then, and the kill adds exactly one round.
+    formed = rows(out.split("round formed and training", 1)[1].split("\x1b[1m==", 1)[0])
     rdzv = rows(section(out, "== kubectl get rdzv"))
     assert [row["NAME"] for row in rdzv] == ["llama-train"]
-    assert (rdzv[0]["PHASE"], rdzv[0]["ROUND"]) == ("Closed", "1")
+    assert (rdzv[0]["PHASE"], int(rdzv[0]["ROUND"])) == ("Closed", int(formed[0]["ROUND"]) + 1)
     reasons = [row["REASON"] for row in rows(section(out, "== kubectl get events"))]
     for reason in ("RoundCompleted", "NodeEvicted", "Closed"):
         assert reason in reasons

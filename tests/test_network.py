@@ -65,7 +65,8 @@ def test_survivors_train_again_when_a_survivor_was_silenced(
 
     The target, expiry + 15 s after the kill, is measured (``benchmarks.network_faults``, every repeat
     in docs/reliability.md), not asserted: repeats here took 19-29 s and a loaded CI run once took
-    over 30 s. The deadline tells a recovery from the last release's stall."""
+    over 30 s, and one CI run (silenced after) over 60 s. The deadline, 90 s, tells a recovery from the
+    last release's stall."""
     job, pods, by_group = three_pods_training(make_job, pod_network, steps=1000, step_seconds=0.5)
     victim, silenced = by_group[1], by_group[2]
     survivors = [agent for agent in by_group.values() if agent is not victim]
@@ -81,7 +82,7 @@ def test_survivors_train_again_when_a_survivor_was_silenced(
         assert pod_of(silenced, pods).silence_connections()
     wait_until(
         lambda: training_in_world(survivors, 4, min_step=0),
-        EXPIRY + 45,
+        EXPIRY + 75,
         f"survivors training again, one of them silenced {when} the re-formation",
     )
     measured(f"silenced {when} the re-formation: survivors training again after the kill", time.monotonic() - killed)
