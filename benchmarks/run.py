@@ -355,7 +355,7 @@ class Bench:
 
     def cas_latency(self, nodes: int, samples: int = 40) -> float:
         """Median seconds of one successful compare-and-swap of an N-node state."""
-        from kube_rendezvous.factory import create_backend
+        from kube_rendezvous.backend import create_backend
         from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
         name = self.new_rendezvous(nodes)

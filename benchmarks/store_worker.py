@@ -40,7 +40,7 @@ def main() -> None:
     raw: list[Any] = []
     for _ in range(args.threads):
         if args.backend == "k8s":
-            from kube_rendezvous.factory import create_backend
+            from kube_rendezvous.backend import create_backend
             from kube_rendezvous.prefixstore import KubernetesPrefixStore
             from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 

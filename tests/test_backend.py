@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import KubernetesRendezvousBackend
+from kube_rendezvous.backend import KubernetesRendezvousBackend, create_backend
 from kube_rendezvous.document import MAX_NODES, RendezvousDocument, document_from_state
-from kube_rendezvous.factory import create_backend
 from kube_rendezvous.kubeapi import KubernetesApi
 from kubernetes import client, config
 from tensorplay.distributed.elastic.rendezvous.api import (

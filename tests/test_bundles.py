@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from kube_rendezvous import bundles
+from kube_rendezvous.backend import create_backend
 from kube_rendezvous.bundles import BUNDLE_KEYS, BUNDLED_VALUE_BYTES, BundledKeys, split
-from kube_rendezvous.factory import create_backend
 from kube_rendezvous.prefixstore import KubernetesPrefixStore
 from kube_rendezvous.store import KubernetesStore
 from kubernetes import client
@@ -152,7 +152,7 @@ class TestOnTheServer:
     ) -> None:
         script = (
             "import sys\n"
-            "from kube_rendezvous.factory import create_backend\n"
+            "from kube_rendezvous.backend import create_backend\n"
             "from tests.helpers import rendezvous_parameters\n"
             f"_, store = create_backend(rendezvous_parameters({namespace + '/rdzv'!r}, {str(agent_kubeconfig)!r}))\n"
             "store.start_watch()\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.factory import create_backend
+from kube_rendezvous.backend import create_backend
 from kube_rendezvous.store import KubernetesStore
 from kubernetes import client
 
@@ -31,7 +31,7 @@ def modules_loaded_by(imports: str) -> set[str]:
 class TestLayering:
     def test_the_in_pod_library_never_loads_kopf(self) -> None:
         loaded = modules_loaded_by(
-            "import kube_rendezvous.factory, kube_rendezvous.handler, kube_rendezvous.store, kube_rendezvous.backend"
+            "import kube_rendezvous.connection, kube_rendezvous.handler, kube_rendezvous.store, kube_rendezvous.backend"
         )
         assert "kubernetes" in loaded and "tensorplay" in loaded  # the imports did happen
         assert "kopf" not in loaded

@@ -204,7 +204,7 @@ class TestBackend:
 @pytest.fixture
 def store(server: Server) -> KubernetesStore:
     made = KubernetesStore(server.api, server.namespace, NAME, server.uid, retry_timeout=10)
-    made.start_watch()  # as factory.Connection.store does
+    made.start_watch()  # as connection.Connection.store does
     wait_until(
         lambda: (cache := made._key_cache()) is not None and cache.healthy, 30, "the store's watch of its keys to list"
     )

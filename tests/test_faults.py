@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import KubernetesRendezvousBackend
+from kube_rendezvous.backend import KubernetesRendezvousBackend, create_backend
 from kube_rendezvous.document import NodeId
-from kube_rendezvous.factory import create_backend
 from kube_rendezvous.folding import Desire, JoinSettings
 from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, call_with_retries, load_api_client, resource_path
 from kube_rendezvous.leases import LEASE_PLURAL, LeaseNodeLock, record_of

@@ -19,8 +19,8 @@ import kopf
 import pytest
 from kube_rendezvous import frameworks, kubeapi, kubectl_rdzv, native
 from kube_rendezvous.backend import KubernetesRendezvousBackend
+from kube_rendezvous.connection import Connection
 from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous.factory import Connection
 from kube_rendezvous.handler import KubernetesRendezvousHandler
 from kube_rendezvous.kubeapi import MERGE_PATCH as MERGE
 from kube_rendezvous.kubeapi import (

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_rendezvous.backend import create_backend
 from kube_rendezvous.document import RendezvousDocument, encode_document
-from kube_rendezvous.factory import create_backend
 from kube_rendezvous.handler import KubernetesRendezvousHandler, create_k8s_handler
 from kube_rendezvous.leases import ANNOTATION_DESIRE, ANNOTATION_ROUND
 from kubernetes import client

@@ -236,3 +236,33 @@ def test_the_checks_see_what_they_look_for() -> None:
         assert reads == {"from .store import _hidden", "store._KeyObject"}
     finally:
         del MODULES["kube_rendezvous.made_up"]
+
+
+def imported_transitively(name: str) -> set[str]:
+    """The package modules ``name`` imports, directly or through others (by ``ast``, as (b) reads them)."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        for target in MODULES[pending.pop()].imports:
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["kube_rendezvous.connection", "kube_rendezvous.native", "kube_rendezvous.handler", "kube_rendezvous.torchrun"],
+)
+def test_the_k8s_handler_never_reaches_the_compare_and_swap_backend(name: str) -> None:
+    """``native`` and its adapters start from ``connection``; only ``backend`` (with its ``create_backend``,
+    for the stock handler) builds the compare-and-swap backend, so none of them imports it."""
+    assert "kube_rendezvous.backend" not in imported_transitively(name)
+
+
+def test_the_connection_module_imports_neither_creator() -> None:
+    assert not {"kube_rendezvous.native", "kube_rendezvous.backend"} & imported_transitively(
+        "kube_rendezvous.connection"
+    )
+    assert "kube_rendezvous.connection" in MODULES["kube_rendezvous.backend"].imports  # create_backend's connect
+    assert "kube_rendezvous.connection" in MODULES["kube_rendezvous.native"].imports

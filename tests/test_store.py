@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous.adds import ADDS_TO_LABEL, CounterValueError, counter_digest, request_name
-from kube_rendezvous.factory import create_backend
+from kube_rendezvous.backend import create_backend
 from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
 from kube_rendezvous.prefixstore import KubernetesPrefixStore
 from kube_rendezvous.store import KubernetesStore

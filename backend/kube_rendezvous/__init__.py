@@ -17,7 +17,7 @@ from typing import Any
 _EXPORTS = {
     "KubernetesRendezvousBackend": "backend",
     "KubernetesStore": "store",
-    "create_backend": "factory",
+    "create_backend": "backend",
     "KubernetesRendezvousHandler": "handler",
     "create_k8s_handler": "handler",
     "register": "handler",

@@ -36,11 +36,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
+import socket
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .connection import connect
 from .document import (
     RendezvousDocument,
     StateDocumentError,
@@ -67,6 +69,7 @@ from .kubeapi import (
 )
 from .statecheck import load_own_state
 from .status import write_status
+from .store import KubernetesStore
 from .summary import summarize_document
 
 logger = logging.getLogger(__name__)
@@ -318,3 +321,34 @@ class KubernetesRendezvousBackend:
         if committed:
             self._conflict_streak = 0
         return None if current is None else (current[0], current[1], committed)
+
+
+def create_backend(
+    params: Any, framework: Framework | None = None
+) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
+    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``.
+
+    Args:
+        params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
+        framework: whose state classes and errors to use; tensorplay's by default.
+
+    Raises:
+        ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
+        RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
+    """
+    framework = framework or tensorplay_framework()
+    connection = connect(params, framework)
+    backend = KubernetesRendezvousBackend(
+        connection.api,
+        connection.namespace,
+        connection.rendezvous_name,
+        connection.run_id,
+        node_name=params.local_addr or socket.getfqdn(),
+        retry_timeout=connection.config.retry_timeout,
+        conflict_backoff=connection.config.conflict_backoff,
+        max_conflict_backoff=max(2.0, connection.config.conflict_backoff),
+        max_participants=params.max_nodes,
+        heartbeat_expiry=connection.timings.heartbeat_expiry,
+        framework=framework,
+    )
+    return backend, connection.store(framework)

@@ -39,8 +39,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from .connection import Connection, connect, incarnation_node
 from .document import NodeId, RendezvousDocument, StateDocumentError
-from .factory import Connection, connect, incarnation_node
 from .folder import AGENT_IDENTITY_PREFIX, owner_reference
 from .folding import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .frameworks import Framework

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 from kube_rendezvous import frameworks
-from kube_rendezvous.factory import create_backend
+from kube_rendezvous.backend import create_backend
 from kube_rendezvous.torchrun import TorchKubernetesStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 

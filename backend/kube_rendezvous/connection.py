@@ -1,4 +1,8 @@
-"""Reach the API server and the Rendezvous from the launcher's parameters: ``connect`` and ``create_backend``."""
+"""Reach the API server and the Rendezvous from the launcher's parameters: ``connect`` and its ``Connection``.
+
+Every ``k8s`` creator starts here: the ``k8s`` handler (``native``) and the compare-and-swap backend's
+``create_backend`` (``backend``). It imports neither.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backend import KubernetesRendezvousBackend
 from .document import NodeId
 from .frameworks import Framework
-from .frameworks import tensorplay as tensorplay_framework
 from .kubeapi import (
     API_VERSION,
     RENDEZVOUS_PLURAL,
@@ -226,37 +228,6 @@ def connect(params: Any, framework: Framework) -> Connection:
         framework.record_failure(f"{type(exc).__name__}: {exc}", params.run_id)
         raise
     return Connection(api, namespace, config.name, obj, run_id, timings, config)
-
-
-def create_backend(
-    params: Any, framework: Framework | None = None
-) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
-    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``.
-
-    Args:
-        params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
-        framework: whose state classes and errors to use; tensorplay's by default.
-
-    Raises:
-        ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
-        RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
-    """
-    framework = framework or tensorplay_framework()
-    connection = connect(params, framework)
-    backend = KubernetesRendezvousBackend(
-        connection.api,
-        connection.namespace,
-        connection.rendezvous_name,
-        connection.run_id,
-        node_name=params.local_addr or socket.getfqdn(),
-        retry_timeout=connection.config.retry_timeout,
-        conflict_backoff=connection.config.conflict_backoff,
-        max_conflict_backoff=max(2.0, connection.config.conflict_backoff),
-        max_participants=params.max_nodes,
-        heartbeat_expiry=connection.timings.heartbeat_expiry,
-        framework=framework,
-    )
-    return backend, connection.store(framework)
 
 
 def incarnation_node(local_addr: str | None) -> NodeId:
