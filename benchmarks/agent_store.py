@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, Bench, agent_env, log
-from benchmarks.scale import DOCS, percentile, splice
+from benchmarks.scale import DOCS, percentile
 
 PROCESSES = 8
 BEGIN, END = "<!-- agent-store:begin (python -m benchmarks.agent_store) -->", "<!-- agent-store:end -->"
@@ -138,7 +138,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-agent-store-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores", "rows": []}
+    report = new_report(rows=[])
     failed_at: dict[str, int] = {}
     try:
         for nodes in args.sizes:
@@ -158,7 +158,7 @@ def main() -> int:
                         failed_at[backend] = nodes
                         break  # the failure is the result; repeating it only costs time
                 report["rows"].append({"backend": backend, "nodes": nodes, "runs": runs})
-                (RESULTS / "agent_store.json").write_text(json.dumps(report, indent=2))
+                save_report(RESULTS / "agent_store.json", report)
     finally:
         bench.stop()
     write_report(report)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import RESULTS, Bench, checkout, log, operator_kubeconfig, release_env
-from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -209,13 +208,11 @@ def main() -> int:
     previous = checkout(args.previous, workdir)
     log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "repeats": args.repeats,
-        "previous": args.previous,
-        "runs": [],
-    }
+    report = new_report(
+        repeats=args.repeats,
+        previous=args.previous,
+        runs=[],
+    )
     try:
         cases = Cases(bench, workdir, previous)
         plan = [(code, repeat) for repeat in range(args.repeats) for code in CODES[:1]]
@@ -226,8 +223,7 @@ def main() -> int:
                     run = cases.run(case, launcher, code, args.limit)
                     log(f"{code}, {case}, {launcher}, repeat {repeat + 1}: {run.get('seconds', 'not recovered')}")
                     report["runs"].append(run)
-                    RESULTS.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps(report, indent=2))
+                    save_report(out, report)
     finally:
         bench.stop()
     write_report(report)

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.nothing_slower import METRICS, Run, a_round, kind, operator_of, ratio, runs_of, values
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, Bench, log
-from benchmarks.scale import splice
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- etcd-compare:begin (python -m benchmarks.etcd_compare) -->", "<!-- etcd-compare:end -->"
@@ -125,7 +124,7 @@ def measure_all(args: argparse.Namespace, paths: dict[str, Path], workdir: Path,
             plane.update(too_large=text.count(TOO_LARGE), no_progress=text.count(NO_PROGRESS))
             plane.update(apiserver_log=str(apiserver_log), apiserver_log_lines=text.count("\n"))
             run.report["planes"].append(plane)
-            run.out.write_text(json.dumps(run.report, indent=2))
+            save_report(run.out, run.report)
             log(f"{code}, repeat {repeat + 1}: kube-apiserver logged {plane['too_large']} '{TOO_LARGE}' lines")
 
 
@@ -253,22 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     paths = etcds()
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-etcd-compare-"))
     log(f"{NEW}: {paths[NEW]}; {OLD}: {paths[OLD]}; planes under {workdir}")
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "argv": argv,
-        "etcd": {code: str(path) for code, path in paths.items()},
-        "repeats": args.repeats,
-        "steady_seconds": args.steady_seconds,
-        "summary": args.summary or "",
-        "planes": [],
-        "runs": [],
-    }
+    report = new_report(
+        argv=argv,
+        etcd={code: str(path) for code, path in paths.items()},
+        repeats=args.repeats,
+        steady_seconds=args.steady_seconds,
+        summary=args.summary or "",
+        planes=[],
+        runs=[],
+    )
     began = time.monotonic()
     measure_all(args, paths, workdir, Run(report, out))
     report["minutes"] = (time.monotonic() - began) / 60
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    save_report(out, report)
     write_report(report, where)
     log(f"done in {report['minutes']:.1f} min: {out}, {where / 'etcd-compare.png'}, {where / 'benchmarks.md'}")
     return 0

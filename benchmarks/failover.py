@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, operator_kubeconfig
-from benchmarks.scale import percentile, splice
+from benchmarks.scale import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -216,22 +216,19 @@ def main() -> int:
     if args.report:
         write_report(json.loads(out.read_text()))
         return 0
-    RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-failover-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "repeats": args.repeats,
-        "runs": [],
-    }
+    report = new_report(
+        repeats=args.repeats,
+        runs=[],
+    )
     try:
         failover = Failover(bench, workdir)
         for repeat in range(args.repeats):
             for mode in MODES:
                 report["runs"].append(failover.measure(mode, repeat, args.limit))
-                out.write_text(json.dumps(report, indent=2))
+                save_report(out, report)
     finally:
         bench.stop()
     write_report(report)

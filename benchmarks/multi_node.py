@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -30,8 +29,8 @@ from typing import Any
 
 from kubernetes import client, config
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import RESULTS, log
-from benchmarks.scale import splice
 from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     Recovery,
@@ -167,13 +166,11 @@ def main() -> int:
         write_report(json.loads(out.read_text()))
         return 0
     window = 90.0
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "repeats": args.repeats,
-        "window": window,
-        "runs": [],
-    }
+    report = new_report(
+        repeats=args.repeats,
+        window=window,
+        runs=[],
+    )
     if args.add and out.exists():
         earlier = json.loads(out.read_text())
         report["runs"] = earlier["runs"]
@@ -211,8 +208,7 @@ def main() -> int:
                 run.pop("details", None)
                 log(f"  {json.dumps(run)}")
                 report["runs"].append(run)
-                RESULTS.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(report, indent=2))
+                save_report(out, report)
     finally:
         cluster.stop()
         plane.stop()

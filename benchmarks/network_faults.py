@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale import splice
+from benchmarks.report import new_report, save_report, splice
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -140,12 +140,10 @@ def main() -> int:
     if args.report:
         write_report(json.loads(out.read_text()))
         return 0
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "repeats": args.repeats,
-        "runs": [],
-    }
+    report = new_report(
+        repeats=args.repeats,
+        runs=[],
+    )
     plan: list[tuple[dict[str, str], str | None]] = [({}, None)] * args.repeats
     if args.long:
         plan.append(({"NETWORK_PARTITION_SECONDS": "300"}, "partition_of_60_s"))
@@ -154,8 +152,7 @@ def main() -> int:
         run = run_once(env, selection)
         print(f"   {run['outcomes']}\n   {run['measured']}", flush=True)
         report["runs"].append(run)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        save_report(out, report)
     write_report(report)
     return 0
 

@@ -39,8 +39,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, WRITER_VICTIM, Bench, checkout, log, recovery, release_env, start_operator
-from benchmarks.scale import splice
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- nothing-slower:begin (python -m benchmarks.nothing_slower) -->", "<!-- nothing-slower:end -->"
@@ -107,8 +107,7 @@ class Run:
             self.failed[key] = run["failed"]
         entry = {"case": case, "nodes": nodes, "code": code, "repeat": repeat, **run}
         self.report["runs"].append(entry)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(json.dumps(self.report, indent=2))
+        save_report(self.out, self.report)
         shown = run.get("failed") or ", ".join(
             f"{label.format(case=case)} {_fmt(value(run), digits)}" for label, value, digits in METRICS[kind(case)]
         )
@@ -310,16 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     if any(not path.startswith(str(previous)) for path in releases["previous release"].values()):
         raise SystemExit(f"the previous release does not run from {previous}: {releases['previous release']}")
     log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "argv": argv,
-        "previous": args.previous,
-        "releases": releases,
-        "repeats": args.repeats,
-        "recovery_agents": args.recovery_agents,
-        "runs": [],
-    }
+    report = new_report(
+        argv=argv,
+        previous=args.previous,
+        releases=releases,
+        repeats=args.repeats,
+        recovery_agents=args.recovery_agents,
+        runs=[],
+    )
     began = time.monotonic()
     bench = Bench(workdir)
     try:
@@ -327,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bench.stop()
     report["minutes"] = (time.monotonic() - began) / 60
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    save_report(out, report)
     write_report(report, args.out)
     log(f"done in {report['minutes']:.1f} min: {out}")
     return 0

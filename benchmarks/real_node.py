@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -35,8 +34,8 @@ from typing import Any
 
 from kubernetes import client, config
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import RESULTS, log
-from benchmarks.scale import splice
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
@@ -295,18 +294,15 @@ def main() -> int:
     if args.report:
         write_report(json.loads(out.read_text()))
         return 0
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "repeats": args.repeats,
-        "runs": [],
-    }
+    report = new_report(
+        repeats=args.repeats,
+        runs=[],
+    )
 
     def record(run: dict[str, Any]) -> None:
         log(f"{label(run)}: { ({k: v for k, v in run.items() if k not in ('case', 'launcher')}) }")
         report["runs"].append(run)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        save_report(out, report)
 
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-real-node-"))
     log(f"starting a control plane and a real node in {workdir}")

@@ -40,9 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, REPO, RESULTS, VERSION, Bench, agent_env, log, start_operator
-from benchmarks.scale import splice
 
 DOCS = REPO / "docs"
 BEGIN = "<!-- recovery-at-scale:begin (python -m benchmarks.recovery_at_scale) -->"
@@ -342,14 +342,12 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-recovery-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "sizes": args.sizes,
-        "repeats": args.repeats,
-        "frameworks": args.frameworks,
-        "runs": [],
-    }
+    report = new_report(
+        sizes=args.sizes,
+        repeats=args.repeats,
+        frameworks=args.frameworks,
+        runs=[],
+    )
     if args.keep and out.exists():
         kept = json.loads(out.read_text())
         redone = {(n, f, m) for n in args.sizes for f in args.frameworks for m in args.modes}
@@ -383,8 +381,7 @@ def main() -> int:
                         report["runs"].append(
                             {"nodes": nodes, "framework": framework, "mode": label, "measured": report["date"], **run}
                         )
-                        RESULTS.mkdir(parents=True, exist_ok=True)
-                        out.write_text(json.dumps(report, indent=2))
+                        save_report(out, report)
                         if "failed" in run:
                             break
     finally:

@@ -1,9 +1,15 @@
-"""Turn benchmarks/results/results.json into docs/benchmarks.md and docs/benchmarks.png."""
+"""Turn benchmarks/results/results.json into docs/benchmarks.md and docs/benchmarks.png.
+
+And what every benchmark's report shares: ``new_report`` (when and where it was measured),
+``save_report`` (its JSON, after each run) and ``splice`` (its section of a page in docs/).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,33 @@ def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}{unit}"
     return f"{value}{unit}"
+
+
+def new_report(**fields: Any) -> dict[str, Any]:
+    """A benchmark's JSON report: its date and machine, then ``fields`` in the order given."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores", **fields}
+
+
+def save_report(out: Path, report: dict[str, Any]) -> None:
+    """Write ``report`` to ``out`` (after every run, so a benchmark stopped midway keeps what it measured)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+
+
+def splice(page: Path, text: str, begin: str, end: str, *, at_end: bool = False) -> None:
+    """Put ``text`` between the ``begin`` and ``end`` markers of ``page``; where it has none, after its first
+    heading (or at its end with ``at_end``). Every benchmark writes its section of a page with this."""
+    content = page.read_text() if page.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{text.strip()}\n{end}"
+    if begin in content and end in content:
+        head, rest = content.split(begin, 1)
+        content = head + block + rest.split(end, 1)[1]
+    elif at_end:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    else:
+        first, _, rest = content.partition("\n")
+        content = f"{first}\n\n{block}\n{rest}"
+    page.write_text(content)
 
 
 def write_report(report: dict[str, Any]) -> None:
@@ -109,9 +142,9 @@ def write_report(report: dict[str, Any]) -> None:
     (DOCS / "benchmarks.md").write_text("\n".join(lines) + "\n")
     scale = DOCS / "scale.md"  # written by python -m benchmarks.scale
     if scale.exists():
-        from benchmarks.scale import splice
+        from benchmarks.scale import BEGIN, END
 
-        splice(DOCS / "benchmarks.md", scale.read_text())
+        splice(DOCS / "benchmarks.md", scale.read_text(), BEGIN, END)
     plot(report, sizes, by)
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import psutil
 
+from benchmarks.report import new_report, save_report
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
@@ -853,11 +855,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-bench-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "rounds": [],
-    }
+    report = new_report(
+        rounds=[],
+    )
     if args.keep_rounds and (RESULTS / "results.json").exists():
         report["rounds"] = json.loads((RESULTS / "results.json").read_text())["rounds"]
     try:
@@ -915,7 +915,7 @@ def main() -> int:
 
 
 def save(report: dict[str, Any]) -> None:
-    (RESULTS / "results.json").write_text(json.dumps(report, indent=2))
+    save_report(RESULTS / "results.json", report)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,13 +158,11 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-scale-"))
     log(f"starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "rounds": [],
-        "steady": [],
-        "recovery": {},
-    }
+    report = new_report(
+        rounds=[],
+        steady=[],
+        recovery={},
+    )
     if args.merge and (RESULTS / "scale.json").exists():
         earlier = json.loads((RESULTS / "scale.json").read_text())
         earlier["steady"] = [item for item in earlier.get("steady", []) if item["nodes"] not in args.steady_sizes]
@@ -277,7 +276,7 @@ def main() -> int:
 
 
 def save(report: dict[str, Any]) -> None:
-    (RESULTS / "scale.json").write_text(json.dumps(report, indent=2))
+    save_report(RESULTS / "scale.json", report)
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -425,27 +424,11 @@ def write_report(report: dict[str, Any]) -> None:
                     )
                     lines.append(f"| {mode} | {cells} |")
     (DOCS / "scale.md").write_text("\n".join(lines) + "\n")
-    splice(DOCS / "benchmarks.md", (DOCS / "scale.md").read_text())
+    splice(DOCS / "benchmarks.md", (DOCS / "scale.md").read_text(), BEGIN, END)
     plot(report)
 
 
 BEGIN, END = "<!-- scale:begin (python -m benchmarks.scale) -->", "<!-- scale:end -->"
-
-
-def splice(page: Path, text: str, begin: str = BEGIN, end: str = END, *, at_end: bool = False) -> None:
-    """Put ``text`` between the ``begin`` and ``end`` markers of ``page``; where it has none, after its first
-    heading (or at its end with ``at_end``). Every benchmark writes its section of a page with this."""
-    content = page.read_text() if page.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text.strip()}\n{end}"
-    if begin in content and end in content:
-        head, rest = content.split(begin, 1)
-        content = head + block + rest.split(end, 1)[1]
-    elif at_end:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    else:
-        first, _, rest = content.partition("\n")
-        content = f"{first}\n\n{block}\n{rest}"
-    page.write_text(content)
 
 
 def plot(report: dict[str, Any]) -> None:

@@ -172,17 +172,6 @@ def section(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def splice(document: Path, text: str) -> None:
-    """Put ``text`` between the section markers of ``document`` (append it when there are none)."""
-    current = document.read_text() if document.exists() else "# Benchmarks\n"
-    if SECTION_BEGIN in current and SECTION_END in current:
-        before, rest = current.split(SECTION_BEGIN, 1)
-        after = rest.split(SECTION_END, 1)[1]
-        document.write_text(before + text + after)
-    else:
-        document.write_text(current.rstrip("\n") + "\n\n" + text + "\n")
-
-
 def plot(report: dict[str, Any]) -> None:
     import matplotlib
 
@@ -216,12 +205,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="decode-time repeats per row")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks.report import splice
+
     report = measure(args.sizes, args.repeats)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "state_size.json").write_text(json.dumps(report, indent=2) + "\n")
     text = section(report)
     (DOCS / "state-size.md").write_text(text + "\n")
-    splice(DOCS / "benchmarks.md", text)
+    inner = text.removeprefix(SECTION_BEGIN).removesuffix(SECTION_END)  # splice writes the markers itself
+    splice(DOCS / "benchmarks.md", inner, SECTION_BEGIN, SECTION_END, at_end=True)
     plot(report)
     log("wrote benchmarks/results/state_size.json, docs/state-size.png and docs/benchmarks.md")
     return 0

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import RESULTS, Bench, checkout, log
-from benchmarks.scale import splice
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -161,14 +159,12 @@ def main() -> int:
     previous = checkout(args.previous, workdir)
     log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
     bench = Bench(workdir)
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{os.cpu_count()} cores",
-        "sizes": args.sizes,
-        "repeats": args.repeats,
-        "previous": args.previous,
-        "runs": [],
-    }
+    report = new_report(
+        sizes=args.sizes,
+        repeats=args.repeats,
+        previous=args.previous,
+        runs=[],
+    )
     variants = [v for v in VARIANTS if not args.only or any(part in v[0] for part in args.only)]
     if args.keep and out.exists():
         rerun = {(nodes, v[0]) for nodes in args.sizes for v in variants}
@@ -180,8 +176,7 @@ def main() -> int:
         for nodes in args.sizes:
             for variant in variants:
                 report["runs"] += run_variant(bench, variant, nodes, args.repeats, args.limit, previous)
-                RESULTS.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(report, indent=2))
+                save_report(out, report)
     finally:
         bench.stop()
     write_report(report)
