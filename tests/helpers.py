@@ -6,11 +6,18 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
+
+from tests.faultproxy import FaultProxy
+
+if TYPE_CHECKING:
+    from tests.testenv import ControlPlane
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,3 +89,44 @@ def holds_for(predicate: Callable[[], object], seconds: float, what: str, interv
         if time.monotonic() - started >= seconds:
             return
         time.sleep(interval)
+
+
+def pod_failed(
+    core: Any, namespace: str, name: str, *, finished: datetime | None = None, reason: str | None = "Error"
+) -> None:
+    """What the kubelet reports for a ``restartPolicy: Never`` pod whose container was killed: phase Failed,
+    exit code 137, finished at ``finished`` (now by default). ``core``: a CoreV1Api."""
+    terminated: dict[str, Any] = {"exitCode": 137}
+    if reason is not None:
+        terminated["reason"] = reason
+    terminated["finishedAt"] = (finished or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    core.patch_namespaced_pod_status(
+        name,
+        namespace,
+        {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "agent",
+                        "image": "trainer:latest",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+    )
+
+
+@contextmanager
+def running_fault_proxy(control_plane: ControlPlane, directory: Path, seed: int) -> Iterator[FaultProxy]:
+    """A fault proxy in front of ``control_plane``'s API server, stopped (joined) afterwards; it must not
+    have failed itself."""
+    proxy = FaultProxy(control_plane.server, control_plane.pki.ca_cert, control_plane.pki.ca_key, directory, seed=seed)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+    assert proxy.errors == [], f"the fault proxy itself failed: {proxy.errors}"

@@ -48,7 +48,7 @@ from kube_rendezvous.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.faultproxy import FAULT_KINDS, FaultProxy, _copy_body, _is_watch, _read_head, proxy_kubeconfig
-from tests.helpers import REPO, rendezvous_parameters
+from tests.helpers import REPO, rendezvous_parameters, running_fault_proxy
 from tests.testenv import ControlPlane, wait_until
 
 #: The client's request timeout through the proxy (seconds); a ``delay`` fault holds longer.
@@ -77,13 +77,8 @@ COMMITTING = {"drop_answer", "delay"}
 @pytest.fixture
 def fault_proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
     """A fault proxy in front of the test control plane's API server, stopped (joined) afterwards."""
-    proxy = FaultProxy(
-        control_plane.server, control_plane.pki.ca_cert, control_plane.pki.ca_key, tmp_path / "faultproxy", seed=13
-    )
-    proxy.start()
-    yield proxy
-    proxy.stop()
-    assert proxy.errors == [], f"the fault proxy itself failed: {proxy.errors}"
+    with running_fault_proxy(control_plane, tmp_path / "faultproxy", seed=13) as proxy:
+        yield proxy
 
 
 @pytest.fixture

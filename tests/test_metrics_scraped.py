@@ -21,8 +21,8 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
-from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
-from tests.test_operator import GROUP, PLURAL, VERSION, condition, read, reasons
+from tests.helpers import create_rendezvous, rendezvous_parameters, running_fault_proxy
+from tests.test_operator import GROUP, PLURAL, VERSION, condition, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py; the README lists all but the Event counter.
@@ -62,13 +62,8 @@ def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], metric: 
 
 @pytest.fixture
 def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
-    running = FaultProxy(
-        control_plane.server, control_plane.pki.ca_cert, control_plane.pki.ca_key, tmp_path / "faultproxy", seed=5
-    )
-    running.start()
-    yield running
-    running.stop()
-    assert running.errors == [], f"the fault proxy itself failed: {running.errors}"
+    with running_fault_proxy(control_plane, tmp_path / "faultproxy", seed=5) as running:
+        yield running
 
 
 @pytest.fixture
@@ -86,25 +81,14 @@ def operator(
     pod watch alone and its compare-and-swap races with nothing but the test's own write.
     """
     monkeypatch.setenv("KUBE_RENDEZVOUS_RESYNC_SECONDS", "3600")
-    documents = (REPO / "docs" / "operator-rbac.yaml").read_text().split("\n---\n")
-    control_plane.kubectl("apply", "-f", "-", input=documents[0])
-    direct = control_plane.serviceaccount_kubeconfig(namespace, "kube-rendezvous-operator")
-    proxied = proxy_kubeconfig(direct, proxy.url, tmp_path / "operator-proxied.kubeconfig")
-    binding = f"kube-rendezvous-operator-{namespace}"
-    control_plane.kubectl(
-        "create",
-        "clusterrolebinding",
-        binding,
-        "--clusterrole=kube-rendezvous-operator",
-        f"--serviceaccount={namespace}:kube-rendezvous-operator",
-    )
-    running = OperatorProcess(proxied, namespace, tmp_path / "operator.log")
-    try:
-        running.start()
-        yield running
-    finally:
-        running.stop()
-        control_plane.kubectl("delete", "clusterrolebinding", binding, check=False)
+    with operator_account(control_plane, namespace) as direct:
+        proxied = proxy_kubeconfig(direct, proxy.url, tmp_path / "operator-proxied.kubeconfig")
+        running = OperatorProcess(proxied, namespace, tmp_path / "operator.log")
+        try:
+            running.start()
+            yield running
+        finally:
+            running.stop()
 
 
 def rendezvous_state(round_number: int, complete: bool, participants: list[str], waiting: list[str]) -> bytes:

@@ -24,7 +24,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 
 from tests.e2e.harness import Agent, ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess
-from tests.helpers import create_rendezvous, holds_for, rendezvous_parameters
+from tests.helpers import create_rendezvous, holds_for, pod_failed, rendezvous_parameters
 from tests.test_operator import condition, events, read, running_operator
 from tests.testenv import ControlPlane, wait_until
 
@@ -55,31 +55,6 @@ def create_job_pod(
     )
     core.patch_namespaced_pod_status(
         name, namespace, {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
-    )
-
-
-def play_failed(core: client.CoreV1Api, namespace: str, name: str) -> None:
-    """What the kubelet reports for a ``restartPolicy: Never`` pod whose container was killed: phase Failed."""
-    finished = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    terminated = {"exitCode": 137, "reason": "Error", "finishedAt": finished}
-    core.patch_namespaced_pod_status(
-        name,
-        namespace,
-        {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "agent",
-                        "image": "trainer:latest",
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        },
     )
 
 
@@ -118,7 +93,7 @@ class TestFailedPodIsEvicted:
         core = client.CoreV1Api(admin_api)
         _, victim, survivor = two_agents_training(core, namespace, objects, make_job)
         victim.kill_pod()
-        play_failed(core, namespace, victim.name)
+        pod_failed(core, namespace, victim.name)
         wait_until(lambda: training_in_world([survivor], 2, min_step=0), 120, "the survivor training alone")
         assert read(objects, namespace)["status"]["evictedNodes"] == [victim.node_name]
         # Nobody deleted the pod: it is still there, Failed (a Job keeps failed pods for its backoff and logs).

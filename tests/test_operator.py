@@ -16,7 +16,7 @@ from kubernetes import client
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
-from tests.helpers import REPO, create_rendezvous
+from tests.helpers import REPO, create_rendezvous, pod_failed
 from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -222,26 +222,7 @@ class TestEviction:
         # A pod that failed a minute ago and held 127.0.0.22 before: the operator sees it now
         # (as after its own restart) and must not take the live node on that IP for its own.
         create_training_pod(core, namespace, "old-1", "job", addresses[1])
-        finished = (datetime.now(timezone.utc) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        core.patch_namespaced_pod_status(
-            "old-1",
-            namespace,
-            {
-                "status": {
-                    "phase": "Failed",
-                    "containerStatuses": [
-                        {
-                            "name": "agent",
-                            "image": "trainer:latest",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {"terminated": {"exitCode": 137, "finishedAt": finished}},
-                        }
-                    ],
-                }
-            },
-        )
+        pod_failed(core, namespace, "old-1", finished=datetime.now(timezone.utc) - timedelta(minutes=1), reason=None)
         wait_until(
             lambda: "pod " + namespace + "/old-1 is gone, but nodes" in operator.log.read_text(),
             60,

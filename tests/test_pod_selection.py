@@ -20,7 +20,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess
-from tests.test_missing_paths import create_job_pod, operator, play_failed  # noqa: F401 - a fixture
+from tests.helpers import pod_failed
+from tests.test_missing_paths import create_job_pod, operator  # noqa: F401 - a fixture
 from tests.test_operator import read
 from tests.testenv import ControlPlane, wait_until
 
@@ -171,7 +172,7 @@ def test_the_node_of_a_failed_pod_is_evicted_with_the_workloads_own_pod_labels(
     wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
     survivor, victim = agents
     victim.kill_pod()
-    play_failed(core, namespace, victim.name)
+    pod_failed(core, namespace, victim.name)
     wait_until(lambda: training_in_world([survivor], 2, min_step=0), 120, "the survivor training alone")
     status = read(objects, namespace)["status"]
     assert status["evictedNodes"] == [victim.node_name]
