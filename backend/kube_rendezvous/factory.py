@@ -28,6 +28,7 @@ from .kubeapi import (
     load_api_client,
 )
 from .kubeapi import resource_path as _resource_path
+from .retries import STATE_CONFLICT_RETRY
 from .settings import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
     UNSET_RUN_IDS,
@@ -251,7 +252,7 @@ def create_backend(
         node_name=params.local_addr or socket.getfqdn(),
         retry_timeout=connection.config.retry_timeout,
         conflict_backoff=connection.config.conflict_backoff,
-        max_conflict_backoff=max(2.0, connection.config.conflict_backoff),
+        max_conflict_backoff=max(STATE_CONFLICT_RETRY.max_delay, connection.config.conflict_backoff),
         max_participants=params.max_nodes,
         heartbeat_expiry=connection.timings.heartbeat_expiry,
         framework=framework,

@@ -49,6 +49,7 @@ from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
     ApiUnavailableError,
+    KubernetesApiError,
     NotFoundError,
     call_with_retries,
     is_gone,
@@ -412,7 +413,7 @@ class NativeHandler:
         try:
             if self._folder.fold_pending():
                 self.stats["self_folds"] += 1
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
 
     def _give_up(self) -> None:
@@ -525,7 +526,7 @@ class NativeHandler:
                     self._changed_since(reading.version, 1.0)
             except self.framework.closed_error:
                 return True
-            except (ApiError, ApiUnavailableError, self.framework.rendezvous_error) as exc:
+            except (KubernetesApiError, self.framework.rendezvous_error) as exc:
                 logger.info("closing the rendezvous %s failed this time: %s", self.run_id, exc)
                 time.sleep(0.5)
         logger.warning("could not close the rendezvous %s in time", self.run_id)
