@@ -43,6 +43,7 @@ PURE = {
     "kube_rendezvous.adds",
     "kube_rendezvous.statecheck",
     "kube_rendezvous.leaseformat",
+    "kube_rendezvous.retries",
     "kube_rendezvous.kubectl_rdzv_report",
     "kube_rendezvous_operator.logic",
     "kube_rendezvous_operator.not_ready_logic",

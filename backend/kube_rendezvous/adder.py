@@ -28,8 +28,6 @@ from typing import Any, Protocol
 from .adds import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
-    CONFLICT_BACKOFF_BASE,
-    CONFLICT_BACKOFF_MAX,
     FOLD_PATIENCE_SECONDS,
     AddRequest,
     counter_digest,
@@ -39,7 +37,8 @@ from .adds import (
     request_name,
     request_of,
 )
-from .kubeapi import ApiError, ApiUnavailableError, NotFoundError, backoff
+from .kubeapi import KubernetesApiError, NotFoundError
+from .retries import KEY_CONFLICT_RETRY
 from .watchcache import WatchCache
 
 logger = logging.getLogger(__name__)
@@ -237,7 +236,7 @@ class CombinedAdd:
             self.store.delete_object(request_name(self.counter, request_id))
         except NotFoundError:
             pass
-        except (ApiError, ApiUnavailableError) as exc:  # it goes with the counter, the round or the Rendezvous
+        except KubernetesApiError as exc:  # it goes with the counter, the round or the Rendezvous
             logger.info(
                 "could not delete the add request %s of %s: %s", request_id, self.store.key_text(self.counter), exc
             )
@@ -274,7 +273,7 @@ class CombinedAdd:
                 if outcome is False:  # another fold came first: wait for the watch to show it
                     lost += 1
                     store.stats["conflicts"] += 1
-                    patience = now + backoff(lost + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX)
+                    patience = now + KEY_CONFLICT_RETRY.delay(lost)
                     if lost_on is None or lost_on[0] != shown_version:
                         lost_on = (shown_version, now)
                 elif outcome is None:

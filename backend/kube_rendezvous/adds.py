@@ -35,10 +35,6 @@ ADDS_TO_LABEL = "kube-rendezvous.io/adds-to"
 #: Seconds an adder waits for the adder with the smallest pending request id to fold its request,
 #: before folding itself (randomly up to twice that, so crashed folders are replaced one at a time).
 FOLD_PATIENCE_SECONDS = 1.0
-#: Seconds: after the k-th lost compare-and-swap on a key (a store write, or a fold of a counter), a writer
-#: waits a random time of up to min(CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_BASE * 2**k) before reading it again.
-CONFLICT_BACKOFF_BASE = 0.005
-CONFLICT_BACKOFF_MAX = 2.0
 #: Infix of an add request's object name: ``<counter name prefix>.a-<counter hash>-<request id>``.
 REQUEST_INFIX = ".a-"
 

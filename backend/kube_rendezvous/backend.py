@@ -56,17 +56,17 @@ from .intents import read_rendezvous
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
-    ApiUnavailableError,
     ConflictError,
     InvalidError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
-    backoff,
     call_with_retries,
     describe_api_error,
     is_resource_version,
     resource_path,
 )
+from .retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY
 from .statecheck import load_own_state
 from .status import write_status
 from .store import KubernetesStore
@@ -110,8 +110,8 @@ class KubernetesRendezvousBackend:
         *,
         node_name: str | None = None,
         retry_timeout: float = 60.0,
-        conflict_backoff: float = 0.02,
-        max_conflict_backoff: float = 2.0,
+        conflict_backoff: float = STATE_CONFLICT_RETRY.first_delay,
+        max_conflict_backoff: float = STATE_CONFLICT_RETRY.max_delay,
         max_participants: int | None = None,
         heartbeat_expiry: float = 15.0,
         framework: Framework | None = None,
@@ -125,6 +125,10 @@ class KubernetesRendezvousBackend:
                 f"conflict_backoff ({conflict_backoff!r}) must be >= 0 and <= max_conflict_backoff "
                 f"({max_conflict_backoff!r}), in seconds"
             )
+        #: ``STATE_CONFLICT_RETRY`` with this backend's settings.
+        self._conflict_retry = dataclasses.replace(
+            STATE_CONFLICT_RETRY, first_delay=conflict_backoff, max_delay=max_conflict_backoff
+        )
         self.framework = framework or tensorplay_framework()
         self._api = api
         self.namespace = namespace
@@ -132,8 +136,6 @@ class KubernetesRendezvousBackend:
         self.run_id = run_id
         self._node_name = node_name
         self._retry_timeout = retry_timeout
-        self._conflict_backoff = conflict_backoff
-        self._max_conflict_backoff = max_conflict_backoff
         self._max_participants = max_participants
         self._heartbeat_expiry = timedelta(seconds=heartbeat_expiry)
         self._conflict_streak = 0
@@ -162,7 +164,7 @@ class KubernetesRendezvousBackend:
             raise self.framework.closed_error(
                 f"The Rendezvous {self._where} no longer exists (deleted); the rendezvous is over."
             ) from exc
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             unreachable = (
                 f"The Kubernetes API server could not be reached for {self._retry_timeout:.0f} s. "
                 "See the inner exception for details."
@@ -276,8 +278,8 @@ class KubernetesRendezvousBackend:
                     # Lost the compare-and-swap: wait a random time that doubles with each one lost in a row
                     # (N losers spread out), then read, so the state handed back is fresh.
                     self._conflict_streak += 1
-                    if self._conflict_backoff > 0:
-                        time.sleep(backoff(self._conflict_streak, self._conflict_backoff, self._max_conflict_backoff))
+                    if self._conflict_retry.first_delay > 0:
+                        time.sleep(self._conflict_retry.delay(self._conflict_streak))
                 return self._settled(self._read_object(), write_id)
             except InvalidError as exc:
                 obj = self._read_object()
@@ -289,14 +291,14 @@ class KubernetesRendezvousBackend:
                 return self._settled(obj)  # a token that is not a resourceVersion
             except NotFoundError as exc:
                 raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).") from exc
-            except (ApiUnavailableError, ApiError) as exc:
+            except KubernetesApiError as exc:
                 if isinstance(exc, ApiError) and not exc.transient:
                     raise self.framework.connection_error(
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
                 # No clear answer: read what is stored to learn the outcome.
                 attempt += 1
-                delay = backoff(attempt, 0.1, 2.0, floor=0.5)
+                delay = OUTAGE_RETRY.delay(attempt)
                 if time.monotonic() + delay > deadline:
                     raise self.framework.connection_error(
                         "The Kubernetes API server gave no clear answer to a state write for "
@@ -346,7 +348,7 @@ def create_backend(
         node_name=params.local_addr or socket.getfqdn(),
         retry_timeout=connection.config.retry_timeout,
         conflict_backoff=connection.config.conflict_backoff,
-        max_conflict_backoff=max(2.0, connection.config.conflict_backoff),
+        max_conflict_backoff=max(STATE_CONFLICT_RETRY.max_delay, connection.config.conflict_backoff),
         max_participants=params.max_nodes,
         heartbeat_expiry=connection.timings.heartbeat_expiry,
         framework=framework,

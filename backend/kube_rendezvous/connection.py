@@ -20,11 +20,10 @@ from .frameworks import Framework
 from .kubeapi import (
     API_VERSION,
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     InvalidError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     call_with_retries,
     load_api_client,
@@ -114,7 +113,7 @@ def ensure_rendezvous(
                 "The Rendezvous CRD (rendezvouses.kube-rendezvous.io) is not installed in this cluster: "
                 "kubectl apply -f crds/ or helm install kube-rendezvous"
             ) from exc
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         unreachable = "The connection to the Kubernetes API server has failed. See the inner exception for details."
         raise framework.api_failure(exc, "get", RENDEZVOUS_PLURAL, namespace, unreachable) from exc
 
@@ -138,7 +137,7 @@ def pod_workload(api: KubernetesApi, namespace: str, framework: Framework) -> Ow
             f"rdzv-conf owner=pod: there is no pod {pod_namespace}/{name}; set POD_NAME and POD_NAMESPACE "
             "from the downward API (fieldRef metadata.name and metadata.namespace)"
         ) from exc
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         unreachable = f"rdzv-conf owner=pod: could not read pod {pod_namespace}/{name}: {exc}"
         raise framework.api_failure(exc, "get", "pods", pod_namespace, unreachable) from exc
     owner = workload_owner(pod)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .kubeapi import ApiError, ApiUnavailableError, describe_api_error
+from .kubeapi import ApiError, KubernetesApiError, describe_api_error
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Framework:
     record_failure: Callable[[str, str], None]
 
     def api_failure(
-        self, exc: ApiError | ApiUnavailableError, verb: str, resource: str, namespace: str, unreachable: str
+        self, exc: KubernetesApiError, verb: str, resource: str, namespace: str, unreachable: str
     ) -> Exception:
         """Its ``RendezvousConnectionError`` for a failed request: a refusal described, else ``unreachable``."""
         if isinstance(exc, ApiError):

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -22,6 +20,8 @@ from urllib.parse import quote
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+from .retries import OUTAGE_RETRY, retry
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,16 @@ RENDEZVOUS_UID_LABEL = "kube-rendezvous.io/rendezvous-uid"
 T = TypeVar("T")
 
 
-class ApiError(Exception):
+class KubernetesApiError(Exception):
+    """Raised when a Kubernetes API call did not succeed: the server refused it (``ApiError``) or never answered it
+    (``ApiUnavailableError``). Catch this for "any API outcome but success"; catch a subclass to tell them apart.
+    """
+
+    #: True when a retry may succeed (``call_with_retries`` retries exactly these).
+    transient: bool = False
+
+
+class ApiError(KubernetesApiError):
     """Raised when the API server answered with a non-2xx status; the subclass says which outcome.
 
     Callers catch the subclasses; ``status`` is kept for messages only.
@@ -100,8 +109,10 @@ class ServerUnavailableError(ApiError):
     """Raised when the server throttled (429) or was not ready (5xx); a retry may succeed (always transient)."""
 
 
-class ApiUnavailableError(Exception):
+class ApiUnavailableError(KubernetesApiError):
     """Raised when the API server could not be reached or did not answer in time (outcome unknown)."""
+
+    transient = True  # the server may answer the next try
 
 
 _ERROR_CLASSES: dict[int, type[ApiError]] = {
@@ -367,42 +378,22 @@ class KubernetesApi:
             response.release_conn()
 
 
-def backoff(attempt: int, base: float, cap: float, floor: float = 0.0) -> float:
-    """Seconds to wait before retry ``attempt`` (1: the first): ``base`` doubled per attempt, capped at ``cap``.
-
-    Jittered between ``floor`` (a fraction) and 1 of that: full jitter by default, which spreads N
-    writers that lost one compare-and-swap at once; ``floor=0.5`` for retries of an unavailable server.
-    """
-    limit = min(cap, base * 2 ** min(max(attempt - 1, 0), 30))
-    return random.uniform(floor * limit, limit)
-
-
 def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T:
     """Run ``call`` until it succeeds, retrying unavailability and transient statuses until ``deadline``.
 
-    Backs off exponentially (0.1 s doubling to 2 s, with jitter). Only for calls that are safe
-    to repeat (reads, and writes whose preconditions make a repeat harmless).
+    Waits as ``retries.OUTAGE_RETRY`` says (0.1 s doubling to 2 s, half jittered). Only for calls that
+    are safe to repeat (reads, and writes whose preconditions make a repeat harmless).
 
     Raises:
         ApiError: a status that is not retryable, or the last one at the deadline.
         ApiUnavailableError: still unreachable at the deadline.
     """
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except ApiUnavailableError as exc:
-            failure: Exception = exc
-        except ApiError as exc:
-            if not exc.transient:
-                raise
-            failure = exc
-        attempt += 1
-        delay = backoff(attempt, 0.1, 2.0, floor=0.5)
-        if time.monotonic() + delay > deadline:
-            raise failure
-        logger.info("%s failed (%s); retrying in %.1f s", what, failure, delay)
-        time.sleep(delay)
+    return retry(OUTAGE_RETRY, call, retryable=is_transient, deadline=deadline, what=what)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is an API outcome that a retry may change (no answer, or a transient status)."""
+    return isinstance(exc, KubernetesApiError) and exc.transient
 
 
 def socket_options() -> list[tuple[int, int, int]]:

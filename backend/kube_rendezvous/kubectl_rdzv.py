@@ -23,12 +23,20 @@ from typing import Any, TextIO
 from . import kubeapi
 from .document import node_names
 from .folding import role_of
-from .kubeapi import RENDEZVOUS_PLURAL, ApiError, ApiUnavailableError, KubernetesApi, NotFoundError, resource_path
+from .kubeapi import (
+    RENDEZVOUS_PLURAL,
+    ApiUnavailableError,
+    KubernetesApi,
+    KubernetesApiError,
+    NotFoundError,
+    resource_path,
+)
 from .kubectl_rdzv_report import PluginError, build_report, change_label, decode_state, render_status, summary_line
 from .leaseformat import LEASE_PLURAL
 from .leases import parse_node
+from .retries import EVICTION_CONFLICT_RETRY
 from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE
-from .status import EVICT_ATTEMPTS, add_evictions
+from .status import add_evictions
 from .summary import format_time
 from .watchcache import WatchCache, object_watch
 
@@ -59,9 +67,9 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[KubernetesApi,
     return KubernetesApi(api_client, REQUEST_TIMEOUT), namespace or "default"
 
 
-def _failure(exc: ApiError | ApiUnavailableError | None, verb: str, resource: str, namespace: str) -> PluginError:
+def _failure(exc: KubernetesApiError | None, verb: str, resource: str, namespace: str) -> PluginError:
     """One line for a failed request that names the fix; ``exc`` None: the request was refused (403)."""
-    if isinstance(exc, ApiUnavailableError):
+    if exc is not None and not isinstance(exc, kubeapi.ApiError):  # no answer
         return PluginError(
             f"could not reach the API server to {verb} {resource} in namespace {namespace!r} ({exc}); "
             "check --kubeconfig/--context and that the cluster is up"
@@ -92,7 +100,7 @@ def _explained(api: KubernetesApi, namespace: str, name: str, verb: str, resourc
         try:
             served = _request(api, "GET", f"/apis/{kubeapi.API_VERSION}") or {}
             installed = any(item.get("name") == RENDEZVOUS_PLURAL for item in served.get("resources") or [])
-        except (ApiError, ApiUnavailableError) as error:  # other than 404, unknown: say that the object was not found
+        except KubernetesApiError as error:  # other than 404, unknown: say that the object was not found
             installed = not isinstance(error, NotFoundError)
         raise PluginError(
             f"Rendezvous {namespace}/{name} not found; list them with: kubectl get rdzv -n {namespace} "
@@ -102,7 +110,7 @@ def _explained(api: KubernetesApi, namespace: str, name: str, verb: str, resourc
             f"{namespace}/{name} cannot exist; install it: kubectl apply -f crds/ "
             "(or helm install kube-rendezvous charts/kube-rendezvous)"
         ) from exc
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         raise _failure(exc, verb, resource, namespace) from exc
 
 
@@ -120,7 +128,7 @@ def command_status(api: KubernetesApi, namespace: str, name: str, output: str, o
     try:
         query = {"labelSelector": f"{kubeapi.RENDEZVOUS_LABEL}={name}"}
         leases = _request(api, "GET", resource_path(LEASE_PLURAL, namespace), query=query).get("items") or []
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         leases, leases_error = [], str(_failure(exc, "list", LEASE_PLURAL, namespace))
     report = build_report(namespace, name, obj, leases, datetime.now(timezone.utc), leases_error)
     if report["stateError"]:
@@ -170,7 +178,7 @@ def command_evict(api: KubernetesApi, namespace: str, name: str, node: str, out:
             try:
                 _, written = add_evictions(api, namespace, name, [node], deadline=time.monotonic() + RETRY_TIMEOUT)
             except kubeapi.ConflictError as exc:
-                lost = f"{EVICT_ATTEMPTS} compare-and-swaps in a row lost to other writers; try again"
+                lost = f"{EVICTION_CONFLICT_RETRY.attempts} compare-and-swaps in a row lost to other writers; try again"
                 raise PluginError(f"could not evict node {node} from {where}: {lost}") from exc
     if document is None or written is None:
         out.write(f"node {node} is already in status.evictedNodes of {where}; nothing changed\n")
@@ -290,7 +298,7 @@ def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             command_evict(api, namespace, name, arguments.node, stream)
         else:
             command_watch(api, namespace, name, arguments.output, arguments.max_events, arguments.timeout, stream)
-    except (PluginError, ApiError, ApiUnavailableError) as exc:  # the last two: failures no command explained
+    except (PluginError, KubernetesApiError) as exc:  # the second: API failures no command explained
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

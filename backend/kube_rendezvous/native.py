@@ -47,8 +47,7 @@ from .frameworks import Framework
 from .intents import RendezvousReading, read_rendezvous, waiting_count
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
+    KubernetesApiError,
     NotFoundError,
     call_with_retries,
     is_gone,
@@ -284,7 +283,7 @@ class NativeHandler:
         unreachable += " See the inner exception for details."
         try:
             return call_with_retries(call, deadline=until, what=what)
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             raise self.framework.api_failure(exc, verb, resource, self.namespace, unreachable) from exc
 
     def _read(self, deadline: float | None = None) -> RendezvousReading:
@@ -412,7 +411,7 @@ class NativeHandler:
         try:
             if self._folder.fold_pending():
                 self.stats["self_folds"] += 1
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
 
     def _give_up(self) -> None:
@@ -525,7 +524,7 @@ class NativeHandler:
                     self._changed_since(reading.version, 1.0)
             except self.framework.closed_error:
                 return True
-            except (ApiError, ApiUnavailableError, self.framework.rendezvous_error) as exc:
+            except (KubernetesApiError, self.framework.rendezvous_error) as exc:
                 logger.info("closing the rendezvous %s failed this time: %s", self.run_id, exc)
                 time.sleep(0.5)
         logger.warning("could not close the rendezvous %s in time", self.run_id)

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .retries import STATE_CONFLICT_RETRY
+
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -138,7 +140,7 @@ class KubernetesRendezvousConfig:
     request_timeout: float = 30.0
     retry_timeout: float = 60.0
     store_timeout: float = 300.0
-    conflict_backoff: float = 0.02
+    conflict_backoff: float = STATE_CONFLICT_RETRY.first_delay
 
     def __post_init__(self) -> None:
         validate_object_name(self.name, "Rendezvous name")

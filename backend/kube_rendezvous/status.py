@@ -19,17 +19,13 @@ from .intents import with_evicted
 from .kubeapi import (
     MERGE_PATCH,
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     KubernetesApi,
-    backoff,
+    KubernetesApiError,
     call_with_retries,
     resource_path,
 )
-
-#: Compare-and-swaps of ``add_evictions`` lost in a row before it gives up.
-EVICT_ATTEMPTS = 20
+from .retries import EVICTION_CONFLICT_RETRY, OUTAGE_RETRY
 
 
 def write_status(
@@ -43,7 +39,8 @@ def write_status(
     Raises:
         ConflictError: ``token`` is stale (nothing written).
         NotFoundError: the Rendezvous is gone.
-        ApiError, ApiUnavailableError: refused, or no answer (the outcome of the write is unknown).
+        KubernetesApiError: refused (``ApiError``), or no answer (``ApiUnavailableError``: the outcome of the
+            write is unknown).
     """
     body: dict[str, Any] = {"status": status}
     if token is not None:
@@ -65,15 +62,15 @@ def add_evictions(
     """Add ``nodes`` to ``status.evictedNodes`` by compare-and-swap, so that concurrent evictions are never lost.
 
     Each attempt reads the object and writes the list on its resourceVersion; a lost compare-and-swap
-    (``on_conflict`` is called) backs off (jittered, doubling) and reads again; an answer that never
-    came, a 429 or a 5xx is retried until ``deadline``, and the next read shows whether the write had
-    committed (the nodes are there) before it is sent again. Returns the object last read and the
-    list written (None: every node was evicted already).
+    (``on_conflict`` is called) waits as ``EVICTION_CONFLICT_RETRY`` says and reads again; an answer that
+    never came, a 429 or a 5xx is retried as ``OUTAGE_RETRY`` says until ``deadline``, and the next read
+    shows whether the write had committed (the nodes are there) before it is sent again. Returns the
+    object last read and the list written (None: every node was evicted already).
 
     Raises:
         NotFoundError: the Rendezvous is gone.
-        ConflictError: ``EVICT_ATTEMPTS`` compare-and-swaps in a row lost.
-        ApiError, ApiUnavailableError: refused, or no answer by ``deadline``.
+        ConflictError: ``EVICTION_CONFLICT_RETRY.attempts`` compare-and-swaps in a row lost.
+        KubernetesApiError: refused, or no answer by ``deadline``.
     """
     path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
     conflicts = unclear = 0
@@ -93,14 +90,14 @@ def add_evictions(
             conflicts += 1
             if on_conflict is not None:
                 on_conflict()
-            if conflicts >= EVICT_ATTEMPTS:
+            if EVICTION_CONFLICT_RETRY.exhausted(conflicts):
                 raise
-            time.sleep(backoff(conflicts, 0.02, 1.0))
-        except (ApiUnavailableError, ApiError) as exc:
+            time.sleep(EVICTION_CONFLICT_RETRY.delay(conflicts))
+        except KubernetesApiError as exc:
             unclear += 1
-            if (isinstance(exc, ApiError) and not exc.transient) or time.monotonic() > deadline:
+            if not exc.transient or time.monotonic() > deadline:
                 raise
-            time.sleep(backoff(unclear, 0.2, 2.0, floor=0.5))
+            time.sleep(OUTAGE_RETRY.delay(unclear))
 
 
-__all__ = ["EVICT_ATTEMPTS", "add_evictions", "write_status"]
+__all__ = ["add_evictions", "write_status"]

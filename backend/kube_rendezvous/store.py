@@ -48,8 +48,6 @@ from typing import Any
 from .adder import AddIndex, CombinedAdd
 from .adds import (
     ADDS_TO_LABEL,
-    CONFLICT_BACKOFF_BASE,
-    CONFLICT_BACKOFF_MAX,
     annotation_map,
     counter_digest,
     fold,
@@ -64,12 +62,13 @@ from .kubeapi import (
     ApiUnavailableError,
     ConflictError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
-    backoff,
     call_with_retries,
     describe_api_error,
     resource_path,
 )
+from .retries import KEY_CONFLICT_RETRY
 from .shared import KeyWatch, shared
 from .watchcache import WatchCache
 
@@ -300,7 +299,7 @@ class KubernetesStore:
             if conflicts:
                 # Many writers on one key (the exit barrier: every agent adds to one counter) take
                 # turns instead of all re-reading at once: O(N log N) requests in all, not O(N^2).
-                time.sleep(backoff(conflicts + 1, CONFLICT_BACKOFF_BASE, CONFLICT_BACKOFF_MAX))
+                time.sleep(KEY_CONFLICT_RETRY.delay(conflicts))
             if read:
                 # After a lost compare-and-swap the watch usually shows the winner's version already:
                 # no GET then. After an unclear answer, the API server decides.
@@ -593,7 +592,7 @@ class KubernetesStore:
         selector = f"{self._selector},{ROUND_LABEL},{ROUND_LABEL} notin ({kept})"
         try:
             self._call("DELETE", self._collection, query={"labelSelector": selector})
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             logger.warning(
                 "could not delete the store keys of old rounds (%s); they stay until the Rendezvous goes", exc
             )

@@ -32,14 +32,14 @@ from typing import Any
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
-    ApiUnavailableError,
     ForbiddenError,
     GoneError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
-    backoff,
     resource_path,
 )
+from .retries import WATCH_RETRY
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class WatchCache:
                         self._changed()
                     self._stopped.wait(self._refused_retry)
                     continue
-            except (ApiUnavailableError, ApiError) as exc:
+            except KubernetesApiError as exc:
                 if self._stopped.is_set():
                     return
                 if self._refreshing:
@@ -299,7 +299,7 @@ class WatchCache:
             if failures:
                 with self._condition:
                     self.healthy = False  # events may be missing until the next list
-                self._stopped.wait(backoff(failures + 1, 0.2, 5.0, floor=0.5))
+                self._stopped.wait(WATCH_RETRY.delay(failures))
 
 
 def object_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:

@@ -34,9 +34,8 @@ from kube_rendezvous.kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     VERSION,
-    ApiError,
-    ApiUnavailableError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -214,7 +213,7 @@ def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]
     query = {"fieldSelector": f"involvedObject.uid={meta.get('uid')}"}
     try:
         listed = client.request("GET", f"/api/v1/namespaces/{namespace}/events", query=query)
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         logger.info("could not list the Events of %s/%s (they may be repeated): %s", namespace, meta.get("name"), exc)
         return []
     return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
@@ -272,7 +271,7 @@ async def delete_after_ttl(
             await asyncio.to_thread(memo.api.request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
         except NotFoundError:
             return
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             logger.warning("could not delete closed Rendezvous %s/%s after its TTL: %s", namespace, name, exc)
             await asyncio.sleep(5)
             continue

@@ -22,11 +22,10 @@ from kube_rendezvous.folding import TrainingPods
 from kube_rendezvous.intents import with_evicted
 from kube_rendezvous.kubeapi import (
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
     ForbiddenError,
     InvalidError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -145,7 +144,7 @@ def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[
         if exc.transient:
             raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
         raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
         raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
     metrics.OPERATOR_WRITES.labels(kind=kind).inc()
@@ -173,7 +172,7 @@ def add_evictions(client: KubernetesApi, namespace: str, name: str, nodes: list[
         )
     except NotFoundError:
         return None
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         metrics.RECONCILE_ERRORS.labels(handler="evict").inc()
         logger.warning("could not evict %s from %s/%s: %s", nodes, namespace, name, exc)
         return None
@@ -237,7 +236,7 @@ def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes:
     logger.info("evicted %s from rendezvous %s/%s: %s", nodes, namespace, rendezvous, because)
     try:
         rdzv_body = memo.api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         logger.warning("could not post the NodeEvicted event: %s", exc)
         return True
     listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kube_rendezvous.document import RendezvousDocument
-from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError
+from kube_rendezvous.kubeapi import KubernetesApiError
 from kube_rendezvous.summary import format_time
 
 from . import logic, not_ready_logic
@@ -106,7 +106,7 @@ def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
 
     try:
         beats = heartbeats(memo.api, *key)
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         logger.info("could not read the heartbeats of %s/%s (the next resync judges node %s): %s", *key, node, exc)
         return
     evict_on_not_ready(memo, key, pods, merge_heartbeats(stored.document, beats, every_node=True), only=node)

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.intents import with_evicted
-from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, ApiError, ApiUnavailableError
+from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApiError
 from kube_rendezvous.summary import format_time
 
 from . import logic, metrics
@@ -128,7 +128,7 @@ def judge_restart(
 
     try:
         beats = heartbeats(memo.api, namespace, rendezvous)
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         logger.info(
             "restart of pod %s/%s not judged yet: its Leases could not be read (%s)",
             namespace,
@@ -174,7 +174,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
             )
             for pod in listed.get("items") or []:
                 pods[pod["metadata"].get("uid") or pod["metadata"]["name"]] = pod
-    except (ApiError, ApiUnavailableError) as exc:
+    except KubernetesApiError as exc:
         metrics.RECONCILE_ERRORS.labels(handler="resync").inc()
         logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
         return
@@ -187,7 +187,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
 
     try:
         beats: dict[NodeId, datetime] | None = heartbeats(memo.api, namespace, name)
-    except (ApiError, ApiUnavailableError):
+    except KubernetesApiError:
         beats = None
     now = datetime.now(timezone.utc)
     nodes = logic.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)

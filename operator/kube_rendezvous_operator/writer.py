@@ -29,9 +29,8 @@ from kube_rendezvous.document import NodeId, RendezvousDocument
 from kube_rendezvous.folder import Folder
 from kube_rendezvous.kubeapi import (
     RENDEZVOUS_LABEL,
-    ApiError,
-    ApiUnavailableError,
     KubernetesApi,
+    KubernetesApiError,
     resource_path,
 )
 from kube_rendezvous.leaseformat import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, parse_micro_time
@@ -99,7 +98,7 @@ def with_lease_heartbeats(
         return None
     try:
         beats = heartbeats(client, namespace, rendezvous_name)
-    except (ApiError, ApiUnavailableError):
+    except KubernetesApiError:
         return document
     return merge_heartbeats(document, beats)
 
