@@ -357,7 +357,7 @@ class Bench:
 
     def cas_latency(self, nodes: int, samples: int = 40) -> float:
         """Median seconds of one successful compare-and-swap of an N-node state."""
-        from kube_rendezvous.backend import create_backend
+        from kube_rendezvous._engine.backend import create_backend
         from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
         name = self.new_rendezvous(nodes)
@@ -665,7 +665,7 @@ WRITER_VICTIM = "k8s-heartbeat-expiry, writer killed"
 
 def writer_holder(bench: Bench, rendezvous_name: str) -> str:
     """The identity holding the writer Lease of ``rendezvous_name``."""
-    from kube_rendezvous.leases import writer_lease_name
+    from kube_rendezvous._kube.leases import writer_lease_name
     from kubernetes import client, config
 
     leases = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))

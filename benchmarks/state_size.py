@@ -67,8 +67,8 @@ def realistic_state(nodes: int, pids: str, seed: int = 0) -> Any:
 
 
 def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
-    from kube_rendezvous.backend import create_backend
-    from kube_rendezvous.document import decode_document
+    from kube_rendezvous._engine.backend import create_backend
+    from kube_rendezvous._rules.document import decode_document
     from kubernetes import client, config
 
     from tests.helpers import rendezvous_parameters

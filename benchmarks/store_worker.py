@@ -40,8 +40,8 @@ def main() -> None:
     raw: list[Any] = []
     for _ in range(args.threads):
         if args.backend == "k8s":
-            from kube_rendezvous.backend import create_backend
-            from kube_rendezvous.prefixstore import KubernetesPrefixStore
+            from kube_rendezvous._engine.backend import create_backend
+            from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
             from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
             params = RendezvousParameters(

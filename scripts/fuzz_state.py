@@ -23,7 +23,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kube_rendezvous.document import (
+from kube_rendezvous._rules.document import (
     DOCUMENT_MARKER,
     NodeId,
     RendezvousDocument,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_rendezvous.shared import release
+from kube_rendezvous._engine.shared import release
 from kubernetes import client, config
 
 from tests.e2e.harness import ElasticJob

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for ``kube_rendezvous.kubeapi.KubernetesApi``: what the backend, the store,
+"""An in-memory stand-in for ``kube_rendezvous._kube.kubeapi.KubernetesApi``: what the backend, the store,
 the folder, the Leases, the status writer and the watch cache call, answered as kube-apiserver
 v1.37 answers it (checked against the project's control plane, ``tests/test_contract.py``).
 
@@ -43,7 +43,7 @@ from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote
 
-from kube_rendezvous.kubeapi import GROUP, MERGE_PATCH, ApiUnavailableError, GoneError, api_error
+from kube_rendezvous._kube.kubeapi import GROUP, MERGE_PATCH, ApiUnavailableError, GoneError, api_error
 
 #: Collections with a status subresource (the Rendezvous CRD's ``subresources: {status: {}}``).
 STATUS_SUBRESOURCE = frozenset({"rendezvouses"})

@@ -1,4 +1,4 @@
-"""Combining adds: the pure fold (``adds``), and the index a process keeps from its watch (``adder.AddIndex``)."""
+"""Combining adds: the pure fold (``adder_rules``), and the index a process keeps of its watch (``AddIndex``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import base64
 from typing import Any
 
 import pytest
-from kube_rendezvous.adder import AddIndex
-from kube_rendezvous.adds import (
+from kube_rendezvous._rules.adder_rules import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
     AddRequest,
@@ -19,6 +18,7 @@ from kube_rendezvous.adds import (
     request_name,
     request_of,
 )
+from kube_rendezvous._store.adder import AddIndex
 
 COUNTER = "rdzv.k-0123456789abcdef0123456789abcdef"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import KubernetesRendezvousBackend, create_backend
-from kube_rendezvous.document import MAX_NODES, RendezvousDocument, document_from_state
-from kube_rendezvous.kubeapi import KubernetesApi
+from kube_rendezvous._engine.backend import KubernetesRendezvousBackend, create_backend
+from kube_rendezvous._kube.kubeapi import KubernetesApi
+from kube_rendezvous._rules.document import MAX_NODES, RendezvousDocument, document_from_state
 from kubernetes import client, config
 from tensorplay.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous import bundles
-from kube_rendezvous.backend import create_backend
-from kube_rendezvous.bundles import BUNDLE_KEYS, BUNDLED_VALUE_BYTES, BundledKeys, split
-from kube_rendezvous.prefixstore import KubernetesPrefixStore
-from kube_rendezvous.store import KubernetesStore
+from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous._store import bundles
+from kube_rendezvous._store.bundles import BUNDLE_KEYS, BUNDLED_VALUE_BYTES, BundledKeys, split
+from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
+from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client
 from tensorplay.distributed import StoreTimeoutError
 
@@ -90,7 +90,7 @@ class TestBundledKeys:
 
 def test_the_written_once_prefixes_are_the_keys_each_framework_writes_once_per_round() -> None:
     """``frameworks`` names them (the frameworks keep most as locals): read from the installed sources."""
-    frameworks_source = (REPO / "backend/kube_rendezvous/frameworks.py").read_text()
+    frameworks_source = (REPO / "backend/kube_rendezvous/_engine/frameworks.py").read_text()
     for package, prefixes in WRITTEN_ONCE.items():
         spec = importlib.util.find_spec(package)  # not the submodules: that would import the package
         assert spec is not None and spec.submodule_search_locations
@@ -152,7 +152,7 @@ class TestOnTheServer:
     ) -> None:
         script = (
             "import sys\n"
-            "from kube_rendezvous.backend import create_backend\n"
+            "from kube_rendezvous._engine.backend import create_backend\n"
             "from tests.helpers import rendezvous_parameters\n"
             f"_, store = create_backend(rendezvous_parameters({namespace + '/rdzv'!r}, {str(agent_kubeconfig)!r}))\n"
             "store.start_watch()\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import create_backend
-from kube_rendezvous.store import KubernetesStore
+from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client
 
 from tests.helpers import REPO, rendezvous_parameters
@@ -31,26 +31,30 @@ def modules_loaded_by(imports: str) -> set[str]:
 class TestLayering:
     def test_the_in_pod_library_never_loads_kopf(self) -> None:
         loaded = modules_loaded_by(
-            "import kube_rendezvous.connection, kube_rendezvous.handler, kube_rendezvous.store, kube_rendezvous.backend"
+            "import kube_rendezvous._engine.connection, kube_rendezvous._adapters.handler, "
+            "kube_rendezvous._store.store, kube_rendezvous._engine.backend"
         )
         assert "kubernetes" in loaded and "tensorplay" in loaded  # the imports did happen
         assert "kopf" not in loaded
 
     def test_the_pure_modules_load_no_framework_and_no_api_client(self) -> None:
         loaded = modules_loaded_by(
-            "import kube_rendezvous.document, kube_rendezvous.summary, kube_rendezvous.settings, "
-            "kube_rendezvous.intents, kube_rendezvous.statecheck, kube_rendezvous.folding, kube_rendezvous.adds"
+            "import kube_rendezvous._rules.document, kube_rendezvous._rules.summary, kube_rendezvous._rules.settings, "
+            "kube_rendezvous._rules.intents, kube_rendezvous._rules.statecheck, kube_rendezvous._rules.folder_rules, "
+            "kube_rendezvous._rules.adder_rules, kube_rendezvous._rules.retries, kube_rendezvous._rules.leases_rules"
         )
         assert "kube_rendezvous" in loaded
         assert not loaded & {"tensorplay", "torch", "kubernetes", "urllib3", "kopf"}
 
     def test_the_operators_pure_decisions_load_no_kopf(self) -> None:
-        loaded = modules_loaded_by("import kube_rendezvous_operator.logic, kube_rendezvous_operator.not_ready_logic")
+        loaded = modules_loaded_by(
+            "import kube_rendezvous_operator.handlers_rules, kube_rendezvous_operator.not_ready_rules"
+        )
         assert "kube_rendezvous_operator" in loaded
         assert not loaded & {"kopf", "tensorplay", "torch"}
 
     def test_the_operator_knows_no_framework(self) -> None:
-        loaded = modules_loaded_by("import kube_rendezvous_operator.handlers, kube_rendezvous_operator.logic")
+        loaded = modules_loaded_by("import kube_rendezvous_operator.handlers, kube_rendezvous_operator.handlers_rules")
         assert "kopf" in loaded
         assert not loaded & {"tensorplay", "torch"}
 

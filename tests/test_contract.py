@@ -17,11 +17,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import KubernetesRendezvousBackend
-from kube_rendezvous.document import NodeId, RendezvousDocument, decode_document, document_from_state
-from kube_rendezvous.folder import Folder
-from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous._engine.backend import KubernetesRendezvousBackend
+from kube_rendezvous._engine.folder import Folder
+from kube_rendezvous._engine.shared import release, shared
+from kube_rendezvous._kube.kubeapi import (
     MERGE_PATCH,
     RENDEZVOUS_PLURAL,
     ConflictError,
@@ -29,9 +28,10 @@ from kube_rendezvous.kubeapi import (
     load_api_client,
     resource_path,
 )
-from kube_rendezvous.leases import LeaseNodeLock, list_node_records
-from kube_rendezvous.shared import release, shared
-from kube_rendezvous.store import KubernetesStore
+from kube_rendezvous._kube.leases import LeaseNodeLock, list_node_records
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, decode_document, document_from_state
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
+from kube_rendezvous._store.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousStateError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kube_rendezvous.document import (
+from kube_rendezvous._rules.document import (
     DOCUMENT_MARKER,
     MAX_DOCUMENT_BYTES,
     MAX_ENCODED_BYTES,

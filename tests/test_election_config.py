@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 import pytest
-from kube_rendezvous.election import LeaderElectionConfig, WriterLease
-from kube_rendezvous.folder import WRITER_ELECTION, WriterRenewal
+from kube_rendezvous._engine.folder import WRITER_ELECTION, WriterRenewal
+from kube_rendezvous._kube.election import LeaderElectionConfig, WriterLease
 from kube_rendezvous_operator.leadership import OPERATOR_ELECTION, Leadership
 
 from tests.fakeapi import FakeKubernetesApi

@@ -39,12 +39,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import KubernetesRendezvousBackend, create_backend
-from kube_rendezvous.document import NodeId
-from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, call_with_retries, load_api_client, resource_path
-from kube_rendezvous.leases import LEASE_PLURAL, LeaseNodeLock, record_of
-from kube_rendezvous.store import KubernetesStore
+from kube_rendezvous._engine.backend import KubernetesRendezvousBackend, create_backend
+from kube_rendezvous._kube.kubeapi import (
+    RENDEZVOUS_LABEL,
+    KubernetesApi,
+    call_with_retries,
+    load_api_client,
+    resource_path,
+)
+from kube_rendezvous._kube.leases import LEASE_PLURAL, LeaseNodeLock, record_of
+from kube_rendezvous._rules.document import NodeId
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
+from kube_rendezvous._store.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.faultproxy import FAULT_KINDS, FaultProxy, _copy_body, _is_watch, _read_head, proxy_kubeconfig

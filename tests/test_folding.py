@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
-from kube_rendezvous.folding import (
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, document_from_state
+from kube_rendezvous._rules.folder_rules import (
     CompletedBy,
     Desire,
     JoinSettings,

@@ -1,4 +1,4 @@
-"""Differential test: tensorplay's own ``DynamicRendezvousHandler`` and our ``folding.fold``, driven alike.
+"""Differential test: tensorplay's own ``DynamicRendezvousHandler`` and our ``folder_rules.fold``, driven alike.
 
 Both sides go through the same seeded random scenarios and must agree after every single step.
 
@@ -18,7 +18,7 @@ are patched, in each test only (pytest's monkeypatch):
 - ``datetime.now`` is one wall clock, shared with our fold. It moves only when a scenario lets a last call
   expire, so deadlines and heartbeats can be compared exactly.
 
-**Our side** is ``folding.fold`` plus a model of ``NativeHandler.next_rendezvous``. A participant asks LEAVE.
+**Our side** is ``folder_rules.fold`` plus a model of ``NativeHandler.next_rendezvous``. A participant asks LEAVE.
 Then the node asks JOIN, scoped to the round it asks to be in (``join_scope``), and waits until the document
 shows it as a participant of a complete round. If a new round overtakes a join and the document does not name
 the node, it asks again. Leaving (a shutdown without success) asks LEAVE. Every request is folded when it is
@@ -32,7 +32,7 @@ made, as a batch of one.
 - a node leaves for good (it may join again later as a new incarnation: a new local id, as a new agent process);
 - the last call ends: the wall clock moves past the deadline (with no last call running, time just passes).
 
-``test_the_scenarios_reach_every_rule`` checks that the seeds reach every row of ``folding``'s rule table.
+``test_the_scenarios_reach_every_rule`` checks that the seeds reach every row of ``folder_rules``'s rule table.
 
 After each event, every node still waiting gets a turn, in the folder's order (by the time it asked, then
 node). Passes repeat until nothing changes. On our side, a turn folds that node's standing request. On
@@ -72,8 +72,8 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument, document_from_state
-from kube_rendezvous.folding import Desire, JoinSettings, Request, fold, join_scope, role_of, satisfied
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, document_from_state
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings, Request, fold, join_scope, role_of, satisfied
 from tensorplay.distributed.elastic.rendezvous import dynamic_rendezvous
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousTimeout, RendezvousTimeoutError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (

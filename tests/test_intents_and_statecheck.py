@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument
-from kube_rendezvous.intents import EVICTED_HEARTBEAT, fold_intents
-from kube_rendezvous.statecheck import load_own_state
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument
+from kube_rendezvous._rules.intents import EVICTED_HEARTBEAT, fold_intents
+from kube_rendezvous._rules.statecheck import load_own_state
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
 NOW = datetime(2026, 12, 3, tzinfo=timezone.utc)

@@ -17,20 +17,22 @@ from typing import Any
 
 import kopf
 import pytest
-from kube_rendezvous import frameworks, kubeapi, kubectl_rdzv, native
-from kube_rendezvous.backend import KubernetesRendezvousBackend
-from kube_rendezvous.connection import Connection
-from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous.handler import KubernetesRendezvousHandler
-from kube_rendezvous.kubeapi import MERGE_PATCH as MERGE
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous._adapters.handler import KubernetesRendezvousHandler
+from kube_rendezvous._cli import kubectl_rdzv
+from kube_rendezvous._engine import frameworks, native
+from kube_rendezvous._engine.backend import KubernetesRendezvousBackend
+from kube_rendezvous._engine.connection import Connection
+from kube_rendezvous._engine.shared import release, shared
+from kube_rendezvous._kube import kubeapi
+from kube_rendezvous._kube.kubeapi import MERGE_PATCH as MERGE
+from kube_rendezvous._kube.kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     ApiUnavailableError,
     KubernetesApi,
     resource_path,
 )
-from kube_rendezvous.leases import (
+from kube_rendezvous._kube.leases import (
     ANNOTATION_NODE,
     LABEL_LEASE,
     LEASE_PLURAL,
@@ -38,10 +40,10 @@ from kube_rendezvous.leases import (
     node_lease_name,
     parse_micro_time,
 )
-from kube_rendezvous.settings import KubernetesRendezvousConfig, RendezvousTimings
-from kube_rendezvous.shared import release, shared
-from kube_rendezvous.watchcache import WatchCache
-from kube_rendezvous_operator import logic, memory
+from kube_rendezvous._kube.watchcache import WatchCache
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous._rules.settings import KubernetesRendezvousConfig, RendezvousTimings
+from kube_rendezvous_operator import handlers_rules, memory
 from kube_rendezvous_operator.config import OperatorConfig
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
 from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
@@ -279,7 +281,7 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
     key = (namespace, "job")
     stored = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]
     memo.observed[key] = Observed(dict(stored), stored_state(memo, key, stored["state"]).document)
-    memo.selectors[key] = logic.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+    memo.selectors[key] = handlers_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
     pod = kopf.Body(
         {
             "metadata": {"name": "trainer-0", "namespace": namespace, "uid": "uid-0", "labels": {}},

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous import kubectl_rdzv, kubectl_rdzv_report
-from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous.summary import format_time, parse_time, summarize_document
+from kube_rendezvous._cli import kubectl_rdzv
+from kube_rendezvous._rules import kubectl_rdzv_rules as kubectl_rdzv_report
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous._rules.summary import format_time, parse_time, summarize_document
 from kubernetes import client
 
 from tests.helpers import REPO, create_rendezvous
@@ -568,7 +569,7 @@ def test_watch_of_a_missing_rendezvous_is_one_line(control_plane: ControlPlane, 
 
 def test_the_plugin_imports_no_framework_and_no_operator() -> None:
     code = (
-        "import sys, kube_rendezvous.kubectl_rdzv; "
+        "import sys, kube_rendezvous._cli.kubectl_rdzv; "
         "print([m for m in sys.modules if m.split('.')[0] in ('tensorplay', 'torch', 'kopf')])"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -1,4 +1,4 @@
-"""``kubectl_rdzv_report``: what ``kubectl rdzv status`` and ``watch`` print, from objects built by hand (pure).
+"""``kubectl_rdzv_rules``: what ``kubectl rdzv status`` and ``watch`` print, from objects built by hand (pure).
 
 No control plane and no process: each test builds the Rendezvous object and its Leases as the API server
 would return them (hostile ones too) and asserts on the report, its text and the ``watch`` labels.
@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument, document_to_json, encode_document
-from kube_rendezvous.kubectl_rdzv_report import (
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, document_to_json, encode_document
+from kube_rendezvous._rules.kubectl_rdzv_rules import (
     PluginError,
     build_report,
     change_label,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kube_rendezvous.election import WriterLease
-from kube_rendezvous.folder import WRITER_ELECTION
-from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
+from kube_rendezvous._engine.folder import WRITER_ELECTION
+from kube_rendezvous._kube.election import WriterLease
+from kube_rendezvous._kube.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
 from kubernetes import client
 
 
@@ -48,7 +48,7 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_renewal(
 def test_an_agent_folder_stopped_at_exit_releases_the_writer_lease(admin_api: client.ApiClient, namespace: str) -> None:
     # shared.release runs at interpreter exit: an agent that exits (done, failed or SIGTERMed)
     # hands the writer role over at once, not after the writer Lease's 10 s without renewal.
-    from kube_rendezvous.shared import release, shared
+    from kube_rendezvous._engine.shared import release, shared
 
     from tests.testenv import wait_until
 
@@ -71,8 +71,8 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
 ) -> None:
     import time
 
-    from kube_rendezvous import folder as folders
-    from kube_rendezvous.shared import release, shared
+    from kube_rendezvous._engine import folder as folders
+    from kube_rendezvous._engine.shared import release, shared
 
     from tests.testenv import wait_until
 

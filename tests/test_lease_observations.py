@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from datetime import datetime, timedelta, timezone
 
-from kube_rendezvous.document import NodeId
-from kube_rendezvous.election import StaleHolder, dead_writer_seeds
-from kube_rendezvous.folder import AGENT_IDENTITY_PREFIX
-from kube_rendezvous.folding import Desire, JoinSettings
-from kube_rendezvous.leases import OBSERVER_GAP_SECONDS, LeaseObservations, NodeRecord
+from kube_rendezvous._engine.folder import AGENT_IDENTITY_PREFIX
+from kube_rendezvous._kube.election import StaleHolder, dead_writer_seeds
+from kube_rendezvous._kube.leases import OBSERVER_GAP_SECONDS, LeaseObservations, NodeRecord
+from kube_rendezvous._rules.document import NodeId
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
 
 NODE = NodeId("10.0.0.1", 7, 1)
 

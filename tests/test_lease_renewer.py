@@ -11,7 +11,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any, cast
 
-from kube_rendezvous.leases import RENEWALS_IN_FLIGHT, LeaseNodeLock, LeaseRenewer
+from kube_rendezvous._kube.leases import RENEWALS_IN_FLIGHT, LeaseNodeLock, LeaseRenewer
 
 from tests.testenv import wait_until
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import create_backend
-from kube_rendezvous.document import document_from_state
-from kube_rendezvous.store import KubernetesStore
+from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous._rules.document import document_from_state
+from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from kube_rendezvous.kubeapi import MERGE_PATCH, api_error
+from kube_rendezvous._kube.kubeapi import MERGE_PATCH, api_error
 from kube_rendezvous_operator import nodes
 from kube_rendezvous_operator.nodes import PERMISSION, NodeReadiness, NotReady
 

@@ -264,7 +264,7 @@ class TestEvictionWrites:
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
+        from kube_rendezvous._kube.kubeapi import KubernetesApi, load_api_client
         from kube_rendezvous_operator import memory
 
         create_rendezvous(objects, namespace)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
 from kube_rendezvous_operator.leadership import LEASE_NAME
 from kubernetes import client
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import (
+from kube_rendezvous._rules.document import (
     MAX_ENCODED_BYTES,
     NodeId,
     RendezvousDocument,

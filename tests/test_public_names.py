@@ -36,10 +36,10 @@ PUBLIC_NAMES = [
 
 #: The entry points and console scripts pyproject.toml declares: (group, name, value).
 DECLARED = {
-    ("tp.elastic.handlers", "k8s", "kube_rendezvous.handler:create_k8s_handler"),
-    ("torchrun.handlers", "k8s", "kube_rendezvous.torchrun:handler_creator"),
+    ("tp.elastic.handlers", "k8s", "kube_rendezvous._adapters.handler:create_k8s_handler"),
+    ("torchrun.handlers", "k8s", "kube_rendezvous._adapters.torchrun:handler_creator"),
     ("console_scripts", "kube-rendezvous-run", "kube_rendezvous.run:main"),
-    ("console_scripts", "kubectl-rdzv", "kube_rendezvous.kubectl_rdzv:main"),
+    ("console_scripts", "kubectl-rdzv", "kube_rendezvous._cli.kubectl_rdzv:main"),
 }
 
 
@@ -76,15 +76,15 @@ def test_each_public_name_resolves(name: str) -> None:
 
 
 def test_create_backend_is_the_backend_modules() -> None:
-    from kube_rendezvous import backend
+    from kube_rendezvous._engine import backend
 
     assert kube_rendezvous.create_backend is backend.create_backend
 
 
 def test_the_internal_factory_module_is_gone() -> None:
     """Read from the tree: an editable install of another checkout may still map the old name."""
-    assert not (REPO / "backend" / "kube_rendezvous" / "factory.py").exists()
-    assert (REPO / "backend" / "kube_rendezvous" / "connection.py").exists()
+    assert not list((REPO / "backend" / "kube_rendezvous").rglob("factory.py"))
+    assert (REPO / "backend" / "kube_rendezvous" / "_engine" / "connection.py").exists()
 
 
 def test_pyproject_declares_them() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import kopf
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, load_api_client, resource_path
-from kube_rendezvous.leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, node_lease_name
-from kube_rendezvous_operator import logic, memory
+from kube_rendezvous._kube.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, load_api_client, resource_path
+from kube_rendezvous._kube.leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, node_lease_name
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
+from kube_rendezvous_operator import handlers_rules, memory
 from kube_rendezvous_operator.config import OperatorConfig
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
 from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
@@ -106,7 +106,7 @@ def test_a_restart_is_judged_once_with_the_leases_and_again_only_after_a_failed_
         key = (namespace, "job")
         status = read(objects, namespace)["status"]
         memo.observed[key] = Observed(dict(status), stored_state(memo, key, status["state"]).document)
-        memo.selectors[key] = logic.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+        memo.selectors[key] = handlers_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
 
         def lease_lists() -> int:
             return sum(1 for event in fault_proxy.events if event.method == "GET" and event.path.endswith("/leases"))

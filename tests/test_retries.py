@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_rendezvous import kubeapi
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous._kube import kubeapi
+from kube_rendezvous._kube.kubeapi import (
     ApiError,
     ApiUnavailableError,
     ConflictError,
@@ -22,7 +22,7 @@ from kube_rendezvous.kubeapi import (
     api_error,
     is_transient,
 )
-from kube_rendezvous.retries import (
+from kube_rendezvous._rules.retries import (
     EVICTION_CONFLICT_RETRY,
     KEY_CONFLICT_RETRY,
     OUTAGE_RETRY,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import decode_document
+from kube_rendezvous._rules.document import decode_document
 from kubernetes import client, watch
 
 from tests.helpers import REPO, create_rendezvous, holds_for

@@ -12,7 +12,7 @@
 (a) is read from names, not types: ``x._name`` counts when ``_name`` is defined in another module of the
 packages and not in this one (a name both define is not caught). The allow-lists below are empty: every
 finding of issue #40 was fixed (``adder`` uses the store's public ``KeyObjects`` interface, ``nodes`` the
-cache's ``apply_event``, the operator's shared memory is ``memory``, ``AddIndex`` left ``adds`` for ``adder``).
+cache's ``apply_event``, the operator's shared memory is ``memory``, ``AddIndex`` left ``adder_rules`` for ``adder``).
 An entry added there must say why it cannot be fixed.
 """
 
@@ -35,18 +35,18 @@ PACKAGES = {
 
 #: The pure modules: values in, values out.
 PURE = {
-    "kube_rendezvous.document",
-    "kube_rendezvous.folding",
-    "kube_rendezvous.intents",
-    "kube_rendezvous.summary",
-    "kube_rendezvous.settings",
-    "kube_rendezvous.adds",
-    "kube_rendezvous.statecheck",
-    "kube_rendezvous.leaseformat",
-    "kube_rendezvous.retries",
-    "kube_rendezvous.kubectl_rdzv_report",
-    "kube_rendezvous_operator.logic",
-    "kube_rendezvous_operator.not_ready_logic",
+    "kube_rendezvous._rules.document",
+    "kube_rendezvous._rules.folder_rules",
+    "kube_rendezvous._rules.intents",
+    "kube_rendezvous._rules.summary",
+    "kube_rendezvous._rules.settings",
+    "kube_rendezvous._rules.adder_rules",
+    "kube_rendezvous._rules.statecheck",
+    "kube_rendezvous._rules.leases_rules",
+    "kube_rendezvous._rules.retries",
+    "kube_rendezvous._rules.kubectl_rdzv_rules",
+    "kube_rendezvous_operator.handlers_rules",
+    "kube_rendezvous_operator.not_ready_rules",
 }
 #: Modules outside the packages that do I/O (or run threads): no pure module imports them.
 IO_MODULES = {"kubernetes", "kopf", "urllib3", "socket", "threading", "subprocess", "requests", "http", "asyncio"}
@@ -79,8 +79,9 @@ def is_private(name: str) -> bool:
 def load_modules() -> dict[str, Module]:
     modules: dict[str, Module] = {}
     for package, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+        for path in sorted(folder.rglob("*.py")):  # the layers are folders: subpackages count
+            parts = (package, *path.relative_to(folder).with_suffix("").parts)
+            name = ".".join(parts[:-1] if path.stem == "__init__" else parts)
             modules[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
     for module in modules.values():
         package = module.name if module.path.stem == "__init__" else module.name.rsplit(".", 1)[0]
@@ -132,7 +133,8 @@ def private_reads(module: Module) -> Iterator[tuple[str, int, str]]:
                     any(source == name or name.endswith("." + source) for name in MODULES) or node.level
                 ):
                     yield alias.name, node.lineno, f"from {'.' * node.level}{source} import {alias.name}"
-                target = f"{module.name.rsplit('.', 1)[0]}.{alias.name}" if node.level else f"{source}.{alias.name}"
+                base = module.name.rsplit(".", node.level)[0] if node.level else ""
+                target = f"{base}.{source}.{alias.name}".replace("..", ".") if node.level else f"{source}.{alias.name}"
                 if target in MODULES:
                     module_aliases[alias.asname or alias.name] = target
         elif isinstance(node, ast.Import):
@@ -231,7 +233,7 @@ def test_the_checks_see_what_they_look_for() -> None:
     source = "import threading\nfrom .store import _hidden\n\ndef f(store):\n    return store._KeyObject\n"
     made = Module("kube_rendezvous.made_up", PACKAGES["kube_rendezvous"] / "made_up.py", ast.parse(source))
     MODULES["kube_rendezvous.made_up"] = made
-    MODULES["kube_rendezvous.store"].defines.add("_KeyObject")
+    MODULES["kube_rendezvous._store.store"].defines.add("_KeyObject")
     try:
         reads = {how for _, _, how in private_reads(made)}
         assert reads == {"from .store import _hidden", "store._KeyObject"}
@@ -253,17 +255,81 @@ def imported_transitively(name: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "name",
-    ["kube_rendezvous.connection", "kube_rendezvous.native", "kube_rendezvous.handler", "kube_rendezvous.torchrun"],
+    [
+        "kube_rendezvous._engine.connection",
+        "kube_rendezvous._engine.native",
+        "kube_rendezvous._adapters.handler",
+        "kube_rendezvous._adapters.torchrun",
+    ],
 )
 def test_the_k8s_handler_never_reaches_the_compare_and_swap_backend(name: str) -> None:
     """``native`` and its adapters start from ``connection``; only ``backend`` (with its ``create_backend``,
     for the stock handler) builds the compare-and-swap backend, so none of them imports it."""
-    assert "kube_rendezvous.backend" not in imported_transitively(name)
+    assert "kube_rendezvous._engine.backend" not in imported_transitively(name)
 
 
 def test_the_connection_module_imports_neither_creator() -> None:
-    assert not {"kube_rendezvous.native", "kube_rendezvous.backend"} & imported_transitively(
-        "kube_rendezvous.connection"
+    assert not {"kube_rendezvous._engine.native", "kube_rendezvous._engine.backend"} & imported_transitively(
+        "kube_rendezvous._engine.connection"
     )
-    assert "kube_rendezvous.connection" in MODULES["kube_rendezvous.backend"].imports  # create_backend's connect
-    assert "kube_rendezvous.connection" in MODULES["kube_rendezvous.native"].imports
+    assert (
+        "kube_rendezvous._engine.connection" in MODULES["kube_rendezvous._engine.backend"].imports
+    )  # create_backend's connect
+    assert "kube_rendezvous._engine.connection" in MODULES["kube_rendezvous._engine.native"].imports
+
+
+#: The library's layers, lowest first: a module imports its own layer's modules and lower ones only.
+LAYER_ORDER = ("_rules", "_kube", "_store", "_engine", "_adapters", "_cli")
+#: Imports up the layers left in place (importer, imported), each with its reason.
+UPWARD_ALLOWED = {
+    # The store's keys watch, bundle index and add index are the process's one registry (``shared``), which also
+    # holds the process's folder: the store reaches the registry, not the folder.
+    ("kube_rendezvous._store.store", "kube_rendezvous._engine.shared"),
+}
+
+
+def layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYER_ORDER.index(parts[1]) if len(parts) > 2 and parts[1] in LAYER_ORDER else None
+
+
+def test_the_package_tree_shows_the_layers() -> None:
+    """Every library module but the package's ``__init__`` and the public launcher ``run`` sits in a layer folder."""
+    outside = {name for name in MODULES if name.startswith("kube_rendezvous.") and layer_of(name) is None}
+    assert outside - {f"kube_rendezvous.{layer}" for layer in LAYER_ORDER} == {"kube_rendezvous.run"}
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    found = sorted(
+        (name, target)
+        for name, module in MODULES.items()
+        for target in module.imports
+        if (mine := layer_of(name)) is not None
+        and (theirs := layer_of(target)) is not None
+        and theirs > mine
+        and (name, target) not in UPWARD_ALLOWED
+    )
+    assert found == []
+
+
+def test_the_pure_modules_are_the_rules_layer() -> None:
+    """The pure layer holds the pure modules, and a pure twin is named for its I/O twin: ``<twin>_rules``."""
+    library_pure = {name for name in PURE if name.startswith("kube_rendezvous.")}
+    assert library_pure == {name for name in MODULES if layer_of(name) == 0}
+    for name in PURE:
+        stem = name.rsplit(".", 1)[1]
+        if stem.endswith("_rules"):
+            twin = stem.removesuffix("_rules")
+            assert any(other.split(".")[-1] == twin for other in MODULES), f"{name} has no I/O twin {twin}"
+
+
+def test_the_operator_imports_the_librarys_public_names_only() -> None:
+    """``from kube_rendezvous import X``, never a layer's module: the layers may move, the public names stay."""
+    found = sorted(
+        f"{name}: {target}"
+        for name, module in MODULES.items()
+        if name.startswith("kube_rendezvous_operator")
+        for target in module.imports
+        if target.startswith("kube_rendezvous.")
+    )
+    assert found == []

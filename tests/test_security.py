@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.backend import create_backend
+from kube_rendezvous._engine.backend import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (
@@ -121,7 +121,7 @@ class TestHostileStatus:
     def test_a_valid_document_from_an_attacker_can_only_say_who_is_in_the_round(
         self, agent_kubeconfig: Path, admin_api: client.ApiClient, namespace: str
     ) -> None:
-        from kube_rendezvous.document import NodeId, RendezvousDocument, encode_document
+        from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
 
         backend, _ = create_backend(rendezvous_parameters(f"{namespace}/rdzv", agent_kubeconfig))
         backend.set_state(pickle.dumps(_RendezvousState()))

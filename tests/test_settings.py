@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import pytest
-from kube_rendezvous.settings import (
+from kube_rendezvous._rules.settings import (
     KubernetesRendezvousConfig,
     OwnerReference,
     RendezvousTimings,
@@ -287,7 +287,7 @@ class TestWorkloadOwner:
     UID_A, UID_B = "11111111-2222-4333-8444-555555555555", "66666666-7777-4888-8999-aaaaaaaaaaaa"
 
     def test_a_jobsets_labels_win_over_the_pods_controller_its_job(self) -> None:
-        from kube_rendezvous.settings import workload_owner
+        from kube_rendezvous._rules.settings import workload_owner
 
         pod = {
             "metadata": {
@@ -312,7 +312,7 @@ class TestWorkloadOwner:
         )
 
     def test_otherwise_the_controller_and_never_an_owner_that_is_not_the_controller(self) -> None:
-        from kube_rendezvous.settings import workload_owner
+        from kube_rendezvous._rules.settings import workload_owner
 
         references = [
             {"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": self.UID_A},

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kube_rendezvous.document import NodeId, RendezvousDocument
-from kube_rendezvous.summary import (
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument
+from kube_rendezvous._rules.summary import (
     PHASES,
     RECENT_ROUNDS,
     SUMMARY_LIST_LIMIT,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous.leases import writer_lease_name
+from kube_rendezvous._kube.leases import writer_lease_name
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.test_elastic_job import assert_one_correct_world, rendezvous_status
@@ -170,7 +170,7 @@ def test_the_torch_adapter_never_loads_tensorplay() -> None:
 
     probe = (
         "import sys, torch.distributed\n"
-        "import kube_rendezvous.torchrun\n"
+        "import kube_rendezvous._adapters.torchrun\n"
         "from kube_rendezvous import frameworks\n"
         "frameworks.torch()\n"
         "loaded = sorted(name for name in sys.modules if name.split('.')[0] == 'tensorplay')\n"

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
-from kube_rendezvous import folder
-from kube_rendezvous.election import LeaderElectionConfig
-from kube_rendezvous.folder import WriterRenewal
-from kube_rendezvous.kubeapi import ApiUnavailableError
+from kube_rendezvous._engine import folder
+from kube_rendezvous._engine.folder import WriterRenewal
+from kube_rendezvous._kube.election import LeaderElectionConfig
+from kube_rendezvous._kube.kubeapi import ApiUnavailableError
 
 from tests.testenv import wait_until
 

@@ -21,8 +21,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .handler import register
-from .native import NativeHandler
+from ._adapters.handler import register
+from ._engine.native import NativeHandler
 
 
 def launch_agent(config: Any, entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> Any:

@@ -15,7 +15,7 @@ import os
 import sys
 
 import kopf
-from kube_rendezvous.kubeapi import KubernetesApi, load_api_client
+from kube_rendezvous import KubernetesApi, load_api_client
 
 from .config import OperatorConfig
 from .memory import OperatorMemo

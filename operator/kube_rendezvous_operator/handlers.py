@@ -1,4 +1,4 @@
-"""The Kopf handlers: the operator's I/O edge. Decisions live in ``logic``.
+"""The Kopf handlers: the operator's I/O edge. Decisions live in ``handlers_rules``.
 
 The operator is never required in the data path (it is the preferred writer, see ``writer``; the
 agents elect one of their own when it is down). It watches Rendezvous objects and the training pods,
@@ -15,7 +15,7 @@ This module holds the Rendezvous handlers and ``register``; the training pods' h
 the NotReady-node rule in ``not_ready``, the folder in ``writer``, and the operator's memory
 (``OperatorMemo``) and its writes, which they all share, in ``memory``.
 
-It reads ``status.state`` only through ``logic.read_state`` (the agents' bounded validator,
+It reads ``status.state`` only through ``handlers_rules.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a
 ``StateInvalid`` Warning and Ready=False, and is otherwise ignored.
 """
@@ -28,8 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-from kube_rendezvous.document import RendezvousDocument
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous import (
     GROUP,
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
@@ -37,11 +36,12 @@ from kube_rendezvous.kubeapi import (
     KubernetesApi,
     KubernetesApiError,
     NotFoundError,
+    RendezvousDocument,
+    parse_time,
     resource_path,
 )
-from kube_rendezvous.summary import parse_time
 
-from . import logic, metrics
+from . import handlers_rules, metrics
 from .config import OperatorConfig
 from .memory import Observed, OperatorMemo, post_event, stored_state, update_condition
 from .not_ready import evict_on_not_ready_nodes, start_node_rule, stop_node_rule
@@ -111,8 +111,8 @@ def reconcile_spec(
                 "observedGeneration": generation,
             }
         ]
-    check = logic.check_state(stored_state(memo, (namespace, name), status.get("state")))
-    ready = logic.ready_condition(logic.spec_problems(spec), check)
+    check = handlers_rules.check_state(stored_state(memo, (namespace, name), status.get("state")))
+    ready = handlers_rules.ready_condition(handlers_rules.spec_problems(spec), check)
     update_condition(memo.api, namespace, name, status, generation, "ready", condition=ready)
 
 
@@ -153,10 +153,10 @@ def observe_rendezvous(
         # First sight (a new leader, a restart): what was announced already is not announced again.
         announced = announced_events(memo.api, namespace, meta)
     if previous is None and stored.document is not None:
-        baseline, last_formed = logic.announced_baseline(stored.document, announced)
-    memo.observed[key] = Observed(status, document, logic.formed_members(last_formed, baseline, document))
-    memo.keep_alive[key] = logic.timings(spec or {}).keep_alive_interval
-    selector = logic.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
+        baseline, last_formed = handlers_rules.announced_baseline(stored.document, announced)
+    memo.observed[key] = Observed(status, document, handlers_rules.formed_members(last_formed, baseline, document))
+    memo.keep_alive[key] = handlers_rules.timings(spec or {}).keep_alive_interval
+    selector = handlers_rules.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if memo.selectors.get(key) != selector:
         memo.selectors[key] = selector
         logger.info(
@@ -164,8 +164,8 @@ def observe_rendezvous(
         )
     metrics.observe(namespace, name, status)
     if previous is None or previous.status.get("state") != status.get("state"):
-        check = logic.check_state(stored)
-        ready = logic.find_condition(status, "Ready")
+        check = handlers_rules.check_state(stored)
+        ready = handlers_rules.find_condition(status, "Ready")
         if not check.ok:
             reported = (
                 previous is None  # a restarted operator: say it once
@@ -174,8 +174,10 @@ def observe_rendezvous(
                 and str(ready.get("message", "")).startswith(check.message)
             )
             if not reported:
-                post_event(body, logic.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
-        if not check.ok or (ready is not None and ready.get("reason") == logic.STATE_INVALID):
+                post_event(
+                    body, handlers_rules.RendezvousEvent("Warning", check.reason, check.message), namespace, name
+                )
+        if not check.ok or (ready is not None and ready.get("reason") == handlers_rules.STATE_INVALID):
             update_condition(
                 memo.api,
                 namespace,
@@ -183,19 +185,19 @@ def observe_rendezvous(
                 status,
                 meta.get("generation"),
                 "state-check",
-                condition=logic.ready_condition(logic.spec_problems(spec), check),
+                condition=handlers_rules.ready_condition(handlers_rules.spec_problems(spec), check),
             )
         if stored.document is not None:
             evicted = status.get("evictedNodes") or []
-            for event in logic.state_events(
+            for event in handlers_rules.state_events(
                 baseline, stored.document, same_run=same_run, evicted=evicted, last_formed=last_formed
             ):
                 post_event(body, event, namespace, name)
-        broken = logic.departure_event(previous.status if previous is not None else None, status, announced)
+        broken = handlers_rules.departure_event(previous.status if previous is not None else None, status, announced)
         if broken is not None:
             post_event(body, broken, namespace, name)
     if status.get("closed"):
-        closed = logic.find_condition(status, "Closed")
+        closed = handlers_rules.find_condition(status, "Closed")
         if closed is None or closed.get("status") != "True":
             update_condition(
                 memo.api,
@@ -232,11 +234,11 @@ def close_before_delete(
     now = datetime.now(timezone.utc)
     stored = stored_state(memo, (namespace, name), (status or {}).get("state")).document
     document = with_lease_heartbeats(memo.api, stored, namespace, name)
-    alive = logic.live_agents(document, now, logic.heartbeat_expiry(spec))
+    alive = handlers_rules.live_agents(document, now, handlers_rules.heartbeat_expiry(spec))
     if not alive:
         return
     deleted = parse_time(meta["deletionTimestamp"])
-    patience = logic.timings(spec).close
+    patience = handlers_rules.timings(spec).close
     if (now - deleted).total_seconds() > patience:
         logger.warning("%d agents did not close within %g s; letting the Rendezvous go", len(alive), patience)
         return

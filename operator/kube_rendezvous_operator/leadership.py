@@ -27,8 +27,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from kube_rendezvous.election import LeaderElectionConfig, LeaseElector
-from kube_rendezvous.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
+from kube_rendezvous import ApiError, ApiUnavailableError, KubernetesApi, LeaderElectionConfig, LeaseElector
 
 logger = logging.getLogger(__name__)
 

@@ -17,22 +17,23 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-from kube_rendezvous.document import NodeId, RendezvousDocument
-from kube_rendezvous.folding import TrainingPods
-from kube_rendezvous.intents import with_evicted
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous import (
     RENDEZVOUS_PLURAL,
     ForbiddenError,
     InvalidError,
     KubernetesApi,
     KubernetesApiError,
+    NodeId,
     NotFoundError,
+    RendezvousDocument,
+    TrainingPods,
     resource_path,
+    with_evicted,
+    write_status,
 )
-from kube_rendezvous.status import add_evictions as evict
-from kube_rendezvous.status import write_status
+from kube_rendezvous import add_evictions as evict
 
-from . import logic, metrics
+from . import handlers_rules, metrics
 from .config import OperatorConfig
 from .nodes import NodeReadiness
 
@@ -86,11 +87,11 @@ class OperatorMemo:
     #: The API client (credentials from the kubeconfig or the pod's service account).
     api: KubernetesApi
     #: The last ``status.state`` text read and its document or error (decoded only when the text changes).
-    states: dict[Key, logic.StoredState] = field(default_factory=dict)
+    states: dict[Key, handlers_rules.StoredState] = field(default_factory=dict)
     #: The last status and document seen by ``observe_rendezvous``.
     observed: dict[Key, Observed] = field(default_factory=dict)
-    #: Which pods are each Rendezvous's training pods (``logic.pod_selector``).
-    selectors: dict[Key, logic.PodSelector] = field(default_factory=dict)
+    #: Which pods are each Rendezvous's training pods (``handlers_rules.pod_selector``).
+    selectors: dict[Key, handlers_rules.PodSelector] = field(default_factory=dict)
     #: Each Rendezvous's training pods by uid: listed by ``resync_pods``, kept current by ``track_training_pod``.
     #: A Rendezvous is here only once its pods were listed (before that its census is unknown).
     pods: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -111,7 +112,7 @@ def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
     with memo.pods_lock:
         pods = memo.pods.get(key)
         listed = None if pods is None else list(pods.values())
-    return None if listed is None else logic.training_pods(listed)
+    return None if listed is None else handlers_rules.training_pods(listed)
 
 
 def pods_changed(memo: OperatorMemo, key: Key, update: Any) -> None:
@@ -193,7 +194,7 @@ def update_condition(
 ) -> None:
     """Write one condition ``(type, status, reason, message)`` if it changed."""
     condition_type, condition_status, reason, message = condition
-    conditions = logic.set_condition(
+    conditions = handlers_rules.set_condition(
         list(current.get("conditions") or []),
         condition_type,
         condition_status,
@@ -206,14 +207,14 @@ def update_condition(
         patch_status(client, namespace, name, {"conditions": conditions, "observedGeneration": generation}, kind)
 
 
-def stored_state(memo: OperatorMemo, key: Key, text: object) -> logic.StoredState:
+def stored_state(memo: OperatorMemo, key: Key, text: object) -> handlers_rules.StoredState:
     """The document (or error) of ``status.state`` ``text``; decoded only when it differs from the last read."""
-    stored = logic.read_state(text, memo.states.get(key))
+    stored = handlers_rules.read_state(text, memo.states.get(key))
     memo.states[key] = stored
     return stored
 
 
-def post_event(body: kopf.Body, event: logic.RendezvousEvent, namespace: str, name: str) -> None:
+def post_event(body: kopf.Body, event: handlers_rules.RendezvousEvent, namespace: str, name: str) -> None:
     """Post ``event`` on the Rendezvous and count it."""
     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.count_event(event.reason, namespace, name, event.count)
@@ -239,6 +240,6 @@ def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes:
     except KubernetesApiError as exc:
         logger.warning("could not post the NodeEvicted event: %s", exc)
         return True
-    listed = logic.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
+    listed = handlers_rules.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
     post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
     return True

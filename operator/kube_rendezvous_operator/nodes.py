@@ -4,7 +4,7 @@ The operator evicts the rendezvous nodes of training pods on a Node NotReady for
 (``not_ready.evict_on_not_ready_nodes``); this module only tells it which Nodes are NotReady.
 
 It keeps no Node object: its cache's ``keep`` takes of each Node the Ready condition's status and
-``lastTransitionTime`` (``not_ready_logic.node_not_ready_since``), for NotReady Nodes only, so its memory
+``lastTransitionTime`` (``not_ready_rules.node_not_ready_since``), for NotReady Nodes only, so its memory
 grows with the NotReady Nodes, not with the cluster (a Node object is tens of kilobytes).
 
 Not Kopf's watch: Kopf retries a watch the server refuses (403) a few times and then stops the
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kube_rendezvous.kubeapi import KubernetesApi
-from kube_rendezvous.watchcache import WatchCache
+from kube_rendezvous import KubernetesApi, WatchCache
 
-from . import not_ready_logic
+from . import not_ready_rules
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +50,8 @@ class NotReady:
 
 def _keep(node: dict[str, Any], kept: dict[str, Any] | None) -> dict[str, Any] | None:
     """What the cache keeps of a Node: ``NotReady``'s fields while it is NotReady, else nothing."""
-    ready = not_ready_logic.node_ready_condition(node)
-    since = not_ready_logic.node_not_ready_since(node, kept["since"] if kept else datetime.now(timezone.utc))
+    ready = not_ready_rules.node_ready_condition(node)
+    since = not_ready_rules.node_not_ready_since(node, kept["since"] if kept else datetime.now(timezone.utc))
     return None if ready is None or since is None else {"status": str(ready.get("status")), "since": since}
 
 

@@ -1,6 +1,6 @@
 """The NotReady-node rule: evict the nodes of training pods on a Kubernetes Node NotReady past its wait.
 
-Its decisions are ``not_ready_logic``'s; ``nodes`` tells which Nodes are NotReady. A daemon per
+Its decisions are ``not_ready_rules``'s; ``nodes`` tells which Nodes are NotReady. A daemon per
 Rendezvous judges a Node's pods as soon as its wait ends; every resync judges them again
 (``pods.resync_pods``), so the rule holds after a restart or a missed Node event too. Nodes whose
 agents still heartbeat are spared.
@@ -14,11 +14,9 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from kube_rendezvous.document import RendezvousDocument
-from kube_rendezvous.kubeapi import KubernetesApiError
-from kube_rendezvous.summary import format_time
+from kube_rendezvous import KubernetesApiError, RendezvousDocument, format_time
 
-from . import logic, not_ready_logic
+from . import handlers_rules, not_ready_rules
 from .memory import Key, OperatorMemo, evict_and_report
 from .nodes import NodeReadiness, NotReady
 from .writer import heartbeats, merge_heartbeats
@@ -29,10 +27,12 @@ logger = logging.getLogger(__name__)
 def not_ready_wait(memo: OperatorMemo, key: Key) -> timedelta:
     """How long after its Node went NotReady a pod of ``key`` has its nodes evicted.
 
-    ``not_ready_logic.not_ready_wait`` of the operator's grace and ``key``'s keep-alive interval.
+    ``not_ready_rules.not_ready_wait`` of the operator's grace and ``key``'s keep-alive interval.
     """
     grace = timedelta(seconds=memo.config.node_not_ready_seconds)
-    return not_ready_logic.not_ready_wait(grace, memo.keep_alive.get(key, logic.timings({}).keep_alive_interval))
+    return not_ready_rules.not_ready_wait(
+        grace, memo.keep_alive.get(key, handlers_rules.timings({}).keep_alive_interval)
+    )
 
 
 def not_ready_nodes(memo: OperatorMemo) -> dict[str, NotReady]:
@@ -52,7 +52,7 @@ def evict_on_not_ready(
 
     ``document`` must carry the nodes' current heartbeats (their Leases): a node that heartbeats
     after its Node went NotReady (plus the slack) is alive and is not evicted
-    (``not_ready_logic.nodes_on_not_ready_node``).
+    (``not_ready_rules.nodes_on_not_ready_node``).
     """
     namespace, name = key
     observed = memo.observed.get(key)
@@ -62,14 +62,14 @@ def evict_on_not_ready(
     if only is not None:
         states = {only: states[only]} if only in states else {}
     now = datetime.now(timezone.utc)
-    on_nodes = not_ready_logic.pods_on_not_ready_nodes(
+    on_nodes = not_ready_rules.pods_on_not_ready_nodes(
         pods, {node: state.since for node, state in states.items()}, now, not_ready_wait(memo, key)
     )
     rule = memo.node_rule
     for node, on_node in sorted(on_nodes.items()):
         state = states[node]
         judged = (key, node, state.since)
-        evict, alive = not_ready_logic.nodes_on_not_ready_node(on_node, document, state.since)
+        evict, alive = not_ready_rules.nodes_on_not_ready_node(on_node, document, state.since)
         with rule.lock:
             rule.judged.add(judged)
             spare = bool(alive) and judged not in rule.spared
@@ -127,7 +127,7 @@ def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str
         pods = list((memo.pods.get(key) or {}).values())
     wait = not_ready_wait(memo, key)
     since = {node: state.since for node, state in states.items()}
-    due = [node for node in not_ready_logic.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
+    due = [node for node in not_ready_rules.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
     return due, min((moment + wait for moment in since.values() if moment + wait > now), default=None)
 
 

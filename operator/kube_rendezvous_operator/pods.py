@@ -1,7 +1,7 @@
 """The training-pod handlers: keep each Rendezvous's pod index current, and evict the nodes of its gone pods.
 
 A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its owner's
-workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the Rendezvous's name.
+workload kind, ``handlers_rules.pod_selector``) selects it, or when it is labelled with the Rendezvous's name.
 The pod watch evicts as pods go; a timer resyncs each Rendezvous with its listed pods, so pods
 deleted or ended while the operator was down or its watch was broken are noticed too.
 """
@@ -13,12 +13,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import kopf
-from kube_rendezvous.document import NodeId, RendezvousDocument
-from kube_rendezvous.intents import with_evicted
-from kube_rendezvous.kubeapi import RENDEZVOUS_LABEL, KubernetesApiError
-from kube_rendezvous.summary import format_time
+from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApiError, NodeId, RendezvousDocument, format_time, with_evicted
 
-from . import logic, metrics
+from . import handlers_rules, metrics
 from .memory import OperatorMemo, evict_and_report, pods_changed, stored_state
 from .not_ready import evict_on_not_ready
 from .writer import heartbeats, merge_heartbeats, with_lease_heartbeats
@@ -29,7 +26,7 @@ logger = logging.getLogger(__name__)
 def rendezvouses_of_pod(memo: OperatorMemo, labels: dict[str, str] | None, namespace: str | None) -> list[str]:
     """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
     selectors = {name: selector for (where, name), selector in memo.selectors.items() if where == namespace}
-    return logic.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
+    return handlers_rules.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
 
 
 def is_training_pod(labels: dict[str, str], namespace: str | None, memo: OperatorMemo, **_: Any) -> bool:
@@ -44,12 +41,12 @@ def evict_nodes_of_gone_pods(
     the kubelet restarted one of its containers, evict the nodes that stopped heartbeating before that.
 
     A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its
-    owner's workload kind, ``logic.pod_selector``) selects it, or when it is labelled with the
+    owner's workload kind, ``handlers_rules.pod_selector``) selects it, or when it is labelled with the
     Rendezvous's name.
     """
     pod = dict(body)
-    gone = logic.pod_is_gone(pod, type)
-    restarted = None if gone else logic.container_restarted_at(pod, datetime.now(timezone.utc))
+    gone = handlers_rules.pod_is_gone(pod, type)
+    restarted = None if gone else handlers_rules.container_restarted_at(pod, datetime.now(timezone.utc))
     if not gone and restarted is None:
         return
     for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
@@ -92,11 +89,11 @@ def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, 
     if stored is None:
         return
 
-    gone_at = logic.pod_gone_at(pod, datetime.now(timezone.utc))
-    known = logic.known_nodes(stored)
+    gone_at = handlers_rules.pod_gone_at(pod, datetime.now(timezone.utc))
+    known = handlers_rules.known_nodes(stored)
     document = with_lease_heartbeats(memo.api, stored, namespace, rendezvous)
-    matched = logic.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
-    alive = sorted(set(logic.nodes_of_pod(pod, known)) - set(matched))
+    matched = handlers_rules.nodes_of_pod(pod, known, document=document, gone_at=gone_at)
+    alive = sorted(set(handlers_rules.nodes_of_pod(pod, known)) - set(matched))
     if alive:
         logger.info(
             "pod %s/%s is gone, but nodes %s on its address heartbeat after its end: they are another pod's; "
@@ -137,7 +134,9 @@ def judge_restart(
         )
         return
     document = merge_heartbeats(stored, beats)
-    matched = logic.nodes_of_pod(pod, logic.known_nodes(stored), document=document, gone_at=restarted_at)
+    matched = handlers_rules.nodes_of_pod(
+        pod, handlers_rules.known_nodes(stored), document=document, gone_at=restarted_at
+    )
     nodes = [str(node) for node in matched if document.last_heartbeats.get(node) is not None]
     because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
     observed = memo.observed.get((namespace, rendezvous))
@@ -145,7 +144,7 @@ def judge_restart(
     if not nodes or (observed is not None and with_evicted(observed.status, nodes) is None):
         now = datetime.now(timezone.utc)
         for key, at in list(memo.judged_restarts.items()):
-            if now - at > logic.RESTART_EVICTION_WINDOW:
+            if now - at > handlers_rules.RESTART_EVICTION_WINDOW:
                 memo.judged_restarts.pop(key, None)
         memo.judged_restarts[judged] = restarted_at
 
@@ -154,7 +153,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
 
     Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
-    evicted) and evicts the nodes ``logic.nodes_to_evict_on_resync`` finds: those of gone pods,
+    evicted) and evicts the nodes ``handlers_rules.nodes_to_evict_on_resync`` finds: those of gone pods,
     and those without any pod while the others are recognised by their pods. Then, with the
     same pods and heartbeats, the nodes of pods on a Kubernetes Node NotReady past its grace
     (``not_ready.evict_on_not_ready``), so that rule holds after a restart or a missed Node event too.
@@ -162,7 +161,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     status = dict(status or {})
     if status.get("closed"):
         return
-    selector = memo.selectors.get((namespace, name)) or logic.PodSelector({RENDEZVOUS_LABEL: name}, "default")
+    selector = memo.selectors.get((namespace, name)) or handlers_rules.PodSelector({RENDEZVOUS_LABEL: name}, "default")
     selectors = [selector.describe()]
     if selector.match_labels != {RENDEZVOUS_LABEL: name}:
         selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
@@ -190,7 +189,7 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     except KubernetesApiError:
         beats = None
     now = datetime.now(timezone.utc)
-    nodes = logic.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)
+    nodes = handlers_rules.nodes_to_evict_on_resync(merge_heartbeats(document, beats or {}), pods.values(), now)
     already = set(status.get("evictedNodes") or [])
     evicting = [str(node) for node in nodes if str(node) not in already]
     evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")

@@ -1,6 +1,6 @@
 """The operator as the preferred writer: one folder per Rendezvous, and heartbeats read from Leases.
 
-For every Rendezvous a Kopf daemon runs ``kube_rendezvous.folder.Folder`` with ``preferred=True``:
+For every Rendezvous a Kopf daemon runs ``kube_rendezvous._engine.folder.Folder`` with ``preferred=True``:
 it takes the writer Lease (from an agent at once), folds the nodes' join and leave requests
 into the state in batches, and expires nodes whose Lease stops changing, by its own clock.
 With the operator stopped, an agent takes the writer Lease within its duration (10 s).
@@ -25,17 +25,21 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from kube_rendezvous.document import NodeId, RendezvousDocument
-from kube_rendezvous.folder import Folder
-from kube_rendezvous.kubeapi import (
+from kube_rendezvous import (
+    ANNOTATION_NODE,
+    LABEL_LEASE,
+    LEASE_PLURAL,
     RENDEZVOUS_LABEL,
+    Folder,
     KubernetesApi,
     KubernetesApiError,
+    NodeId,
+    RendezvousDocument,
+    object_watch,
+    parse_micro_time,
+    parse_node,
     resource_path,
 )
-from kube_rendezvous.leaseformat import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, parse_micro_time
-from kube_rendezvous.leases import parse_node
-from kube_rendezvous.watchcache import object_watch
 
 from .memory import OperatorMemo, training_pods
 

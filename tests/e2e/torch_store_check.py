@@ -12,9 +12,9 @@ import sys
 from datetime import timedelta
 
 import torch.distributed as dist
-from kube_rendezvous import frameworks
-from kube_rendezvous.backend import create_backend
-from kube_rendezvous.torchrun import TorchKubernetesStore
+from kube_rendezvous._adapters.torchrun import TorchKubernetesStore
+from kube_rendezvous._engine import frameworks
+from kube_rendezvous._engine.backend import create_backend
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 endpoint, kubeconfig = sys.argv[1], sys.argv[2]

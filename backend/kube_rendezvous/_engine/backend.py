@@ -42,18 +42,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .connection import connect
-from .document import (
-    RendezvousDocument,
-    StateDocumentError,
-    document_from_state,
-    encode_document,
-    state_from_document,
-)
-from .frameworks import Framework
-from .frameworks import tensorplay as tensorplay_framework
-from .intents import read_rendezvous
-from .kubeapi import (
+from .._kube.kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
     ConflictError,
@@ -66,11 +55,22 @@ from .kubeapi import (
     is_resource_version,
     resource_path,
 )
-from .retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY
-from .statecheck import load_own_state
-from .status import write_status
-from .store import KubernetesStore
-from .summary import summarize_document
+from .._kube.status import write_status
+from .._rules.document import (
+    RendezvousDocument,
+    StateDocumentError,
+    document_from_state,
+    encode_document,
+    state_from_document,
+)
+from .._rules.intents import read_rendezvous
+from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY
+from .._rules.statecheck import load_own_state
+from .._rules.summary import summarize_document
+from .._store.store import KubernetesStore
+from .connection import connect
+from .frameworks import Framework
+from .frameworks import tensorplay as tensorplay_framework
 
 logger = logging.getLogger(__name__)
 

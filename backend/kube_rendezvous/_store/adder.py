@@ -1,4 +1,4 @@
-"""The combining ``add`` of a ``KubernetesStore``: the I/O around the pure fold of ``adds``.
+"""The combining ``add`` of a ``KubernetesStore``: the I/O around the pure fold of ``adder_rules``.
 
 ``KubernetesStore.add`` comes here when the process's watch of the keys is healthy. The call creates an
 add request of its own (a RendezvousKey labelled with its counter, which never conflicts), then waits on
@@ -25,7 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Protocol
 
-from .adds import (
+from .._kube.kubeapi import KubernetesApiError, NotFoundError
+from .._kube.watchcache import WatchCache
+from .._rules.adder_rules import (
     ADDS_ANNOTATION,
     ADDS_TO_LABEL,
     FOLD_PATIENCE_SECONDS,
@@ -37,9 +39,7 @@ from .adds import (
     request_name,
     request_of,
 )
-from .kubeapi import KubernetesApiError, NotFoundError
-from .retries import KEY_CONFLICT_RETRY
-from .watchcache import WatchCache
+from .._rules.retries import KEY_CONFLICT_RETRY
 
 logger = logging.getLogger(__name__)
 

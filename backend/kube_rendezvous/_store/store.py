@@ -12,7 +12,7 @@ round's bootstrap address and rank assignment) are read from the watch alone and
 together, N keys in one object (``bundles``). Where the server refuses to let the process watch the
 keys, a blocking call reads again every ``POLL_SECONDS``.
 
-``add`` combines (``adder``, on the pure fold of ``adds``): one adder at a time folds every pending
+``add`` combines (``adder``, on the pure fold of ``adder_rules``): one adder at a time folds every pending
 add request into the counter in one write; N agents adding to one counter, as the exit barrier does,
 cost about 2N requests plus a few folds. Without the watch it is a read-modify-write like the
 others. The view of a round's keys under a prefix is ``prefixstore.KubernetesPrefixStore``.
@@ -45,15 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .adder import AddIndex, CombinedAdd
-from .adds import (
-    ADDS_TO_LABEL,
-    annotation_map,
-    counter_digest,
-    fold,
-)
-from .bundles import split
-from .kubeapi import (
+from .._engine.shared import KeyWatch, shared
+from .._kube.kubeapi import (
     API_VERSION,
     KEY_PLURAL,
     RENDEZVOUS_LABEL,
@@ -68,9 +61,16 @@ from .kubeapi import (
     describe_api_error,
     resource_path,
 )
-from .retries import KEY_CONFLICT_RETRY
-from .shared import KeyWatch, shared
-from .watchcache import WatchCache
+from .._kube.watchcache import WatchCache
+from .._rules.adder_rules import (
+    ADDS_TO_LABEL,
+    annotation_map,
+    counter_digest,
+    fold,
+)
+from .._rules.retries import KEY_CONFLICT_RETRY
+from .adder import AddIndex, CombinedAdd
+from .bundles import split
 
 logger = logging.getLogger(__name__)
 
@@ -435,7 +435,7 @@ class KubernetesStore:
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value.
 
-        With the process's watch of the keys: a combining add (``adds``), whose request never
+        With the process's watch of the keys: a combining add (``adder_rules``), whose request never
         conflicts and which one fold writes together with every other pending add. Without it:
         a compare-and-swap of the key, retried after a back-off.
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .document import NodeId
+from .._rules.document import NodeId
+from .._rules.leases_rules import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
 from .kubeapi import (
     RENDEZVOUS_LABEL,
     ApiError,
@@ -29,7 +30,6 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .leaseformat import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
 from .leases import ANNOTATION_WRITER_PRIORITY, NodeRecord, writer_lease_name
 
 logger = logging.getLogger(__name__)

@@ -20,10 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import kubeapi
-from .document import node_names
-from .folding import role_of
-from .kubeapi import (
+from .._kube import kubeapi
+from .._kube.kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiUnavailableError,
     KubernetesApi,
@@ -31,14 +29,23 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .kubectl_rdzv_report import PluginError, build_report, change_label, decode_state, render_status, summary_line
-from .leaseformat import LEASE_PLURAL
-from .leases import parse_node
-from .retries import EVICTION_CONFLICT_RETRY
-from .settings import SERVICE_ACCOUNT_NAMESPACE_FILE
-from .status import add_evictions
-from .summary import format_time
-from .watchcache import WatchCache, object_watch
+from .._kube.leases import parse_node
+from .._kube.status import add_evictions
+from .._kube.watchcache import WatchCache, object_watch
+from .._rules.document import node_names
+from .._rules.folder_rules import role_of
+from .._rules.kubectl_rdzv_rules import (
+    PluginError,
+    build_report,
+    change_label,
+    decode_state,
+    render_status,
+    summary_line,
+)
+from .._rules.leases_rules import LEASE_PLURAL
+from .._rules.retries import EVICTION_CONFLICT_RETRY
+from .._rules.settings import SERVICE_ACCOUNT_NAMESPACE_FILE
+from .._rules.summary import format_time
 
 #: Seconds one API request may take, and how long requests are retried while the server is unreachable.
 REQUEST_TIMEOUT = RETRY_TIMEOUT = 15.0

@@ -35,10 +35,10 @@ def handler_creator() -> Callable[[Any], Any]:
 import torch.distributed as dist  # noqa: E402 - after handler_creator (its docstring)
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters  # noqa: E402
 
-from . import frameworks  # noqa: E402
-from .native import NativeHandler  # noqa: E402
-from .prefixstore import KubernetesPrefixStore  # noqa: E402
-from .store import KubernetesStore  # noqa: E402
+from .._engine import frameworks  # noqa: E402
+from .._engine.native import NativeHandler  # noqa: E402
+from .._store.prefixstore import KubernetesPrefixStore  # noqa: E402
+from .._store.store import KubernetesStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -33,17 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .document import NodeId
-from .folding import Desire, JoinSettings, Request
-from .kubeapi import (
-    MERGE_PATCH,
-    RENDEZVOUS_LABEL,
-    ConflictError,
-    KubernetesApi,
-    NotFoundError,
-    resource_path,
-)
-from .leaseformat import (
+from .._rules.document import NodeId
+from .._rules.folder_rules import Desire, JoinSettings, Request
+from .._rules.leases_rules import (
     ANNOTATION_DESIRE,
     ANNOTATION_DESIRED_AT,
     ANNOTATION_NODE,
@@ -54,6 +46,14 @@ from .leaseformat import (
     LEASE_PLURAL,
     micro_time,
     parse_micro_time,
+)
+from .kubeapi import (
+    MERGE_PATCH,
+    RENDEZVOUS_LABEL,
+    ConflictError,
+    KubernetesApi,
+    NotFoundError,
+    resource_path,
 )
 
 logger = logging.getLogger(__name__)

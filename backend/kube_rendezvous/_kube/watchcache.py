@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._rules.retries import WATCH_RETRY
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -39,7 +40,6 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .retries import WATCH_RETRY
 
 logger = logging.getLogger(__name__)
 

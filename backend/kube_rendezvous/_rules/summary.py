@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .document import NodeId, RendezvousDocument
-from .folding import CompletedBy
+from .folder_rules import CompletedBy
 
 #: Most participants and waiting nodes listed in the summary (the counts are exact).
 SUMMARY_LIST_LIMIT = 16
@@ -60,7 +60,7 @@ def round_progress(
     document: RendezvousDocument, previous: Mapping[str, Any] | None, now: datetime, completed_by: str | None = None
 ) -> dict[str, Any]:
     """``roundStartTime`` and ``recentRounds`` for a write of ``document`` over the ``previous`` status
-    (``completed_by``: the rule that completed the round in this write, ``folding.completion_rule``)."""
+    (``completed_by``: the rule that completed the round in this write, ``folder_rules.completion_rule``)."""
     before = previous or {}
     same_round = before.get("round") == document.round and isinstance(before.get("roundStartTime"), str)
     start = str(before["roundStartTime"]) if same_round else format_time(now)
@@ -75,7 +75,7 @@ def round_progress(
     return {"roundStartTime": start, "recentRounds": rounds[-RECENT_ROUNDS:]}
 
 
-#: How an agent's progress line names each rule that completes a round (``folding.CompletedBy``).
+#: How an agent's progress line names each rule that completes a round (``folder_rules.CompletedBy``).
 COMPLETED_BY_TEXT = {
     CompletedBy.MAX_NODES.value: "with max nodes",
     CompletedBy.LAST_CALL.value: "at the end of the last call",
@@ -134,8 +134,8 @@ def departure_of(
     """``status.lastDeparture`` when going from ``before`` to ``after`` broke a formed round, else None.
 
     A formed round (complete, not closed) that loses participants is broken: its other members'
-    agents restart (``folding.lost_members``), carried into the next round by the fold when it can
-    (``folding``'s carry rule). Only the first departure of a round is recorded: None when
+    agents restart (``folder_rules.lost_members``), carried into the next round by the fold when it can
+    (``folder_rules``'s carry rule). Only the first departure of a round is recorded: None when
     ``previous`` (the last ``lastDeparture``) is of the same round. ``reasons`` says why each node
     went (``Left``, ``Evicted``, ``Expired``; ``Removed`` when unknown or not carried). Lists at most
     ``SUMMARY_LIST_LIMIT`` nodes; ``count`` is exact.

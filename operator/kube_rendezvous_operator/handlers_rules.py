@@ -15,10 +15,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kube_rendezvous.document import NodeId, RendezvousDocument, StateDocumentError, decode_document
-from kube_rendezvous.folding import PodAddresses, TrainingPods
-from kube_rendezvous.settings import RendezvousTimings
-from kube_rendezvous.summary import departure_line, format_time, parse_time
+from kube_rendezvous import (
+    NodeId,
+    PodAddresses,
+    RendezvousDocument,
+    RendezvousTimings,
+    StateDocumentError,
+    TrainingPods,
+    decode_document,
+    departure_line,
+    format_time,
+    parse_time,
+)
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
 #: Nodes named one by one in Events; beyond that, one Event counts them and names the first ones.
@@ -453,7 +461,7 @@ def pod_addresses(pod: dict[str, Any]) -> PodAddresses:
 
 
 def training_pods(pods: Iterable[dict[str, Any]]) -> TrainingPods:
-    """The census the folder completes a round by (``folding.TrainingPods``) from a Rendezvous's training pods."""
+    """The census the folder completes a round by (``folder_rules.TrainingPods``) from a Rendezvous's training pods."""
     live: list[PodAddresses] = []
     starting = 0
     for pod in pods:

@@ -3,10 +3,10 @@
 Framework-neutral; the adapters (``handler`` for tensorplay, ``torchrun`` for torch) add the
 framework's ``RendezvousHandler`` base and its classes. The flows are in docs/architecture.md:
 
-- **Ask**: ``join`` (scoped to a round: ``folding.join_scope``) or ``leave``, on the node's own Lease
+- **Ask**: ``join`` (scoped to a round: ``folder_rules.join_scope``) or ``leave``, on the node's own Lease
   (``leases.LeaseNodeLock``), renewed every keep-alive by the process's ``leases.LeaseRenewer`` from the
   first join to the leave: that is its heartbeat.
-- **Wait**: a folder folds the requests into the state (``folding.fold``); the handler waits on the
+- **Wait**: a folder folds the requests into the state (``folder_rules.fold``); the handler waits on the
   process's watch until the state shows its request taken in. A join overtaken by a new round is asked
   again in the open round.
 - **Confirm**: rank 0 starts a fresh bootstrap TCPStore every round (a reused one would hand a new
@@ -17,7 +17,7 @@ framework's ``RendezvousHandler`` base and its classes. The flows are in docs/ar
 What the launcher asks of the handler, answered from the watch (no request):
 
 - ``num_nodes_waiting``: the wait list, a close asked by a person as one, and the members this node's
-  round lost (``folding.lost_members``), so the launcher restarts the survivors of a broken round at once.
+  round lost (``folder_rules.lost_members``), so the launcher restarts the survivors of a broken round at once.
 - ``shutdown``: closes the rendezvous when this agent's workers succeeded (it entered its exit barrier),
   and otherwise leaves it. A node never shut down (torch's launcher after a signal) leaves at
   interpreter exit (``EXIT_LEAVE_SECONDS`` at most).
@@ -39,13 +39,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from .connection import Connection, connect, incarnation_node
-from .document import NodeId, RendezvousDocument, StateDocumentError
-from .folder import AGENT_IDENTITY_PREFIX, owner_reference
-from .folding import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
-from .frameworks import Framework
-from .intents import RendezvousReading, read_rendezvous, waiting_count
-from .kubeapi import (
+from .._kube.kubeapi import (
     RENDEZVOUS_PLURAL,
     KubernetesApiError,
     NotFoundError,
@@ -53,10 +47,16 @@ from .kubeapi import (
     is_gone,
     resource_path,
 )
-from .leases import LeaseNodeLock
-from .prefixstore import KubernetesPrefixStore
+from .._kube.leases import LeaseNodeLock
+from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
+from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
+from .._rules.intents import RendezvousReading, read_rendezvous, waiting_count
+from .._rules.summary import completed_by_text, forming_line
+from .._store.prefixstore import KubernetesPrefixStore
+from .connection import Connection, connect, incarnation_node
+from .folder import AGENT_IDENTITY_PREFIX, owner_reference
+from .frameworks import Framework
 from .shared import shared
-from .summary import completed_by_text, forming_line
 
 logger = logging.getLogger(__name__)
 

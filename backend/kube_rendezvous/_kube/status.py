@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .intents import with_evicted
+from .._rules.intents import with_evicted
+from .._rules.retries import EVICTION_CONFLICT_RETRY, OUTAGE_RETRY
 from .kubeapi import (
     MERGE_PATCH,
     RENDEZVOUS_PLURAL,
@@ -25,7 +26,6 @@ from .kubeapi import (
     call_with_retries,
     resource_path,
 )
-from .retries import EVICTION_CONFLICT_RETRY, OUTAGE_RETRY
 
 
 def write_status(

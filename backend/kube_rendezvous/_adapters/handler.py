@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters, get_registry
 
-from . import frameworks
-from .native import BACKEND_NAME, NativeHandler
+from .._engine import frameworks
+from .._engine.native import BACKEND_NAME, NativeHandler
 
 
 class KubernetesRendezvousHandler(NativeHandler, RendezvousHandler):

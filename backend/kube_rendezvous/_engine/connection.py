@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .document import NodeId
-from .frameworks import Framework
-from .kubeapi import (
+from .._kube.kubeapi import (
     API_VERSION,
     RENDEZVOUS_PLURAL,
     ConflictError,
@@ -28,8 +26,9 @@ from .kubeapi import (
     call_with_retries,
     load_api_client,
 )
-from .kubeapi import resource_path as _resource_path
-from .settings import (
+from .._kube.kubeapi import resource_path as _resource_path
+from .._rules.document import NodeId
+from .._rules.settings import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
     UNSET_RUN_IDS,
     KubernetesRendezvousConfig,
@@ -37,7 +36,8 @@ from .settings import (
     RendezvousTimings,
     workload_owner,
 )
-from .store import KubernetesStore
+from .._store.store import KubernetesStore
+from .frameworks import Framework
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from .retries import OUTAGE_RETRY, retry
+from .._rules.retries import OUTAGE_RETRY, retry
 
 logger = logging.getLogger(__name__)
 

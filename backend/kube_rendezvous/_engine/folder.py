@@ -3,7 +3,7 @@
 Whoever holds the writer Lease (``election.WriterLease``) runs ``Folder.run``'s leader loop: it
 watches the node Leases and the Rendezvous, and whenever a request changed, a node's Lease
 expired (unchanged for its expiry on this folder's clock), or a last call ended, it folds every
-pending request into the state document (``folding.fold``) and writes it with one
+pending request into the state document (``folder_rules.fold``) and writes it with one
 compare-and-swap on the Rendezvous's resourceVersion. The operator runs a folder with
 ``preferred=True`` for every Rendezvous; every agent process runs one with ``preferred=False``,
 which takes over when no operator holds it: within one retry (4 s) when the writer released the
@@ -32,11 +32,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .election import LeaderElectionConfig, WriterLease, dead_writer_seeds
-from .folding import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
-from .intents import EVICTED_HEARTBEAT, fold_intents
-from .kubeapi import (
+from .._kube.election import LeaderElectionConfig, WriterLease, dead_writer_seeds
+from .._kube.kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
     ApiError,
@@ -46,11 +43,14 @@ from .kubeapi import (
     NotFoundError,
     resource_path,
 )
-from .leaseformat import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
-from .leases import LeaseObservations, NodeRecord, list_node_records, record_of
-from .status import write_status
-from .summary import departure_of, summarize_document
-from .watchcache import WatchCache
+from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, record_of
+from .._kube.status import write_status
+from .._kube.watchcache import WatchCache
+from .._rules.document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
+from .._rules.folder_rules import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
+from .._rules.intents import EVICTED_HEARTBEAT, fold_intents
+from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
+from .._rules.summary import departure_of, summarize_document
 
 logger = logging.getLogger(__name__)
 

@@ -29,13 +29,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .adder import AddIndex
-from .bundles import BundledKeys
-from .document import RendezvousDocument, decode_document
+from .._kube.kubeapi import KEY_PLURAL, RENDEZVOUS_UID_LABEL, KubernetesApi, resource_path
+from .._kube.leases import LeaseRenewer
+from .._kube.watchcache import WatchCache, object_watch
+from .._rules.document import RendezvousDocument, decode_document
+from .._store.adder import AddIndex
+from .._store.bundles import BundledKeys
 from .folder import Folder
-from .kubeapi import KEY_PLURAL, RENDEZVOUS_UID_LABEL, KubernetesApi, resource_path
-from .leases import LeaseRenewer
-from .watchcache import WatchCache, object_watch
 
 #: Seconds ``release`` waits, in all, for the folders to stop and release the writer Lease.
 RELEASE_SECONDS = 5.0

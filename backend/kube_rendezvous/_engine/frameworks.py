@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .kubeapi import ApiError, KubernetesApiError, describe_api_error
+from .._kube.kubeapi import ApiError, KubernetesApiError, describe_api_error
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Kubernetes I/O: the API client, watches, Leases, the election, the status writes."""
