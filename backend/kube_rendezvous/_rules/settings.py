@@ -22,22 +22,24 @@ UNSET_RUN_IDS = frozenset({"", "none"})
 
 def validate_object_name(name: str, field: str) -> str:
     """Return ``name`` if it is a valid Kubernetes object name, else raise ``ValueError`` naming ``field``."""
-    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
-        raise ValueError(
-            f"{field}: {name!r} is not a valid Kubernetes object name; use at most 253 lowercase letters, "
-            "digits, '-' and '.', starting and ending with a letter or digit"
-        )
-    return name
+    return _validated(
+        name, field, "Kubernetes object name", _DNS_SUBDOMAIN, 253, "lowercase letters, digits, '-' and '.'"
+    )
 
 
 def validate_namespace(namespace: str, field: str) -> str:
     """Return ``namespace`` if valid, else raise ``ValueError`` naming ``field``."""
-    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+    return _validated(namespace, field, "namespace", _DNS_LABEL, 63, "lowercase letters, digits and '-'")
+
+
+def _validated(value: str, field: str, kind: str, pattern: re.Pattern[str], longest: int, characters: str) -> str:
+    """``value`` if ``pattern`` matches it and it has at most ``longest`` characters; else the error that says how."""
+    if len(value) > longest or not pattern.match(value):
         raise ValueError(
-            f"{field}: {namespace!r} is not a valid namespace; use at most 63 lowercase letters, digits "
-            "and '-', starting and ending with a letter or digit"
+            f"{field}: {value!r} is not a valid {kind}; use at most {longest} {characters}, "
+            "starting and ending with a letter or digit"
         )
-    return namespace
+    return value
 
 
 def parse_endpoint(endpoint: str) -> tuple[str | None, str]:
