@@ -27,10 +27,9 @@ from typing import Any, Protocol
 from .document import NodeId
 from .kubeapi import (
     RENDEZVOUS_LABEL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -208,11 +207,11 @@ class LeaseElector:
         """One election step; True when this identity holds the Lease afterwards.
 
         Raises:
-            ApiError, ApiUnavailableError: the API server refused or did not answer the read.
+            KubernetesApiError: the API server refused or did not answer the read.
         """
         try:
             return self._step()
-        except (ApiError, ApiUnavailableError):
+        except KubernetesApiError:
             # A refusal counts too: an API server that has just started refuses (403) until its
             # authorizer has synced, and the holder's renewals were refused alike.
             self.unreachable_at = self.config.clock()
@@ -443,7 +442,7 @@ class ElectorRun:
         sent = self.config.clock()
         try:
             return self.elector.try_acquire_or_renew(), sent
-        except (ApiError, ApiUnavailableError) as exc:
+        except KubernetesApiError as exc:
             logger.info("election step of %s on %s failed this time: %s", self.elector.identity, self.describe(), exc)
             return None, sent
 

@@ -39,10 +39,9 @@ from .intents import EVICTED_HEARTBEAT, fold_intents
 from .kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -193,7 +192,7 @@ class Folder:
         """Fold every pending request (and ``close`` the rendezvous) into the current state; True when written.
 
         Raises:
-            ApiError, ApiUnavailableError: the API server refused or did not answer (nothing lost:
+            KubernetesApiError: the API server refused or did not answer (nothing lost:
                 the requests stay on their Leases for the next fold).
         """
         with self._fold_lock:
@@ -354,7 +353,7 @@ class Folder:
     def _own_writer_lease(self) -> None:
         """Let a writer Lease this folder creates go with the Rendezvous (its ownerReference), once known."""
         if self.elector.owner is None:
-            with contextlib.suppress(ApiError, ApiUnavailableError):
+            with contextlib.suppress(KubernetesApiError):
                 if (obj := self._object()) is not None:
                     self.elector.owner = owner_reference(obj)
 
@@ -388,7 +387,7 @@ class Folder:
             stopped.wait(BATCH_SECONDS + len(self._requests_seen) / BATCH_NODES_PER_SECOND)
             try:
                 self.fold_once(judge_expiry=True)
-            except (ApiError, ApiUnavailableError) as exc:
+            except KubernetesApiError as exc:
                 if on_error is not None:
                     on_error(exc)
                 logger.info("fold for %s failed this time: %s", self.where, exc)
@@ -413,7 +412,7 @@ class Folder:
                     self.observations.forget(record.node)
                 except NotFoundError:
                     pass
-                except (ApiError, ApiUnavailableError) as exc:
+                except KubernetesApiError as exc:
                     logger.info("could not delete the idle Lease %s: %s", name, exc)
                     return
 
