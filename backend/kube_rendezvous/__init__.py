@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._engine.backend import KubernetesRendezvousBackend as KubernetesRendezvousBackend
     from ._engine.backend import create_backend as create_backend
     from ._engine.folder import Folder as Folder
+    from ._kube.election import ElectorRun as ElectorRun
     from ._kube.election import LeaderElectionConfig as LeaderElectionConfig
     from ._kube.election import LeaseElector as LeaseElector
     from ._kube.kubeapi import GROUP as GROUP
@@ -68,6 +69,7 @@ _EXPORTS = {
     "create_backend": "._engine.backend",
     "KubernetesRendezvousBackend": "._engine.backend",
     "Folder": "._engine.folder",
+    "ElectorRun": "._kube.election",
     "LeaderElectionConfig": "._kube.election",
     "LeaseElector": "._kube.election",
     "ApiError": "._kube.kubeapi",

@@ -2,11 +2,12 @@
 
 The replica holding the Lease ``kube-rendezvous-operator`` in the operator's own namespace runs
 the handlers; the others try again every ``retry_period`` of ``OPERATOR_ELECTION`` (the backend's
-``LeaderElectionConfig``, as the folder's writer election). A leader that has not renewed for
-``renew_deadline`` exits at once (``on_stopped_leading``), before its Lease (``lease_duration``) can
-look stale to another replica, so two replicas never act together; its Deployment restarts it as a
-standby. A leader stopped with SIGTERM (a rollout, a drain) releases the Lease on its way out, so a
-standby takes over within ``retry_period``.
+``LeaderElectionConfig`` and run loop ``ElectorRun``, as the folder's writer election). A leader whose
+last successful renewal was sent ``renew_deadline`` ago, or that lost its Lease, exits at once
+(``on_stopped_leading``), before its Lease (``lease_duration``) can look stale to another replica, so
+two replicas never act together; its Deployment restarts it as a standby. A leader stopped with
+SIGTERM (a rollout, a drain) releases the Lease on its way out, so a standby takes over within
+``retry_period``.
 
 After a leader dies without releasing (SIGKILL, a lost node), a standby holds the Lease within
 ``lease_duration + retry_period`` of the leader's last renewal, then starts its handlers
@@ -23,11 +24,10 @@ import http.server
 import logging
 import os
 import threading
-import time
 import urllib.parse
 from pathlib import Path
 
-from kube_rendezvous import ApiError, ApiUnavailableError, KubernetesApi, LeaderElectionConfig, LeaseElector
+from kube_rendezvous import ElectorRun, KubernetesApi, LeaderElectionConfig, LeaseElector
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,12 @@ OPERATOR_ELECTION = LeaderElectionConfig(
 
 
 class Leadership:
-    """Acquire the operator's Lease before acting, renew it while acting, release it on the way out."""
+    """Acquire the operator's Lease before acting, renew it while acting, release it on the way out.
+
+    One term of the backend's elector run loop (``ElectorRun``), as the folder's writer election: a
+    renewal counts from when it was sent, and ``on_stopped_leading`` (``exit_now``) is called as soon
+    as the Lease is lost or the renew deadline passes, even while a renewal hangs.
+    """
 
     def __init__(
         self, api: KubernetesApi, namespace: str, identity: str, config: LeaderElectionConfig = OPERATOR_ELECTION
@@ -71,63 +76,34 @@ class Leadership:
         self.elector = LeaseElector(
             api, namespace, LEASE_NAME, identity, config, labels={"app.kubernetes.io/name": LEASE_NAME}
         )
-        self._stop = threading.Event()
-        self._renewed = config.clock()
-
-    def _step(self) -> bool:
-        try:
-            return self.elector.try_acquire_or_renew()
-        except (ApiError, ApiUnavailableError) as exc:
-            logger.info("leader election step on %s failed: %s", self.elector.describe(), exc)
-            return False
+        self.term = ElectorRun(self.elector)
+        self._logged = float("-inf")
 
     def acquire(self) -> None:
-        """Block until this replica holds the Lease (a standby waits here)."""
-        logged = 0.0
-        while not self._step():
-            now = self.config.clock()
-            if now - logged >= STANDBY_LOG_SECONDS:
-                logged = now
-                logger.info(
-                    "standing by: %s is held by %s; trying every %g s",
-                    self.elector.describe(),
-                    self.elector.holder or "nobody",
-                    self.config.retry_period,
-                )
-            time.sleep(self.config.retry_period)
-        self._renewed = self.config.clock()
+        """Block until this replica holds the Lease (a standby waits here); calls ``on_started_leading``."""
+        self.term.acquire(threading.Event(), self._standby)
         logger.info("%s is the leader (%s); starting the handlers", self.elector.identity, self.elector.describe())
-        if self.config.on_started_leading is not None:
-            self.config.on_started_leading()
 
-    def start_renewing(self) -> threading.Thread:
-        """Renew every ``retry_period`` from a thread; call ``on_stopped_leading`` on a loss or past the deadline."""
-        thread = threading.Thread(target=self._renew_loop, name="leader-election", daemon=True)
-        thread.start()
-        return thread
+    def _standby(self, failed: bool) -> float:
+        """Log that this replica stands by (every ``STANDBY_LOG_SECONDS``); seconds until its next step."""
+        now = self.config.clock()
+        if now - self._logged >= STANDBY_LOG_SECONDS:
+            self._logged = now
+            logger.info(
+                "standing by: %s is held by %s; trying every %g s",
+                self.elector.describe(),
+                self.elector.holder or "nobody",
+                self.config.retry_period,
+            )
+        return self.config.retry_period
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self.config.retry_period):
-            if self._step():
-                self._renewed = self.config.clock()
-                continue
-            if self.elector.holder not in (None, self.elector.identity):
-                logger.error("lost %s to %s; stopping at once", self.elector.describe(), self.elector.holder)
-            elif self.config.clock() - self._renewed > self.config.renew_deadline:
-                logger.error(
-                    "could not renew %s for %g s (the renew deadline); stopping at once",
-                    self.elector.describe(),
-                    self.config.renew_deadline,
-                )
-            else:
-                continue
-            if self.config.on_stopped_leading is not None:
-                self.config.on_stopped_leading()
-            return
+    def start_renewing(self) -> ElectorRun:
+        """Renew every ``retry_period`` from a thread; ``on_stopped_leading`` on a loss or past the deadline."""
+        return self.term.start()
 
     def release(self) -> None:
-        """Stop renewing and give the Lease up, so a standby takes over at once."""
-        self._stop.set()
+        """Stop renewing (once no renewal is in flight) and give the Lease up, so a standby takes over at once."""
+        self.term.stop()
         self.elector.release()
 
 

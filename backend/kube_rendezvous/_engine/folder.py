@@ -3,7 +3,7 @@
 Whoever holds the writer Lease (``election.WriterLease``) runs ``Folder.run``'s leader loop: it
 watches the node Leases and the Rendezvous, and whenever a request changed, a node's Lease
 expired (unchanged for its expiry on this folder's clock), or a last call ended, it folds every
-pending request into the state document (``folder_rules.fold``) and writes it with one
+pending request into the state document (``folding.fold``) and writes it with one
 compare-and-swap on the Rendezvous's resourceVersion. The operator runs a folder with
 ``preferred=True`` for every Rendezvous; every agent process runs one with ``preferred=False``,
 which takes over when no operator holds it: within one retry (4 s) when the writer released the
@@ -32,14 +32,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .._kube.election import LeaderElectionConfig, WriterLease, dead_writer_seeds
+from .._kube.election import ElectorRun, LeaderElectionConfig, WriterLease, dead_writer_seeds
 from .._kube.kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -80,51 +79,6 @@ QUIET_FRACTION = 0.4
 CARRY_FRESH_FRACTION = 0.5
 #: How an agent's folder names itself as writer: this prefix, then its node (``addr_pid_localid``).
 AGENT_IDENTITY_PREFIX = "agent/"
-
-
-class WriterRenewal:
-    """Renews the writer Lease on a thread of its own while its holder folds.
-
-    A renewal that waits on a slow API server then holds back neither folding nor the holder's look
-    at the node Leases. The holder folds while ``holding``: no renewal was refused, and the last
-    successful one started less than the election's ``renew_deadline`` ago.
-    """
-
-    def __init__(self, elector: WriterLease, where: str) -> None:
-        self._elector = elector
-        self._where = where
-        self._config = elector.config
-        #: When the last successful renewal was sent (the election's clock); acquiring counts as one.
-        self.renewed_at = self._config.clock()
-        #: True once a renewal found the Lease held by another identity.
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"writer renewal {where}", daemon=True)
-
-    def start(self) -> WriterRenewal:
-        self._thread.start()
-        return self
-
-    def holding(self) -> bool:
-        return not self.lost and self._config.clock() - self.renewed_at < self._config.renew_deadline
-
-    def stop(self) -> None:
-        """Stop renewing; returns once no renewal is in flight (the elector is the caller's again)."""
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._config.retry_period):
-            sent = self._config.clock()
-            try:
-                renewed = self._elector.try_acquire_or_renew()
-            except (ApiError, ApiUnavailableError) as exc:
-                logger.info("renewal of the writer Lease of %s failed this time: %s", self._where, exc)
-                continue
-            if not renewed:
-                self.lost = True
-                return
-            self.renewed_at = sent
 
 
 def candidate_wait(until_stale: float | None, jitter: float) -> float:
@@ -185,6 +139,8 @@ class Folder:
         self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
         self.leader = False
+        #: The last term in which this folder held the writer Lease (None: it never held it).
+        self.term: ElectorRun | None = None
         self._lease_epoch = 0
         self._requests_seen: dict[str, tuple[object, ...]] = {}
         self._collected_at = time.monotonic()
@@ -236,7 +192,7 @@ class Folder:
         """Fold every pending request (and ``close`` the rendezvous) into the current state; True when written.
 
         Raises:
-            ApiError, ApiUnavailableError: the API server refused or did not answer (nothing lost:
+            KubernetesApiError: the API server refused or did not answer (nothing lost:
                 the requests stay on their Leases for the next fold).
         """
         with self._fold_lock:
@@ -368,39 +324,24 @@ class Folder:
     # -- the elected loop ------------------------------------------------------------------
 
     def run(self, stopped: threading.Event, on_error: Callable[[Exception], None] | None = None) -> None:
-        """Elect, and fold while holding the writer Lease, until ``stopped``."""
+        """Elect, and fold while holding the writer Lease, until ``stopped``.
+
+        Each term is one ``ElectorRun`` of the writer Lease: it acquires, renews on its own thread, and
+        says when to stop folding (``holding``); a term that ended is followed by a new election.
+        """
         while not stopped.is_set():
-            if self.elector.owner is None:  # a writer Lease it creates goes with the Rendezvous
-                with contextlib.suppress(ApiError, ApiUnavailableError):
-                    if (obj := self._object()) is not None:
-                        self.elector.owner = owner_reference(obj)
-            failed = False
-            try:
-                self.leader = self.elector.try_acquire_or_renew()
-            except (ApiError, ApiUnavailableError) as exc:
-                self.leader, failed = False, True
-                logger.info("writer election for %s failed this time: %s", self.where, exc)
-            if not self.leader:
-                self._stop_lease_watch()
-                if failed:  # not a stale Lease to take at once: the API server did not answer
-                    stopped.wait(ELECTION_FAILED_SECONDS * random.uniform(0.8, 1.2))
-                elif self.preferred:
-                    stopped.wait(self.elector.config.retry_period * random.uniform(0.8, 1.2))
-                else:
-                    stopped.wait(candidate_wait(self.elector.seconds_until_stale(), random.uniform(0.8, 1.0)))
-                continue
+            self._own_writer_lease()
+            term = ElectorRun(self.elector)
+            if not term.acquire(stopped, self._candidate_pause):
+                break
+            self.leader, self.term = True, term
             self._start_lease_watch()
-            config = self.elector.config
-            if config.on_started_leading is not None:
-                config.on_started_leading()
-            renewal = WriterRenewal(self.elector, self.where).start()
+            term.start()
             try:
-                self._fold_while(renewal, stopped, on_error)
+                self._fold_while(term, stopped, on_error)
             finally:
-                renewal.stop()
-                if config.on_stopped_leading is not None and not stopped.is_set():
-                    config.on_stopped_leading()
-            if not renewal.holding():
+                term.stop()
+            if not term.holding():
                 self.leader = False
                 logger.info(
                     "%s stops folding for %s: its writer Lease was not renewed in time", self.identity, self.where
@@ -409,11 +350,29 @@ class Folder:
             self.elector.release()
         self._stop_lease_watch()
 
+    def _own_writer_lease(self) -> None:
+        """Let a writer Lease this folder creates go with the Rendezvous (its ownerReference), once known."""
+        if self.elector.owner is None:
+            with contextlib.suppress(KubernetesApiError):
+                if (obj := self._object()) is not None:
+                    self.elector.owner = owner_reference(obj)
+
+    def _candidate_pause(self, failed: bool) -> float:
+        """Seconds until the next election step of a folder that does not hold the writer Lease."""
+        self.leader = False
+        self._stop_lease_watch()
+        self._own_writer_lease()
+        if failed:  # not a stale Lease to take at once: the API server did not answer
+            return ELECTION_FAILED_SECONDS * random.uniform(0.8, 1.2)
+        if self.preferred:
+            return self.elector.config.retry_period * random.uniform(0.8, 1.2)
+        return candidate_wait(self.elector.seconds_until_stale(), random.uniform(0.8, 1.0))
+
     def _fold_while(
-        self, renewal: WriterRenewal, stopped: threading.Event, on_error: Callable[[Exception], None] | None
+        self, term: ElectorRun, stopped: threading.Event, on_error: Callable[[Exception], None] | None
     ) -> None:
-        """Fold whatever is asked while ``renewal`` holds the writer Lease."""
-        while not stopped.is_set() and renewal.holding():
+        """Fold whatever is asked while ``term`` holds the writer Lease."""
+        while not stopped.is_set() and term.holding():
             if time.monotonic() > self._collected_at + GARBAGE_SECONDS:
                 self._collected_at = time.monotonic()
                 self._collect_garbage()
@@ -428,7 +387,7 @@ class Folder:
             stopped.wait(BATCH_SECONDS + len(self._requests_seen) / BATCH_NODES_PER_SECOND)
             try:
                 self.fold_once(judge_expiry=True)
-            except (ApiError, ApiUnavailableError) as exc:
+            except KubernetesApiError as exc:
                 if on_error is not None:
                     on_error(exc)
                 logger.info("fold for %s failed this time: %s", self.where, exc)
@@ -453,7 +412,7 @@ class Folder:
                     self.observations.forget(record.node)
                 except NotFoundError:
                     pass
-                except (ApiError, ApiUnavailableError) as exc:
+                except KubernetesApiError as exc:
                     logger.info("could not delete the idle Lease %s: %s", name, exc)
                     return
 

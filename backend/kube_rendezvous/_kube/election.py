@@ -4,29 +4,33 @@
 and the operator's replica election). ``WriterLease`` elects the one folder of a Rendezvous on
 ``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator over agents;
 ``dead_writer_seeds`` dates the node of an agent writer that died from its last writer renewal.
+``ElectorRun`` is the one run loop around an elector (client-go's ``LeaderElector.Run``): acquire,
+then renew on a thread until the Lease is lost or the renew deadline passes; the folder and the
+operator's replica election both run it, so both count a renewal alike.
 
 Not guaranteed: that two holders never act at once. That holds only if an old holder stops acting
-within ``duration`` of its last successful renewal (client-go's renew deadline), which the
-caller enforces; an election step only says who holds the Lease now.
+within ``renew_deadline`` of its last successful renewal (client-go's renew deadline): ``ElectorRun``
+says when (``holding``, ``on_stopped_leading``), and its caller must stop then; an election step
+only says who holds the Lease now.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from .._rules.document import NodeId
 from .._rules.leases_rules import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
 from .kubeapi import (
     RENDEZVOUS_LABEL,
-    ApiError,
-    ApiUnavailableError,
     ConflictError,
     KubernetesApi,
+    KubernetesApiError,
     NotFoundError,
     resource_path,
 )
@@ -203,11 +207,11 @@ class LeaseElector:
         """One election step; True when this identity holds the Lease afterwards.
 
         Raises:
-            ApiError, ApiUnavailableError: the API server refused or did not answer the read.
+            KubernetesApiError: the API server refused or did not answer the read.
         """
         try:
             return self._step()
-        except (ApiError, ApiUnavailableError):
+        except KubernetesApiError:
             # A refusal counts too: an API server that has just started refuses (403) until its
             # authorizer has synced, and the holder's renewals were refused alike.
             self.unreachable_at = self.config.clock()
@@ -327,3 +331,154 @@ class WriterLease(LeaseElector):
 
     def _took_over(self) -> None:
         logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
+
+
+class Elector(Protocol):
+    """What ``ElectorRun`` needs of an elector: ``LeaseElector`` (tests pass stand-ins)."""
+
+    @property
+    def config(self) -> LeaderElectionConfig: ...
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def holder(self) -> str | None: ...
+
+    def describe(self) -> str: ...
+
+    def try_acquire_or_renew(self) -> bool: ...
+
+
+class ElectorRun:
+    """One term of one elector, as client-go's ``LeaderElector.Run``: acquire, then renew until it ends.
+
+    ``acquire`` takes election steps until this identity holds the Lease (then calls
+    ``config.on_started_leading``); ``start`` renews it every ``config.retry_period`` on a thread of
+    its own, so a renewal that waits on a slow API server holds back nothing of the holder's work.
+    The term ends when a renewal step answers that this identity no longer holds the Lease
+    (``lost``: another identity holds it, or this one's compare-and-swap lost), or when
+    ``config.renew_deadline`` has passed since ``renewed_at``; then ``holding`` is False, and
+    ``config.on_stopped_leading`` is called at once (from a thread of its own, even while a renewal
+    hangs). A renewal step that failed (``ApiError``: the API server answered an error;
+    ``ApiUnavailableError``: it did not answer) is logged, counts as no renewal, and is tried again
+    at the next ``retry_period`` until the deadline. No
+    renewal starts after the term ended, and none answered after it revives it. ``stop`` ends the
+    term without ``on_stopped_leading`` (its caller stops). A new term is a new ``ElectorRun``.
+
+    When a renewal counts: ``renewed_at`` is when the last successful step (the acquiring one, then
+    each renewal) was *sent*, on ``config.clock``, not when its answer came. That is the
+    conservative choice: the API server wrote the Lease after the request was sent, and a candidate
+    first sees that write no earlier, then waits ``lease_duration`` on its own clock before taking the
+    Lease; a holder that stops ``renew_deadline`` (< ``lease_duration``) after the *send* therefore
+    stops before any candidate may take over, however long the answer took to come back. Counted
+    from the answer, a slow answer would stretch the holder's term by its own latency, up to
+    ``request_timeout`` per request of the step, past the point a candidate may take over.
+    """
+
+    def __init__(self, elector: Elector) -> None:
+        self.elector = elector
+        self.config = elector.config
+        #: When the last successful step was sent (``config.clock``); -inf until ``acquire`` succeeded.
+        self.renewed_at = float("-inf")
+        #: True once a renewal step answered that this identity does not hold the Lease.
+        self.lost = False
+        self._over = False  # the deadline was seen passed: no later answer revives the term
+        self._lock = threading.Lock()  # orders a renewal's answer against the deadline's judgement
+        self._stopping = threading.Event()
+        self._wake = threading.Event()  # the deadline watch looks again now: lost, or stopped
+        self._threads: list[threading.Thread] = []
+
+    def holding(self) -> bool:
+        """Whether the holder may act: not ``lost``, and ``renewed_at`` within ``renew_deadline`` of now."""
+        return not self.lost and not self._over and self.config.clock() - self.renewed_at < self.config.renew_deadline
+
+    def describe(self) -> str:
+        return self.elector.describe()
+
+    def step(self) -> bool | None:
+        """One election step: True when this identity holds the Lease (``renewed_at`` is when it was sent),
+        False when not, None when the API server refused or did not answer (logged)."""
+        held, sent = self._try()
+        if held:
+            self.renewed_at = sent
+        return held
+
+    def acquire(self, stopped: threading.Event, pause: Callable[[bool], float]) -> bool:
+        """Take election steps until this identity holds the Lease (True) or ``stopped`` is set (False).
+
+        After a step that did not take it, waits ``pause(failed)`` seconds (``failed``: the API server
+        refused or did not answer it) unless ``stopped``. On taking it, calls ``on_started_leading``.
+        """
+        while not stopped.is_set():
+            held = self.step()
+            if held:
+                if self.config.on_started_leading is not None:
+                    self.config.on_started_leading()
+                return True
+            stopped.wait(pause(held is None))
+        return False
+
+    def start(self) -> ElectorRun:
+        """Renew from a thread of its own (and watch the deadline, if ``on_stopped_leading`` is set)."""
+        name = f"renewal of {self.describe()}"
+        self._threads.append(threading.Thread(target=self._renew, name=name, daemon=True))
+        if self.config.on_stopped_leading is not None:
+            self._threads.append(threading.Thread(target=self._watch_deadline, name=f"deadline of {name}", daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the term; returns once no renewal is in flight (the elector is the caller's again)."""
+        self._stopping.set()
+        self._wake.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+    def _try(self) -> tuple[bool | None, float]:
+        """One election step and when it was sent; None for a step the API server refused or did not answer."""
+        sent = self.config.clock()
+        try:
+            return self.elector.try_acquire_or_renew(), sent
+        except KubernetesApiError as exc:
+            logger.info("election step of %s on %s failed this time: %s", self.elector.identity, self.describe(), exc)
+            return None, sent
+
+    def _renew(self) -> None:
+        while not self._stopping.wait(self.config.retry_period) and self.holding():
+            held, sent = self._try()
+            if held is None:
+                continue  # no renewal: tried again next period, until the deadline
+            if not held:
+                self.lost = True
+                self._wake.set()
+                return
+            with self._lock:
+                if not self.holding():
+                    return  # answered after the deadline: the term is over, its holder may have stopped
+                self.renewed_at = sent
+
+    def _watch_deadline(self) -> None:
+        """Call ``on_stopped_leading`` as soon as the term ends on its own: lost, or past the deadline."""
+        while True:
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                if not self.holding():
+                    self._over = True
+                    break
+                remaining = self.renewed_at + self.config.renew_deadline - self.config.clock()
+            self._wake.wait(max(0.001, min(remaining, self.config.retry_period)))
+        if self.lost:
+            logger.error("lost %s to %s; stopping at once", self.describe(), self.elector.holder or "nobody")
+        else:
+            logger.error(
+                "could not renew %s for %g s (the renew deadline); stopping at once",
+                self.describe(),
+                self.config.renew_deadline,
+            )
+        callback = self.config.on_stopped_leading
+        if callback is not None:
+            callback()
