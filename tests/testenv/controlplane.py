@@ -52,11 +52,29 @@ NODE_CONTROLLERS = (
 NODE_MONITOR_GRACE_PERIOD = 16
 
 
+#: Ports the test servers listen on: below the kernel's ephemeral range (``ip_local_port_range``, 32768-60999 by
+#: default), from which every outgoing connection takes its local port. A port the kernel handed out as free
+#: (bind to 0) is one of those, and with hundreds of client connections one of them took it between the pick
+#: and the server's bind once (the operator's metrics server, binding all addresses: "Address already in use").
+LISTEN_PORTS = range(20000, 30000)  # and below the NodePort range, 30000-32767
+#: The ports this process handed out: never handed out twice (two picks before either server binds).
+HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port below the ephemeral range that is free right now on every address."""
+    for _ in range(200):
+        port = random.choice(LISTEN_PORTS)
+        if port in HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))  # all addresses: what a server binding 0.0.0.0 needs
+            except OSError:
+                continue
+        HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS} after 200 tries")
 
 
 class ServerExitedError(RuntimeError):
