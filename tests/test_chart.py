@@ -712,8 +712,22 @@ def delete_crds(control_plane: ControlPlane) -> None:
     wait_until(lambda: crd_names_in_use(control_plane) == [], 60, "the Rendezvous CRDs to be deleted")
 
 
+def crd_names_being_deleted(control_plane: ControlPlane) -> list[str]:
+    """Those of the Rendezvous CRDs that are on the server with a deletionTimestamp (going away)."""
+    shown = json.loads(control_plane.kubectl("get", "crd", "-o", "json").stdout)
+    return [
+        item["metadata"]["name"]
+        for item in shown.get("items") or []
+        if item["metadata"]["name"] in CRD_NAMES and item["metadata"].get("deletionTimestamp")
+    ]
+
+
 def restore_crds(control_plane: ControlPlane) -> None:
-    """Put crds/ back exactly as the session's ``crds`` fixture applied it: no Helm labels, no owner."""
+    """Put crds/ back exactly as the session's ``crds`` fixture applied it: no Helm labels, no owner.
+
+    A CRD still going away (a release's uninstall deleted it) is waited for first: replaced while it
+    terminates, it would be gone a moment later, and every later test of the session without it."""
+    wait_until(lambda: crd_names_being_deleted(control_plane) == [], 120, "the Rendezvous CRDs being deleted to go")
     for path in sorted((REPO / "crds").glob("*.yaml")):
         verb = (
             "replace"

@@ -274,7 +274,7 @@ class TestHelmUpgradeUpdatesTheCrds:
         )
         uninstall(helm, control_plane, release)
         wait_until(
-            lambda: control_plane.kubectl("get", f"crd/{CRD_NAMES[0]}", check=False).returncode != 0,
+            lambda: all(control_plane.kubectl("get", f"crd/{name}", check=False).returncode != 0 for name in CRD_NAMES),
             60,
             "the CRDs of a release without the keep policy to go with it",
         )
