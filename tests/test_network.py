@@ -47,7 +47,9 @@ def three_pods_training(
     job = make_job(nnodes="2:3", rdzv_conf=conf, **{"steps": 40, "step_seconds": 1.0, **options})
     pods = [network.add_pod(f"trainer-{index}") for index in range(3)]
     agents = [job.start_agent(f"trainer-{index}", pod=pods[index], env=worker_env) for index in range(3)]
-    by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+    by_group = wait_until(
+        lambda: training_in_world(agents, 6), 120, "3 agents training together", explain=job.last_lines
+    )
     return job, pods, by_group
 
 
@@ -84,9 +86,15 @@ def test_survivors_train_again_when_a_survivor_was_silenced(
         lambda: training_in_world(survivors, 4, min_step=0),
         EXPIRY + 75,
         f"survivors training again, one of them silenced {when} the re-formation",
+        explain=job.last_lines,
     )
     measured(f"silenced {when} the re-formation: survivors training again after the kill", time.monotonic() - killed)
-    wait_until(lambda: training_in_world(survivors, 4, min_step=2), 60, "the survivors' workers past step 2")
+    wait_until(
+        lambda: training_in_world(survivors, 4, min_step=2),
+        60,
+        "the survivors' workers past step 2",
+        explain=job.last_lines,
+    )
     assert all(agent.alive() for agent in survivors), job.logs()
 
 
@@ -96,13 +104,18 @@ def test_a_partition_of_60_s_removes_the_node_after_one_expiry_and_it_rejoins_af
     """A pod cut off from the API server (both ways, silently) for 60 s: the others remove it after one
     heartbeat expiry and train on without it; once healed, it joins the next round, where every rank
     is held once (no store or state write applied twice; the workers check every all_reduce)."""
-    _, pods, by_group = three_pods_training(make_job, pod_network, steps=1000, step_seconds=0.5)
+    job, pods, by_group = three_pods_training(make_job, pod_network, steps=1000, step_seconds=0.5)
     partitioned = by_group[1]
     others = [agent for agent in by_group.values() if agent is not partitioned]
     pod_of(partitioned, pods).cut_api()
     cut = time.monotonic()
     try:
-        wait_until(lambda: training_in_world(others, 4, min_step=0), EXPIRY + 30, "the others training without it")
+        wait_until(
+            lambda: training_in_world(others, 4, min_step=0),
+            EXPIRY + 30,
+            "the others training without it",
+            explain=job.last_lines,
+        )
         measured("partition: the others training without the pod after the cut", time.monotonic() - cut)
         departure = status_of(control_plane, namespace)["lastDeparture"]
         assert departure["nodes"] == [{"node": partitioned.node_name, "reason": "Expired"}]
@@ -111,7 +124,9 @@ def test_a_partition_of_60_s_removes_the_node_after_one_expiry_and_it_rejoins_af
         pod_of(partitioned, pods).heal()
     healed = time.monotonic()
     agents = list(by_group.values())
-    wait_until(lambda: training_in_world(agents, 6, min_step=2), 120, "all three training again")
+    wait_until(
+        lambda: training_in_world(agents, 6, min_step=2), 120, "all three training again", explain=job.last_lines
+    )
     measured("partition: the healed pod training in the next round after the heal", time.monotonic() - healed)
     assert all(agent.alive() for agent in agents)
     ranks = {int(rank) for agent in agents for rank, world, *_ in STEP_LINE.findall(agent.output()) if world == "6"}
@@ -157,7 +172,12 @@ def test_a_peer_partition_restarts_the_workers_and_training_goes_on(
         pod.heal()
     healed = time.monotonic()
     agents = list(by_group.values())
-    wait_until(lambda: training_in_world(agents, 6, min_step=1), 120, "all three training after the heal")
+    wait_until(
+        lambda: training_in_world(agents, 6, min_step=1),
+        120,
+        "all three training after the heal",
+        explain=job.last_lines,
+    )
     measured("peer partition: all training again after the heal", time.monotonic() - healed)
     assert job.wait(agents, 300) == [0, 0, 0], job.logs()
     final = job.last_results()
@@ -211,7 +231,7 @@ def test_an_operator_whose_connections_go_silent_notices_keeps_evicting_and_remo
         operator = OperatorProcess(pod_network.relayed(kubeconfig), namespace, log, pod=operator_pod)
         operator.start()
         try:
-            _, pods, by_group = three_pods_training(
+            job, pods, by_group = three_pods_training(
                 make_job, pod_network, rdzv_conf={"keep_alive_max_attempt": "60"}, steps=1000, step_seconds=0.5
             )
             for pod in pods:
@@ -235,7 +255,12 @@ def test_an_operator_whose_connections_go_silent_notices_keeps_evicting_and_remo
             killed = time.monotonic()
             victim.kill_pod()
             core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
-            wait_until(lambda: training_in_world(survivors, 4, min_step=0), 60, "the survivors training again")
+            wait_until(
+                lambda: training_in_world(survivors, 4, min_step=0),
+                60,
+                "the survivors training again",
+                explain=job.last_lines,
+            )
             measured("operator silenced: survivors training again after a pod's deletion", time.monotonic() - killed)
             assert status_of(control_plane, namespace)["evictedNodes"] == [victim.node_name]
         finally:

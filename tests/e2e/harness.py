@@ -210,6 +210,14 @@ class ElasticJob:
         """The end of every agent's output, without the launcher's configuration and result dumps."""
         return "\n".join(f"--- {agent.name}\n{quiet(agent.output())[-6000:]}" for agent in self.agents)
 
+    def last_lines(self, count: int = 15) -> str:
+        """The last ``count`` lines of every agent's output (``wait_until``'s ``explain``: what each was doing)."""
+        return "\n".join(
+            f"--- {agent.name}{'' if agent.alive() else ' (exited)'}\n"
+            + "\n".join(quiet(agent.output()).splitlines()[-count:])
+            for agent in self.agents
+        )
+
 
 #: Lines of torch's launcher that repeat its configuration, dropped so that failures show what happened.
 NOISE_LINE = re.compile(r"launcher/api\.py:\d+\]  |agent/server/api\.py:552\]  ")

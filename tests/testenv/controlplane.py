@@ -18,6 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,14 @@ class ServerExitedError(RuntimeError):
     """A control-plane server process exited while it was expected to run."""
 
 
-def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Call ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+def wait_until(
+    predicate: Any, timeout: float, what: str, interval: float = 0.2, explain: Callable[[], str] | None = None
+) -> Any:
+    """Call ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``.
+
+    ``explain`` adds what it returns at the timeout to the error's message (a report's sections may be
+    cut from CI's output; the message is not).
+    """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
     while time.monotonic() < deadline:
@@ -95,7 +102,13 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.2)
         except Exception as exc:  # noqa: BLE001 - remembered for the timeout message
             last_error = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})")
+    message = f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_error!r})"
+    if explain is not None:
+        try:
+            message += "\n" + explain()
+        except Exception as exc:  # noqa: BLE001 - the timeout is the error to raise
+            message += f"\n(explain failed: {exc!r})"
+    raise TimeoutError(message)
 
 
 @dataclass
