@@ -282,7 +282,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of every case, on each release")
     parser.add_argument("--recovery-repeats", type=int, help="repeats of every recovery case (default: --repeats)")
     parser.add_argument("--recovery-agents", type=int, default=32, help="agents of the recovery job")
-    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
+    parser.add_argument("--previous", default="f3c6c78", help="the previous release: the last that landed")
     parser.add_argument("--round-limit", type=float, default=300.0, help="seconds before a round counts as failed")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     parser.add_argument("--out", type=Path, help="write the JSON, the page and the plot under this folder")
