@@ -7,6 +7,7 @@ would return them (hostile ones too) and asserts on the report, its text and the
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import zlib
 from datetime import datetime, timedelta, timezone
@@ -29,6 +30,7 @@ from kube_rendezvous._rules.kubectl_rdzv_rules import (
 NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=timezone.utc)
 A = NodeId("10.0.0.1", 100, 0)
 B = NodeId("10.0.0.2", 200, 0)
+D = NodeId("10.0.0.4", 400, 0)
 C = NodeId("10.0.0.3", 300, 1)
 D = NodeId("10.0.0.4", 400, 0)
 
@@ -324,6 +326,8 @@ def test_report_of_a_hostile_object_never_raises() -> None:
             "heartbeatAgeSeconds": None,
             "heartbeatExpired": False,
             "lease": "job-node-a",
+            "domain": None,
+            "heldReason": None,
         }
     ]
     assert summary_line(report) == f"INVALID state: {report['stateError']}"
@@ -370,13 +374,46 @@ def test_render_status_of_a_complete_round_with_leases() -> None:
         "Writer          operator/kube-rendezvous-0 (writer Lease renewed 2s ago)",
         "Heartbeats      from node Leases; expired after 15s",
         "Evicted         none",
+        "Held            none",
+        "Ranks           not recorded in the status (no round formed since a release that records it)",
         "Conditions      Ready=True (Valid, 5m0s ago)",
         "",
-        "NODE             ROLE          RANK   LAST HEARTBEAT",
-        "10.0.0.1_100_0   participant   0      3s ago",
-        "10.0.0.2_200_0   participant   1      20s ago (expired)",
-        "10.0.0.3_300_1   waiting       -      2s ago",
+        "NODE             ROLE          RANK   DOMAIN   LAST HEARTBEAT",
+        "10.0.0.1_100_0   participant   0      -        3s ago",
+        "10.0.0.2_200_0   participant   1      -        20s ago (expired)",
+        "10.0.0.3_300_1   waiting       -      -        2s ago",
     ]
+
+
+def test_render_status_shows_each_members_domain_the_held_nodes_and_why() -> None:
+    document = complete_round()
+    document = dataclasses.replace(document, last_heartbeats={**document.last_heartbeats, D: NOW})
+    topology = {
+        "order": "Topology",
+        "domains": [
+            {"domain": "z1/b2", "firstRank": 0, "lastRank": 0},
+            {"domain": "z2/-", "firstRank": 1, "lastRank": 1},
+        ],
+    }
+    held = [{"node": str(D), "reason": "NodeCordoned: Kubernetes node n4 is cordoned (spec.unschedulable)"}]
+    obj = rendezvous(document, {"minNodes": 2, "maxNodes": 4}, topology=topology, heldNodes=held, heldCount=1)
+
+    report = build_report("ns", "job", obj, [], NOW)
+    lines = render_status(report).splitlines()
+
+    assert report["heldCount"] == 1 and report["rankOrder"] == "Topology"
+    assert f"Held            {D}: NodeCordoned: Kubernetes node n4 is cordoned (spec.unschedulable)" in lines
+    assert "Ranks           by topology domain (2 domains in this round), then address" in lines
+    assert lines[-4:] == [
+        "10.0.0.1_100_0   participant   0      z1/b2    0s ago",
+        "10.0.0.2_200_0   participant   1      z2/-     0s ago",
+        "10.0.0.3_300_1   waiting       -      -        0s ago",
+        "10.0.0.4_400_0   held          -      -        0s ago",
+    ]
+    by_address = rendezvous(document, {}, topology={"order": "Address", "reason": "the operator may not read Nodes"})
+    assert "Ranks           by address: the operator may not read Nodes" in render_status(
+        build_report("ns", "job", by_address, [], NOW)
+    )
 
 
 def test_render_status_of_a_forming_round_says_what_it_waits_for() -> None:
@@ -402,8 +439,11 @@ def test_render_status_of_a_forming_round_says_what_it_waits_for() -> None:
         "Heartbeats      from the state document (no node Leases); forbidden: you may not list leases; "
         "expired after 15s"
     )
-    assert lines[11] == "Conditions      none (no operator has reported yet)"
-    assert lines[-2:] == ["10.0.0.1_100_0   participant   0      -", "10.0.0.2_200_0   participant   0      -"]
+    assert lines[13] == "Conditions      none (no operator has reported yet)"
+    assert lines[-2:] == [
+        "10.0.0.1_100_0   participant   0      -        -",
+        "10.0.0.2_200_0   participant   0      -        -",
+    ]
 
 
 def test_render_status_of_a_pending_and_of_a_closing_rendezvous() -> None:
@@ -438,12 +478,12 @@ def test_summary_line_of_a_round() -> None:
     line = summary_line(build_report("ns", "job", obj, leases, NOW))
 
     assert line == (
-        "Complete round=3 participants=2 waiting=1 redundant=0 needed=- closed=true oldest-heartbeat=1m15s ago "
+        "Complete round=3 participants=2 waiting=1 redundant=0 held=0 needed=- closed=true oldest-heartbeat=1m15s ago "
         "no-heartbeat=1 evicted=2 writer=agent/10.0.0.1_100_0"
     )
     pending = summary_line(build_report("ns", "job", rendezvous(None, {"minNodes": 3}), [], NOW))
     assert pending == (
-        "Pending round=- participants=0 waiting=0 redundant=0 needed=3 closed=false oldest-heartbeat=- "
+        "Pending round=- participants=0 waiting=0 redundant=0 held=0 needed=3 closed=false oldest-heartbeat=- "
         "no-heartbeat=0 evicted=0 writer=-"
     )
 

@@ -53,11 +53,14 @@ class NodesApi:
 
     # -- the test's kubelet ----------------------------------------------------------------
 
-    def put_node(self, name: str, status: str | None, since: str | None = T0, **labels: str) -> None:
-        """Create Node ``name``, or set its Ready condition (None: no condition) and labels."""
+    def put_node(
+        self, name: str, status: str | None, since: str | None = T0, touched: str | None = None, **labels: str
+    ) -> None:
+        """Create Node ``name``, or set its Ready condition (None: no condition), labels and (``touched``)
+        an annotation, a change nothing kept sees."""
         condition = {"type": "Ready", "status": status, "lastTransitionTime": since}
         body = {
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {"name": name, "labels": labels, "annotations": {"touched": touched} if touched else {}},
             "status": {"conditions": [] if status is None else [{k: v for k, v in condition.items() if v}]},
         }
         try:
@@ -99,7 +102,7 @@ def events_seen(readiness: NodeReadiness) -> int:
     return readiness._cache.stats["events"]
 
 
-class TestOnlyNotReadyNodesKept:
+class TestWhatIsKept:
     def test_the_cache_keeps_status_and_since_of_not_ready_nodes_only_and_carries_since(
         self, api: NodesApi, readiness: NodeReadiness
     ) -> None:
@@ -115,8 +118,11 @@ class TestOnlyNotReadyNodesKept:
         assert found["lost"] == NotReady("Unknown", at(T0))
         assert found["down"].status == "False" and before <= found["down"].since <= datetime.now(timezone.utc)
         assert sorted(found) == ["down", "lost"]
-        kept = readiness._cache.objects()  # never a Node object, only NotReady's fields
-        assert sorted(kept) == ["down", "lost"] and all(set(value) == {"status", "since"} for value in kept.values())
+        kept = readiness._cache.objects()  # never a Node object: its facts, and NotReady's fields
+        assert sorted(kept) == ["down", "lost", "ready", "unreported"]
+        assert all(set(value) == {"facts", "status", "since"} for value in kept.values())
+        assert kept["ready"]["status"] is None and kept["unreported"]["since"] is None
+        assert readiness.facts()["lost"].ready == "Unknown" and readiness.facts()["ready"].ready == "True"
 
         first_seen = found["down"].since
         api.put_node("down", "Unknown", since=None, touched="yes")  # still no transition time: since carried
@@ -125,7 +131,7 @@ class TestOnlyNotReadyNodesKept:
         api.put_node("lost", "False", since=T1)  # a new transition: its own since
         wait_until(lambda: readiness.not_ready()["lost"] == NotReady("False", at(T1)), 10, "lost's new transition")
 
-    def test_a_node_ready_again_or_deleted_leaves_the_set_and_calls_on_change_and_others_do_not(
+    def test_a_node_ready_again_deleted_or_relabelled_calls_on_change_and_a_status_only_change_does_not(
         self, api: NodesApi, readiness: NodeReadiness, changes: list[None], caplog: pytest.LogCaptureFixture
     ) -> None:
         caplog.set_level(logging.INFO, logger=nodes.__name__)
@@ -149,9 +155,26 @@ class TestOnlyNotReadyNodesKept:
         assert len(changes) == called + 2
         api.delete_node("ready")
         wait_until(lambda: events_seen(readiness) == seen + 5, 10, "the Ready node's deletion")
-        assert len(changes) == called + 2
+        assert len(changes) == called + 3  # its facts are gone (its pods' placement with them)
         assert "Kubernetes node lost is Ready again" in caplog.text
         assert "Kubernetes node down is gone" in caplog.text
+        api.put_node("lost", "True", since=T1, rack="r1")  # a label: the facts change, so on_change is called
+        wait_until(lambda: readiness.facts()["lost"].labels == {"rack": "r1"}, 10, "the new label")
+        assert len(changes) == called + 4
+
+    def test_the_facts_say_what_admission_and_topology_read(self, api: NodesApi, readiness: NodeReadiness) -> None:
+        api.put_node("n", "True", zone="z1")
+        api.fake.request(
+            "PATCH",
+            "/api/v1/namespaces/cluster/nodes/n",
+            body={"spec": {"unschedulable": True, "taints": [{"key": "gpu-broken", "effect": "NoExecute"}]}},
+            content_type=MERGE_PATCH,
+        )
+        readiness.start()
+        wait_until(lambda: readiness.facts().get("n") and readiness.facts()["n"].unschedulable, 10, "n cordoned")
+        facts = readiness.facts()["n"]
+        assert facts.labels == {"zone": "z1"} and facts.no_execute == ("gpu-broken",) and facts.ready == "True"
+        assert readiness.not_ready() == {}
 
     def test_observe_feeds_a_node_by_hand(self, api: NodesApi, changes: list[None]) -> None:
         readiness = NodeReadiness(api)  # type: ignore[arg-type]

@@ -208,6 +208,8 @@ class TestSummarizeDocument:
             "waitingCount": 0,
             "participants": [],
             "waiting": [],
+            "spareCount": 0,
+            "spares": [],
             "deadline": None,
             "lastChangeTime": "2024-05-01T12:00:00Z",
             "lastWriter": None,

@@ -55,6 +55,11 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._rules.leases_rules import LABEL_LEASE as LABEL_LEASE
     from ._rules.leases_rules import LEASE_PLURAL as LEASE_PLURAL
     from ._rules.leases_rules import parse_micro_time as parse_micro_time
+    from ._rules.placement import NodeFacts as NodeFacts
+    from ._rules.placement import PlacementSpec as PlacementSpec
+    from ._rules.placement import domain_text as domain_text
+    from ._rules.placement import node_facts as node_facts
+    from ._rules.placement import placement_of as placement_of
     from ._rules.settings import RendezvousTimings as RendezvousTimings
     from ._rules.summary import departure_line as departure_line
     from ._rules.summary import format_time as format_time
@@ -97,6 +102,11 @@ _EXPORTS = {
     "PodAddresses": "._rules.folder_rules",
     "TrainingPods": "._rules.folder_rules",
     "with_evicted": "._rules.intents",
+    "NodeFacts": "._rules.placement",
+    "PlacementSpec": "._rules.placement",
+    "domain_text": "._rules.placement",
+    "node_facts": "._rules.placement",
+    "placement_of": "._rules.placement",
     "ANNOTATION_NODE": "._rules.leases_rules",
     "LABEL_LEASE": "._rules.leases_rules",
     "LEASE_PLURAL": "._rules.leases_rules",

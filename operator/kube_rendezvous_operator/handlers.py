@@ -134,6 +134,7 @@ def observe_rendezvous(
         memo.states.pop(key, None)
         memo.selectors.pop(key, None)
         memo.keep_alive.pop(key, None)
+        memo.placement.pop(key, None)
         metrics.forget(namespace, name)
         return
     status = dict(status or {})
@@ -156,6 +157,12 @@ def observe_rendezvous(
         baseline, last_formed = handlers_rules.announced_baseline(stored.document, announced)
     memo.observed[key] = Observed(status, document, handlers_rules.formed_members(last_formed, baseline, document))
     memo.keep_alive[key] = handlers_rules.timings(spec or {}).keep_alive_interval
+    placement = handlers_rules.placement_spec(spec or {})
+    if memo.placement.get(key) != placement:
+        memo.placement[key] = placement
+        wake = memo.wake_folder.get(key)
+        if wake is not None:
+            wake()
     selector = handlers_rules.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
     if memo.selectors.get(key) != selector:
         memo.selectors[key] = selector
@@ -196,6 +203,9 @@ def observe_rendezvous(
         broken = handlers_rules.departure_event(previous.status if previous is not None else None, status, announced)
         if broken is not None:
             post_event(body, broken, namespace, name)
+    held = handlers_rules.held_event(previous.status if previous is not None else None, status)
+    if held is not None and (held.reason, held.message) not in announced:
+        post_event(body, held, namespace, name)
     if status.get("closed"):
         closed = handlers_rules.find_condition(status, "Closed")
         if closed is None or closed.get("status") != "True":

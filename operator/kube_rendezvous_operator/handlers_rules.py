@@ -16,7 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kube_rendezvous import (
+    NodeFacts,
     NodeId,
+    PlacementSpec,
     PodAddresses,
     RendezvousDocument,
     RendezvousTimings,
@@ -26,6 +28,7 @@ from kube_rendezvous import (
     departure_line,
     format_time,
     parse_time,
+    placement_of,
 )
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
@@ -110,6 +113,10 @@ def spec_problems(spec: dict[str, Any]) -> list[str]:
             f"({resolved.heartbeat_expiry:g} s = keepAliveIntervalSeconds x keepAliveMaxAttempts): "
             "nodes would give up before a dead node is noticed; raise joinTimeoutSeconds"
         )
+    try:
+        PlacementSpec.from_spec(spec)
+    except ValueError as exc:
+        problems.append(str(exc))
     return problems
 
 
@@ -281,6 +288,13 @@ def state_events(
             f"node {{node}} left: round {new.round} formed without it",
             f"{{count}} nodes left: round {new.round} formed without them: {{nodes}}",
         )
+        spares = base.redundancy_list if base is not None else frozenset()
+        events += _node_events(
+            "SparePromoted",
+            [str(node) for node in sorted(after & spares)],
+            f"spare node {{node}} was promoted into round {new.round}",
+            f"{{count}} spare nodes were promoted into round {new.round}: {{nodes}}",
+        )
         ranked = sorted(new.participants.items(), key=lambda item: (item[1], item[0]))
         listed = _listed([f"{node}={rank}" for node, rank in ranked])
         events.append(
@@ -291,6 +305,36 @@ def state_events(
     if new.closed and (base is None or not base.closed):
         events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}"))
     return events
+
+
+def placement_spec(spec: Mapping[str, Any]) -> PlacementSpec:
+    """The Rendezvous's ``PlacementSpec``; the defaults when its spec is invalid (``spec_problems`` says so)."""
+    try:
+        return PlacementSpec.from_spec(spec)
+    except ValueError:
+        return PlacementSpec()
+
+
+def held_event(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> RendezvousEvent | None:
+    """``NodeHeld`` for the nodes ``status.heldNodes`` lists that ``previous`` did not: their Kubernetes Node
+    does not admit them to a new round (``placement.hold_reason``)."""
+
+    def held(of: Mapping[str, Any] | None) -> dict[str, str]:
+        items = (of or {}).get("heldNodes") or []
+        return {str(item.get("node")): str(item.get("reason")) for item in items if isinstance(item, Mapping)}
+
+    before, now = held(previous), held(status)
+    new = sorted(node for node in now if node not in before)
+    if not new:
+        return None
+    if len(new) == 1:
+        return RendezvousEvent(
+            "Warning", "NodeHeld", f"node {new[0]} waits, not admitted to a new round: {now[new[0]]}"
+        )
+    listed = _listed([f"{node} ({now[node].split(':', 1)[0]})" for node in new])
+    return RendezvousEvent(
+        "Warning", "NodeHeld", f"{len(new)} nodes wait, not admitted to a new round: {listed}", len(new)
+    )
 
 
 def departure_event(
@@ -460,8 +504,17 @@ def pod_addresses(pod: dict[str, Any]) -> PodAddresses:
     return PodAddresses(addresses, names)  # type: ignore[arg-type]  # None and "" removed
 
 
-def training_pods(pods: Iterable[dict[str, Any]]) -> TrainingPods:
-    """The census the folder completes a round by (``folder_rules.TrainingPods``) from a Rendezvous's training pods."""
+def training_pods(
+    pods: Iterable[dict[str, Any]],
+    nodes: Mapping[str, NodeFacts] | None = None,
+    placement: PlacementSpec | None = None,
+) -> TrainingPods:
+    """The census the folder completes a round by (``folder_rules.TrainingPods``) from a Rendezvous's training pods.
+
+    With ``nodes`` (the Kubernetes Nodes, when the operator may read them) and ``placement`` (the Rendezvous's
+    spec), each live pod carries its ``Placement``: its Node's domain and whether that Node admits it.
+    """
+    placed = nodes is not None and placement is not None
     live: list[PodAddresses] = []
     starting = 0
     for pod in pods:
@@ -469,10 +522,13 @@ def training_pods(pods: Iterable[dict[str, Any]]) -> TrainingPods:
             continue
         addresses = pod_addresses(pod)
         if (pod.get("status") or {}).get("phase") == "Running" and addresses.addresses:
+            facts = nodes.get(str((pod.get("spec") or {}).get("nodeName"))) if nodes is not None else None
+            if facts is not None and placement is not None:
+                addresses = dataclasses.replace(addresses, placement=placement_of(facts, placement))
             live.append(addresses)
         else:
             starting += 1
-    return TrainingPods(tuple(live), starting)
+    return TrainingPods(tuple(live), starting, placed)
 
 
 def nodes_of_pod(

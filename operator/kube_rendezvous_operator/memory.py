@@ -25,6 +25,7 @@ from kube_rendezvous import (
     KubernetesApiError,
     NodeId,
     NotFoundError,
+    PlacementSpec,
     RendezvousDocument,
     TrainingPods,
     resource_path,
@@ -100,6 +101,8 @@ class OperatorMemo:
     wake_folder: dict[Key, Any] = field(default_factory=dict)
     #: Each Rendezvous's keep-alive interval (its spec's, as the agents resolve it without rdzv-conf).
     keep_alive: dict[Key, float] = field(default_factory=dict)
+    #: Each Rendezvous's placement spec (``spec.topology``, ``spec.admission``); absent: the defaults.
+    placement: dict[Key, PlacementSpec] = field(default_factory=dict)
     #: The rule that evicts the nodes of training pods on NotReady Kubernetes Nodes.
     node_rule: NodeRule = field(default_factory=NodeRule)
     #: Container restarts judged already, (namespace, Rendezvous, pod uid) -> when the container ended:
@@ -112,7 +115,11 @@ def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
     with memo.pods_lock:
         pods = memo.pods.get(key)
         listed = None if pods is None else list(pods.values())
-    return None if listed is None else handlers_rules.training_pods(listed)
+    if listed is None:
+        return None
+    readiness = memo.node_rule.readiness
+    nodes = readiness.facts() if readiness is not None and readiness.readable else None
+    return handlers_rules.training_pods(listed, nodes, memo.placement.get(key, PlacementSpec()))
 
 
 def pods_changed(memo: OperatorMemo, key: Key, update: Any) -> None:

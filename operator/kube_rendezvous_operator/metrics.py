@@ -32,6 +32,11 @@ EVENTS = Counter("kube_rendezvous_events_total", "Kubernetes Events posted", ["r
 PARTICIPANTS = Gauge("kube_rendezvous_participants", "Nodes in the current round", ["namespace", "name"])
 WAITING = Gauge("kube_rendezvous_waiting_nodes", "Nodes waiting for the next round", ["namespace", "name"])
 ROUND = Gauge("kube_rendezvous_round", "Current round number", ["namespace", "name"])
+SPARES = Gauge("kube_rendezvous_spare_nodes", "Live nodes beyond maxNodes (hot spares)", ["namespace", "name"])
+HELD = Gauge("kube_rendezvous_held_nodes", "Nodes whose Kubernetes Node does not admit them", ["namespace", "name"])
+PROMOTIONS = Counter(
+    "kube_rendezvous_spare_promotions_total", "Spares that took a lost member's place", ["namespace", "name"]
+)
 
 _LAST_STATE: dict[tuple[str, str], Any] = {}
 
@@ -48,6 +53,8 @@ def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
     PARTICIPANTS.labels(namespace, name).set(status.get("participantCount") or 0)
     WAITING.labels(namespace, name).set(status.get("waitingCount") or 0)
     ROUND.labels(namespace, name).set(status.get("round") or 0)
+    SPARES.labels(namespace, name).set(status.get("spareCount") or 0)
+    HELD.labels(namespace, name).set(status.get("heldCount") or 0)
     key = (namespace, name)
     fingerprint = hash(status.get("state"))
     if status.get("state") and _LAST_STATE.get(key) != fingerprint:
@@ -56,7 +63,7 @@ def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
         _LAST_STATE[key] = fingerprint
 
 
-_PER_RENDEZVOUS = {"RoundCompleted": ROUNDS, "NodeJoined": JOINS, "NodeLeft": LEAVES}
+_PER_RENDEZVOUS = {"RoundCompleted": ROUNDS, "NodeJoined": JOINS, "NodeLeft": LEAVES, "SparePromoted": PROMOTIONS}
 
 
 def count_event(reason: str, namespace: str, name: str, nodes: int = 1) -> None:
@@ -69,7 +76,7 @@ def count_event(reason: str, namespace: str, name: str, nodes: int = 1) -> None:
 def forget(namespace: str, name: str) -> None:
     """Drop the series of a deleted Rendezvous."""
     _LAST_STATE.pop((namespace, name), None)
-    for gauge in (PARTICIPANTS, WAITING, ROUND):
+    for gauge in (PARTICIPANTS, WAITING, ROUND, SPARES, HELD):
         try:
             gauge.remove(namespace, name)
         except KeyError:

@@ -1,11 +1,14 @@
-"""Which Kubernetes Nodes are NotReady, and since when: a ``watchcache.WatchCache`` of Nodes that keeps little.
+"""What the rules read of the Kubernetes Nodes: which are NotReady and since when, and each Node's labels,
+cordon, NoExecute taints and True conditions (``placement.NodeFacts``). A ``watchcache.WatchCache`` that keeps little.
 
 The operator evicts the rendezvous nodes of training pods on a Node NotReady for its grace
-(``not_ready.evict_on_not_ready_nodes``); this module only tells it which Nodes are NotReady.
+(``not_ready.evict_on_not_ready_nodes``), ranks a round's members by their Nodes' topology labels and
+holds back nodes whose Node does not admit them (``placement``); this module only tells it about the Nodes.
 
-It keeps no Node object: its cache's ``keep`` takes of each Node the Ready condition's status and
-``lastTransitionTime`` (``not_ready_rules.node_not_ready_since``), for NotReady Nodes only, so its memory
-grows with the NotReady Nodes, not with the cluster (a Node object is tens of kilobytes).
+It keeps no Node object: its cache's ``keep`` takes of each Node its ``NodeFacts`` (labels, ``spec.unschedulable``,
+taint keys and condition types: about a kilobyte) and, while NotReady, the Ready condition's status and
+``lastTransitionTime`` (``not_ready_rules.node_not_ready_since``). A Node object is tens of kilobytes, and the
+status updates that make most of its events change nothing kept, so they wake no one.
 
 Not Kopf's watch: Kopf retries a watch the server refuses (403) a few times and then stops the
 whole operator. Nodes are cluster-scoped, so reading them needs a ClusterRole even when the
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kube_rendezvous import KubernetesApi, WatchCache
+from kube_rendezvous import KubernetesApi, NodeFacts, WatchCache, node_facts
 
 from . import not_ready_rules
 
@@ -49,10 +52,16 @@ class NotReady:
 
 
 def _keep(node: dict[str, Any], kept: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the cache keeps of a Node: ``NotReady``'s fields while it is NotReady, else nothing."""
+    """What the cache keeps of a Node: its ``NodeFacts``, and ``NotReady``'s fields while it is NotReady."""
     ready = not_ready_rules.node_ready_condition(node)
-    since = not_ready_rules.node_not_ready_since(node, kept["since"] if kept else datetime.now(timezone.utc))
-    return None if ready is None or since is None else {"status": str(ready.get("status")), "since": since}
+    seen = kept["since"] if kept and kept.get("since") else datetime.now(timezone.utc)
+    since = not_ready_rules.node_not_ready_since(node, seen)
+    not_ready = ready is not None and since is not None
+    return {
+        "facts": node_facts(node),
+        "status": str(ready.get("status")) if not_ready and ready is not None else None,
+        "since": since if not_ready else None,
+    }
 
 
 class NodeReadiness:
@@ -71,6 +80,7 @@ class NodeReadiness:
         )
         self._cache.add_listener(self._changed)
         self._warned = self._refused = False
+        self._not_ready_names: set[str] = set()
 
     @property
     def readable(self) -> bool | None:
@@ -87,7 +97,15 @@ class NodeReadiness:
 
     def not_ready(self) -> dict[str, NotReady]:
         """The NotReady Nodes now (empty while they cannot be read)."""
-        return {name: NotReady(**kept) for name, kept in self._cache.objects().items()}
+        return {
+            name: NotReady(kept["status"], kept["since"])
+            for name, kept in self._cache.objects().items()
+            if kept.get("status") is not None
+        }
+
+    def facts(self) -> dict[str, NodeFacts]:
+        """Every Node's ``NodeFacts`` by name (empty while the Nodes cannot be read)."""
+        return {name: kept["facts"] for name, kept in self._cache.objects().items()}
 
     def observe(self, node: dict[str, Any], deleted: bool = False) -> None:
         """Take one Node into account as its watch event would (for tests)."""
@@ -95,13 +113,22 @@ class NodeReadiness:
 
     def _changed(self, node: dict[str, Any] | None) -> None:
         """The cache's listener: a NotReady Node changed (``node``), or all were listed or refused (None)."""
+        if node is None:  # listed (or refused): every Node at once
+            self._not_ready_names = set(self.not_ready())
         if node is not None:
             name = node["metadata"]["name"]
             kept = self._cache.get(name)
-            if kept is not None:
+            was = name in self._not_ready_names
+            if kept is not None and kept.get("status") is not None:
+                self._not_ready_names.add(name)
                 logger.info("Kubernetes node %s is NotReady (Ready=%s) since %s", name, kept["status"], kept["since"])
-            else:  # what is kept is gone: a NotReady node was deleted, or is Ready again
-                logger.info("Kubernetes node %s is %s", name, "gone" if _keep(node, None) else "Ready again")
+            elif kept is None:
+                self._not_ready_names.discard(name)
+                if was:
+                    logger.info("Kubernetes node %s is gone", name)
+            elif was:
+                self._not_ready_names.discard(name)
+                logger.info("Kubernetes node %s is Ready again", name)
         elif not self._cache.supported:
             self._refused = True
             if not self._warned:

@@ -165,7 +165,13 @@ async def start_node_rule(memo: OperatorMemo, **_: Any) -> None:
     """Watch the Kubernetes Nodes for the NotReady-node rule (Kopf's startup)."""
     loop = asyncio.get_running_loop()
     rule = memo.node_rule
-    rule.readiness = NodeReadiness(memo.api, on_change=lambda: loop.call_soon_threadsafe(rule.wake_all)).start()
+
+    def changed() -> None:
+        loop.call_soon_threadsafe(rule.wake_all)
+        for wake in list(memo.wake_folder.values()):  # a Node's labels or admission changed: fold again
+            wake()
+
+    rule.readiness = NodeReadiness(memo.api, on_change=changed).start()
 
 
 async def stop_node_rule(memo: OperatorMemo, **_: Any) -> None:

@@ -46,9 +46,18 @@ from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, rec
 from .._kube.status import write_status
 from .._kube.watchcache import WatchCache
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
-from .._rules.folder_rules import Carry, Desire, JoinSettings, TrainingPods, completion_rule, fold
+from .._rules.folder_rules import (
+    Carry,
+    Desire,
+    Hold,
+    JoinSettings,
+    TrainingPods,
+    completion_rule,
+    fold_placed,
+)
 from .._rules.intents import EVICTED_HEARTBEAT, fold_intents
 from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
+from .._rules.placement import STATUS_HELD_LIMIT, Domain, RankOrder, domain_ranges
 from .._rules.summary import departure_of, summarize_document
 
 logger = logging.getLogger(__name__)
@@ -145,6 +154,9 @@ class Folder:
         self._requests_seen: dict[str, tuple[object, ...]] = {}
         self._collected_at = time.monotonic()
         self._self_folded_at = -SELF_FOLD_SECONDS
+        #: The topology domain of each node this folder saw placed (a lost member's pod is gone when it is
+        #: lost; its spare is picked by the domain it had). Trimmed to the nodes of the last document.
+        self._domains: dict[NodeId, Domain] = {}
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
         #: Counters for tests and benchmarks.
@@ -186,10 +198,14 @@ class Folder:
             if now - self._self_folded_at < SELF_FOLD_SECONDS:
                 return False
             self._self_folded_at = now
-        return self.fold_once()
+        # While another folder (the operator) holds the writer Lease, the nodes it held back stay held.
+        return self.fold_once(keep_held=self.elector.holder_alive and not self.leader)
 
-    def fold_once(self, *, judge_expiry: bool = False, close: bool = False) -> bool:
+    def fold_once(self, *, judge_expiry: bool = False, close: bool = False, keep_held: bool = False) -> bool:
         """Fold every pending request (and ``close`` the rendezvous) into the current state; True when written.
+
+        ``keep_held``: a folder that does not know where nodes run keeps the nodes the status says are
+        held (``status.heldNodes``) held, as the writer that held them would.
 
         Raises:
             KubernetesApiError: the API server refused or did not answer (nothing lost:
@@ -199,9 +215,17 @@ class Folder:
             obj = self._object()
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 return False
-            return self._fold(obj, self._records(), judge_expiry=judge_expiry, close=close)
+            return self._fold(obj, self._records(), judge_expiry=judge_expiry, close=close, keep_held=keep_held)
 
-    def _fold(self, obj: dict[str, Any], records: list[NodeRecord], *, judge_expiry: bool, close: bool) -> bool:
+    def _fold(
+        self,
+        obj: dict[str, Any],
+        records: list[NodeRecord],
+        *,
+        judge_expiry: bool,
+        close: bool,
+        keep_held: bool = False,
+    ) -> bool:
         self.stats["folds"] += 1
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
@@ -261,14 +285,80 @@ class Folder:
         leased = {record.node for record in current}
         native = document is not None and all(node in leased or node in dead for node in document.participants)
         carry = self._vouched(pods, current) if pods is not None and judge_expiry and native and leased else None
-        folded = fold(document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry)
+        domain, hold = self._placement(pods, status if keep_held else None)
+        result = fold_placed(
+            document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry, domain=domain, hold=hold
+        )
+        folded = result.document
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored
         departure = departure_of(stored, folded, reasons, now, status.get("lastDeparture"))
         rule = completion_rule(document, folded, settings, now)
         if rule is not None and rule is not rule.MAX_NODES:
             logger.info("%s: round %d completed (%s)", self.where, folded.round, rule.value)
-        return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value)
+        placed = self._placement_status(folded, rule is not None, domain, pods, result.held)
+        if domain is not None:
+            kept = set(folded.nodes())
+            self._domains = {node: value for node, value in self._domains.items() if node in kept}
+        return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value, placed)
+
+    def _placement(
+        self, pods: TrainingPods | None, held_status: dict[str, Any] | None
+    ) -> tuple[Callable[[NodeId], Domain | None] | None, Hold | None]:
+        """The placement rules of this fold: each node's domain and hold, from the pods' placements where this
+        folder knows them (the operator), else the holds ``held_status`` lists (``keep_held``), else none."""
+        if pods is not None and pods.placed:
+            placement_of = pods.placement_of()
+            known = self._domains
+
+            def domain(node: NodeId) -> Domain | None:
+                placement = placement_of(node)
+                if placement is None:
+                    return known.get(node)
+                known[node] = placement.domain
+                return placement.domain
+
+            def hold(node: NodeId) -> str | None:
+                placement = placement_of(node)
+                return None if placement is None else placement.hold
+
+            return domain, hold
+        if held_status is not None:
+            held = {
+                str(item.get("node")): str(item.get("reason") or "held")
+                for item in held_status.get("heldNodes") or []
+                if isinstance(item, dict)
+            }
+            if held:
+                return None, lambda node: held.get(str(node))
+        return None, None
+
+    def _placement_status(
+        self,
+        document: RendezvousDocument,
+        formed: bool,
+        domain: Callable[[NodeId], Domain | None] | None,
+        pods: TrainingPods | None,
+        held: dict[NodeId, str] | Any,
+    ) -> dict[str, Any]:
+        """``status.topology`` (when a round formed in this write) and ``status.heldNodes``/``heldCount``."""
+        status: dict[str, Any] = {
+            "heldCount": len(held) or None,
+            "heldNodes": [{"node": str(node), "reason": held[node]} for node in sorted(held)[:STATUS_HELD_LIMIT]]
+            or None,
+        }
+        if formed:
+            if domain is not None:
+                ranked = sorted(document.participants, key=lambda node: document.participants[node])
+                status["topology"] = {"order": RankOrder.TOPOLOGY.value, "domains": domain_ranges(ranked, domain)}
+            else:
+                why = (
+                    "the operator may not read Kubernetes Nodes"
+                    if pods is not None
+                    else "ranked by a folder that does not know the Nodes (the operator folds when it runs)"
+                )
+                status["topology"] = {"order": RankOrder.ADDRESS.value, "reason": why}
+        return status
 
     def _vouched(self, pods: TrainingPods, records: list[NodeRecord]) -> Carry:
         """The carry rule's judgement: a member whose pod is live and whose Lease changed recently."""
@@ -295,9 +385,10 @@ class Folder:
         now: datetime,
         departure: dict[str, Any] | None,
         completed_by: str | None = None,
+        placed: dict[str, Any] | None = None,
     ) -> bool:
         encoded = encode_document(document)
-        status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id}
+        status: dict[str, Any] = {"state": encoded, "stateBytes": len(encoded), "runId": run_id, **(placed or {})}
         status.update(
             summarize_document(
                 document, now=now, writer=self.identity, previous=obj.get("status"), completed_by=completed_by

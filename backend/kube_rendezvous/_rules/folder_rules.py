@@ -25,7 +25,8 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 | forming, N in P               | nothing                                           | out of P; below min the   |
 |                               |                                                   | last call is cancelled    |
 
-- **Completion** assigns ranks 0..n-1 by sorted node, and happens when len(P) reaches max, or once
+- **Completion** assigns ranks 0..n-1 by sorted node (by topology domain first, when the folder knows
+  the members' domains: **Topology** below), and happens when len(P) reaches max, or once
   the last call's deadline is past with min <= len(P) <= max, or (only when the folder knows the
   job's training pods, ``TrainingPods``: the operator) during the last call as soon as every live
   training pod has a node in P and no pod of the job is starting. ``completion_rule`` names which.
@@ -40,7 +41,16 @@ The rules, for a node N asking, with ``min``/``max`` its ``--nnodes`` and P the 
 - **Order:** requests of one fold apply by the time they were asked, then node. When the round moves
   on during a fold, its requests apply once more (the waiting nodes' turns in the new round).
 
-Two rules are added on top (no framework has them):
+Rules added on top (no framework has them):
+
+- **Topology** (only with ``fold(domain=...)``, which the operator passes: it knows each pod's
+  Kubernetes Node): ranks follow the members' domains (``placement.rank_order``), so members that
+  share a domain get contiguous ranks; when dead members are removed, a spare (redundant node) of a
+  lost member's domain is taken before the other spares.
+- **Admission** (only with ``fold(hold=...)``): a node that is not a participant and whose Kubernetes
+  Node does not admit it (NotReady, cordoned, a NoExecute taint: ``placement.hold_reason``) leaves the
+  wait and redundancy lists and is kept by its heartbeat only, its join standing, until its Node admits
+  it. A participant is left alone (eviction and expiry handle lost nodes).
 
 - **Carry** (only with ``fold(carry=...)``; the folder passes it when it knows the job's training
   pods and the participants keep Leases, i.e. run the native handler): a complete round whose dead
@@ -67,12 +77,13 @@ until then, and an agent assigning ranks through the store waits for its key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
 from .document import NodeId, RendezvousDocument
+from .placement import Domain, Placement, rank_order
 
 
 class Desire(str, Enum):
@@ -141,6 +152,8 @@ class PodAddresses:
 
     addresses: frozenset[str]
     names: frozenset[str]
+    #: Where the pod runs (its Kubernetes Node's domain and admission), when the operator knows it.
+    placement: Placement | None = None
 
     def ran(self, node: NodeId) -> bool:
         """Whether ``node``'s address is one of this pod's."""
@@ -166,13 +179,26 @@ class TrainingPods:
 
     live: tuple[PodAddresses, ...] = ()
     starting: int = 0
+    #: Whether the pods' placements are known (the operator reads Nodes); False: ranks follow addresses.
+    placed: bool = False
 
     def all_joined(self, participants: Iterable[NodeId]) -> bool:
-        """Whether every live pod has a node in ``participants`` and no pod is starting."""
+        """Whether every live pod has a node in ``participants`` and no pod is starting (a held pod,
+        one whose Node does not admit it, is not waited for)."""
         if self.starting or not self.live:
             return False
         ran = _ran_any(participants)
-        return all(ran(pod) for pod in self.live)
+        return all(ran(pod) for pod in self.live if pod.placement is None or pod.placement.hold is None)
+
+    def placement_of(self) -> Callable[[NodeId], Placement | None]:
+        """The placement of the live pod a node ran in (None: unknown), one dict lookup per node."""
+        by_address: dict[str, Placement] = {}
+        for pod in self.live:
+            if pod.placement is not None:
+                by_address.update(dict.fromkeys(pod.addresses | pod.names, pod.placement))
+        if not by_address:
+            return lambda node: None
+        return lambda node: by_address.get(node.addr) or by_address.get(node.addr.split(".", 1)[0])
 
     def on_live_pod(self) -> Callable[[NodeId], bool]:
         """Whether a node ran in one of the live pods (``PodAddresses.ran`` for some pod), one set test per node."""
@@ -192,7 +218,7 @@ class TrainingPods:
         """
         ran_dead, ran_alive = _ran_any(dead), _ran_any(alive)
         kept = tuple(pod for pod in self.live if ran_alive(pod) or not ran_dead(pod))
-        return self if len(kept) == len(self.live) else TrainingPods(kept, self.starting)
+        return self if len(kept) == len(self.live) else TrainingPods(kept, self.starting, self.placed)
 
 
 def _ran_any(nodes: Iterable[NodeId]) -> Callable[[PodAddresses], bool]:
@@ -209,10 +235,23 @@ def _ran_any(nodes: Iterable[NodeId]) -> Callable[[PodAddresses], bool]:
 Carry = Callable[[NodeId], bool]
 
 
+#: Why a node is held back from a new round (``placement.hold_reason``); None: admitted.
+Hold = Callable[[NodeId], str | None]
+
+
 class _Working:
     """A mutable copy of a document for one fold."""
 
-    def __init__(self, document: RendezvousDocument) -> None:
+    def __init__(
+        self,
+        document: RendezvousDocument,
+        domain: Callable[[NodeId], Domain | None] | None = None,
+        hold: Hold | None = None,
+    ) -> None:
+        self.domain = domain
+        self.hold = hold
+        #: The nodes this fold held back, with why.
+        self.held: dict[NodeId, str] = {}
         self.round = document.round
         self.complete = document.complete
         self.closed = document.closed
@@ -261,7 +300,8 @@ class _Working:
     def mark_complete(self) -> None:
         self.complete = True
         self.deadline = None
-        for rank, node in enumerate(sorted(self.participants)):
+        ranked = sorted(self.participants) if self.domain is None else rank_order(self.participants, self.domain)
+        for rank, node in enumerate(ranked):
             self.participants[node] = rank
 
     def drop(self, node: NodeId) -> bool:
@@ -276,13 +316,19 @@ class _Working:
         for _ in range(8):  # at most: leave redundancy, join, complete; the bound is a guard
             if self.closed:
                 return
+            is_participant = node in self.participants
+            if not is_participant and self.hold is not None and (reason := self.hold(node)) is not None:
+                self.wait_list.discard(node)  # ADMISSION (ours): held back, known by its heartbeat only
+                self.redundancy_list.discard(node)
+                self.heartbeats.setdefault(node, now)
+                self.held[node] = reason
+                return
             if node in self.redundancy_list:
                 if len(self.participants) == settings.max_nodes:
                     return
                 self.redundancy_list.discard(node)  # REMOVE_FROM_REDUNDANCY_LIST
                 self.heartbeats.pop(node, None)
                 continue
-            is_participant = node in self.participants
             if self.complete:
                 if is_participant:
                     return
@@ -319,6 +365,14 @@ class _Working:
             self.mark_complete()
 
 
+@dataclass(frozen=True)
+class Folded:
+    """What one fold produced: the document, and the nodes it held back (``hold``) with why."""
+
+    document: RendezvousDocument
+    held: Mapping[NodeId, str]
+
+
 def fold(
     document: RendezvousDocument | None,
     requests: Iterable[Request],
@@ -328,18 +382,53 @@ def fold(
     settings: JoinSettings,
     pods: TrainingPods | None = None,
     carry: Carry | None = None,
+    domain: Callable[[NodeId], Domain | None] | None = None,
+    hold: Hold | None = None,
 ) -> RendezvousDocument:
     """Return ``document`` with ``dead`` nodes removed and every request applied, in one serial order.
 
     In the module's order (**Dead nodes**, then **Order**), then the last call's completion if it is
     due (with ``pods``: also once every live training pod joined). ``settings`` apply to the pruning
     and the completion; each join uses the settings of the node that asked. ``carry``: the carry rule,
-    for the members it vouches for (None: the framework's own rules).
+    for the members it vouches for (None: the framework's own rules). ``domain`` and ``hold``: the
+    placement rules (``fold_placed``).
     """
-    state = _Working(document or RendezvousDocument())
+    return fold_placed(
+        document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry, domain=domain, hold=hold
+    ).document
+
+
+def fold_placed(
+    document: RendezvousDocument | None,
+    requests: Iterable[Request],
+    *,
+    dead: Iterable[NodeId],
+    now: datetime,
+    settings: JoinSettings,
+    pods: TrainingPods | None = None,
+    carry: Carry | None = None,
+    domain: Callable[[NodeId], Domain | None] | None = None,
+    hold: Hold | None = None,
+) -> Folded:
+    """``fold``, with the placement rules (``placement``) where the folder knows where nodes run.
+
+    ``domain`` (a node's topology domain): a round that completes ranks its members by domain, then
+    by node (``placement.rank_order``), and a spare (redundant node) of a lost member's domain is
+    taken before other spares. ``hold`` (why a node may not join): a node it names that is not a
+    participant is taken off the wait and redundancy lists and kept by its heartbeat only (it waits,
+    ``Folded.held`` says why) while its join stands; a participant is left alone.
+    """
+    state = _Working(document or RendezvousDocument(), domain, hold)
+    dead = list(dead)
+    lost = {domain(node) for node in dead if node in state.participants} if domain is not None else set()
     if [node for node in dead if state.drop(node)]:  # every dead node dropped, then one epilogue
         state.epilogue(settings, now, carry)
-    ordered = sorted(requests, key=lambda item: (item.requested_at, item.node))
+
+    def order(item: Request) -> tuple[int, datetime, NodeId]:
+        preferred = lost and item.node in state.redundancy_list and domain is not None and domain(item.node) in lost
+        return (0 if preferred else 1, item.requested_at, item.node)
+
+    ordered = sorted(requests, key=order)
     for _ in range(2):
         round_before = state.round
         for request in ordered:
@@ -351,12 +440,13 @@ def fold(
                 or request.round == state.round + (1 if state.complete else 0)
                 or request.node in state.wait_list
                 or request.node in state.redundancy_list
+                or request.node in state.held
             ):
                 state.join(request.node, request.settings, now)
         if state.round == round_before:
             break
     state.complete_if_due(settings, now, pods)
-    return state.document()
+    return Folded(state.document(), dict(state.held))
 
 
 def completion_rule(

@@ -14,8 +14,9 @@ from .leases_rules import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_
 from .settings import RendezvousTimings
 from .summary import completed_by_text, departure_line, format_time, rendezvous_phase
 
-#: The roles in the node table of ``status``, in the order it lists them.
-ROLES = ("participant", "waiting", "redundant", "heartbeat-only", "lease-only")
+#: The roles in the node table of ``status``, in the order it lists them (``redundant``: a spare; ``held``: its
+#: Kubernetes Node does not admit it, ``status.heldNodes``).
+ROLES = ("participant", "waiting", "redundant", "held", "heartbeat-only", "lease-only")
 Obj = dict[str, Any]
 
 
@@ -52,11 +53,22 @@ def decode_state(obj: Obj, namespace: str, name: str) -> RendezvousDocument | No
         raise PluginError(f"Rendezvous {namespace}/{name} has an invalid {exc}{hint}") from exc
 
 
+def _rank_domains(status: Obj) -> dict[int, str]:
+    """Each rank's domain, from ``status.topology.domains`` (the runs of the last round that formed)."""
+    domains: dict[int, str] = {}
+    for item in (status.get("topology") or {}).get("domains") or []:
+        first, last = item.get("firstRank"), item.get("lastRank")
+        if isinstance(first, int) and isinstance(last, int) and 0 <= first <= last:
+            domains.update(dict.fromkeys(range(first, min(last, first + 16384) + 1), str(item.get("domain"))))
+    return domains
+
+
 def node_table(
-    document: RendezvousDocument | None, leases: list[Obj], now: datetime, expiry: float
+    document: RendezvousDocument | None, leases: list[Obj], now: datetime, expiry: float, status: Obj | None = None
 ) -> tuple[list[Obj], Obj | None, bool]:
     """The node table (the document's nodes, then those only a Lease names), the writer Lease, and whether the
-    heartbeats are the node Leases' (when there are any) or the document's."""
+    heartbeats are the node Leases' (when there are any) or the document's. With ``status``, each participant's
+    topology domain and each held node's reason."""
     lease_names: dict[str, str | None] = {}
     heartbeats: dict[str, datetime | None] = {}
     writer = None
@@ -73,7 +85,15 @@ def node_table(
     document = document or RendezvousDocument()
     roles = dict.fromkeys(lease_names, "lease-only")
     roles.update({str(node): role_of(document, node) or "heartbeat-only" for node in document.nodes()})
+    held = {
+        str(item.get("node")): str(item.get("reason"))
+        for item in (status or {}).get("heldNodes") or []
+        if isinstance(item, dict)
+    }
+    roles.update({node: "held" for node in held if roles.get(node) in ("heartbeat-only", "lease-only")})
     ranks = {str(node): rank for node, rank in document.participants.items()}
+    topology = (status or {}).get("topology") or {}
+    by_rank = _rank_domains(status or {}) if document.complete and topology.get("order") == "Topology" else {}
     if not lease_names:
         heartbeats = {str(node): moment for node, moment in document.last_heartbeats.items()}
     ages = {node: _age(moment, now) for node, moment in heartbeats.items()}
@@ -86,6 +106,8 @@ def node_table(
             "heartbeatAgeSeconds": (age := ages.get(node)),
             "heartbeatExpired": age is not None and age > expiry,
             "lease": lease_names.get(node),
+            "domain": by_rank.get(ranks[node]) if node in ranks else None,
+            "heldReason": held.get(node) if roles[node] == "held" else None,
         }
         for node in sorted(roles, key=lambda key: (ROLES.index(roles[key]), ranks.get(key, 0), key))
     ]
@@ -106,7 +128,7 @@ def build_report(
         timings = RendezvousTimings.resolve(None, spec)
     except ValueError:
         timings = RendezvousTimings()
-    nodes, writer, from_leases = node_table(document, leases, now, timings.heartbeat_expiry)
+    nodes, writer, from_leases = node_table(document, leases, now, timings.heartbeat_expiry, status)
     counts = {role: sum(1 for item in nodes if item["role"] == role) for role in ROLES}
     complete, min_nodes = document is not None and document.complete, spec.get("minNodes")
     still_needed = max(0, min_nodes - counts["participant"]) if isinstance(min_nodes, int) else None
@@ -130,7 +152,9 @@ def build_report(
         "closed": document is not None and document.closed,
         "specClosed": bool(spec.get("closed")),
         **{key: spec.get(key) for key in ("minNodes", "maxNodes")},
-        **{f"{role}Count": counts[role] for role in ("participant", "waiting", "redundant")},
+        **{f"{role}Count": counts[role] for role in ("participant", "waiting", "redundant", "held")},
+        "rankOrder": (status.get("topology") or {}).get("order"),
+        "rankOrderReason": (status.get("topology") or {}).get("reason"),
         "nodesStillNeeded": None if complete else still_needed,
         "deadline": _iso(deadline),
         "deadlineInSeconds": None if deadline is None else round((deadline - now).total_seconds(), 3),
@@ -252,6 +276,14 @@ def render_status(report: dict[str, Any]) -> str:
     )
     counts = f"{report['participantCount']} participants, {report['waitingCount']} waiting, "
     counts += f"{report['redundantCount']} redundant (minNodes {report['minNodes']}, maxNodes {report['maxNodes']})"
+    if report["rankOrder"] == "Topology":
+        domains = sorted({item["domain"] for item in report["nodes"] if item["domain"] is not None})
+        order = f"by topology domain ({_plural(len(domains), 'domain')} in this round), then address"
+    elif report["rankOrder"] == "Address":
+        order = f"by address: {report['rankOrderReason'] or 'no topology'}"
+    else:
+        order = "not recorded in the status (no round formed since a release that records it)"
+    held = [f"{item['node']}: {item['heldReason']}" for item in report["nodes"] if item["role"] == "held"]
     rows = [
         ("Rendezvous", f"{report['namespace']}/{report['rendezvousName']}"),
         ("Phase", phase),
@@ -264,17 +296,20 @@ def render_status(report: dict[str, Any]) -> str:
         ("Writer", writer),
         ("Heartbeats", f"from {source}; expired after {report['heartbeatExpirySeconds']:g}s"),
         ("Evicted", ", ".join(report["evictedNodes"]) or "none"),
+        ("Held", "; ".join(held) or "none"),
+        ("Ranks", order),
         ("Conditions", conditions or "none (no operator has reported yet)"),
     ]
     width = max(len(label) for label, _ in rows) + 2
     lines = [f"{label:<{width}}{value}" for label, value in rows]
-    table = [("NODE", "ROLE", "RANK", "LAST HEARTBEAT")]
+    table = [("NODE", "ROLE", "RANK", "DOMAIN", "LAST HEARTBEAT")]
     for item in report["nodes"]:
         beat = format_age(item["heartbeatAgeSeconds"]) + (" (expired)" if item["heartbeatExpired"] else "")
-        table.append((item["node"], item["role"], "-" if item["rank"] is None else str(item["rank"]), beat))
-    widths = [max(len(row[column]) for row in table) + 3 for column in range(3)]
+        rank = "-" if item["rank"] is None else str(item["rank"])
+        table.append((item["node"], item["role"], rank, item["domain"] or "-", beat))
+    widths = [max(len(row[column]) for row in table) + 3 for column in range(4)]
     if report["nodes"]:
-        lines += ["", *("".join(map(str.ljust, row[:3], widths)) + row[3] for row in table)]
+        lines += ["", *("".join(map(str.ljust, row[:4], widths)) + row[4] for row in table)]
     return "\n".join(lines)
 
 
@@ -287,7 +322,7 @@ def summary_line(report: dict[str, Any]) -> str:
     return (
         f"{report['phase']} round={'-' if report['round'] is None else report['round']} "
         f"participants={report['participantCount']} waiting={report['waitingCount']} "
-        f"redundant={report['redundantCount']} needed={'-' if needed is None else needed} "
+        f"redundant={report['redundantCount']} held={report['heldCount']} needed={'-' if needed is None else needed} "
         f"closed={str(report['closed'] or report['specClosed']).lower()} "
         f"oldest-heartbeat={format_age(max(ages)) if ages else '-'} no-heartbeat={len(report['nodes']) - len(ages)} "
         f"evicted={len(report['evictedNodes'])} writer={writer}"

@@ -109,6 +109,7 @@ def summarize_document(
     """
     ranked = sorted(document.participants.items(), key=lambda item: (item[1], item[0]))
     waiting = sorted(document.wait_list)
+    spares = sorted(document.redundancy_list)
     return {
         "round": document.round,
         "phase": rendezvous_phase(document),
@@ -117,6 +118,8 @@ def summarize_document(
         "waitingCount": len(waiting),
         "participants": [{"node": str(node), "rank": rank} for node, rank in ranked[:limit]],
         "waiting": [str(node) for node in waiting[:limit]],
+        "spareCount": len(spares),
+        "spares": [str(node) for node in spares[:limit]],
         "deadline": format_time(document.deadline) if document.deadline is not None and not document.complete else None,
         "lastChangeTime": format_time(now),
         "lastWriter": writer,
