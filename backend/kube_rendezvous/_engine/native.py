@@ -338,6 +338,7 @@ class NativeHandler:
         if ask:
             self._ask(desire, asked, deadline)
         waiting_since = progress_logged = time.monotonic()
+        last_held: str | None = None
         last_change = waiting_since
         while True:
             document = reading.document
@@ -364,7 +365,13 @@ class NativeHandler:
                     f"node {self.node} was not taken into a round of {self._where} within "
                     f"{self.timings.join if desire is Desire.JOIN else self.timings.close:g} s"
                 )
-            if desire is Desire.JOIN and document is not None and now - progress_logged >= PROGRESS_LOG_SECONDS:
+            held = reading.held.get(str(self.node)) if desire is Desire.JOIN else None
+            if held is not None and (held != last_held or now - progress_logged >= PROGRESS_LOG_SECONDS):
+                progress_logged, last_held = now, held
+                logger.info(
+                    "node %s waits, not admitted to a new round: %s (Rendezvous %s)", self.node, held, self._where
+                )
+            elif desire is Desire.JOIN and document is not None and now - progress_logged >= PROGRESS_LOG_SECONDS:
                 progress_logged = now
                 line = forming_line(
                     document,
@@ -375,7 +382,7 @@ class NativeHandler:
                 if line is not None:
                     logger.info("%s (Rendezvous %s)", line, self._where)
             grace = self._grace()
-            if now - last_change >= grace and self._needs_fold(document, desire):
+            if now - last_change >= grace and held is None and self._needs_fold(document, desire):
                 self._fold_myself()
                 last_change = time.monotonic()
             if self._changed_since(reading.version, min(grace, max(0.0, deadline - now) + 0.01)):

@@ -13,8 +13,8 @@ later incarnation with the same name until the intent is gone (a new run clears 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -71,6 +71,8 @@ class RendezvousReading:
     close_requested: bool
     #: The run id of a state that belongs to another run (it counts as no state), else None.
     foreign_run: str | None = None
+    #: The nodes the folder holds back (``status.heldNodes``: their Kubernetes Node does not admit them), with why.
+    held: Mapping[str, str] = field(default_factory=dict)
 
 
 def read_rendezvous(
@@ -93,6 +95,11 @@ def read_rendezvous(
         document=fold_intents(document, close=close, evicted=status.get("evictedNodes") or []),
         close_requested=close,
         foreign_run=str(stored_run) if foreign and encoded else None,
+        held={
+            str(item.get("node")): str(item.get("reason"))
+            for item in status.get("heldNodes") or []
+            if isinstance(item, dict) and not foreign
+        },
     )
 
 
