@@ -8,6 +8,7 @@ rendezvous alone. Each test that fails a node brings it back (``Node.recover``) 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,18 @@ from tests.e2e.multi_node import (
     spread,
     start_spread_job,
 )
-from tests.e2e.real_pods import REPO, example_objects, rendezvous_status
+from tests.e2e.placement import (
+    events,
+    group_ranks,
+    member_ranks,
+    pinned_training_pod,
+    rack_order,
+    racks,
+    ranked_by_rack,
+    rdzv_status_text,
+    spare_recovery,
+)
+from tests.e2e.real_pods import RENDEZVOUS, REPO, example_objects, pod_log, rendezvous_status
 from tests.helpers import holds_for
 from tests.test_chart import Helm, install
 from tests.testenv import ensure_binaries, wait_until
@@ -270,3 +282,116 @@ def test_c10d_beside_k8s_when_the_node_of_rank_0_dies(recovered: Cluster, namesp
     print(f"rank-0 node killed: {results}")
     assert results["k8s"].survivors_training is not None and results["k8s"].replacement_training is not None
     assert results["c10d"].survivors_training is None, "c10d's survivors trained again without rank 0's store"
+
+
+def test_ranks_follow_the_nodes_topology_and_an_agent_on_a_cordoned_node_waits_until_uncordoned(
+    recovered: Cluster, api: client.ApiClient, namespace3: str, tmp_path: Path
+) -> None:
+    """tensorplay's launcher, the operator running, ranks by a rack label whose order is not the pods' addresses'
+    (``placement.RACKS``: node-2's pod ranks first). Then node-1 is cordoned and a fourth agent starts there (a pod
+    bound to it): it is held, the round is left alone, and ``kubectl rdzv status``, the status and an Event say
+    why; once node-1 is uncordoned it joins and the round re-forms with 4, still ranked by rack."""
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    plane = recovered.plane
+    with racks(recovered), local_operator(recovered, namespace3, tmp_path / "operator.log"):
+        manifests = ranked_by_rack(spread(example_objects(last_call_seconds=LAST_CALL_SECONDS)))
+        first, _ = start_spread_job(recovered, namespace3, manifests)
+        status = rendezvous_status(objects, namespace3)
+        expected = rack_order(first.pods)
+        assert member_ranks(status) == expected, "ranked by rack, then address"
+        assert expected[first.pods[first.on("node-2")[0]][0]] == 0, "not the address order"
+        assert status["topology"] == {
+            "order": "Topology",
+            "domains": [
+                {"domain": "r1", "firstRank": 0, "lastRank": 0},
+                {"domain": "r2", "firstRank": 1, "lastRank": 2},
+            ],
+        }
+        ranks = wait_until(lambda: group_ranks(recovered, namespace3, list(first.pods), 3), 60, "the workers' ranks")
+        assert ranks == {pod: expected[address] for pod, (address, _) in first.pods.items()}, "the launcher's ranks"
+
+        plane.kubectl("cordon", "node-1")
+        job = next(item for item in manifests if item["kind"] == "Job")
+        uid = client.BatchV1Api(api).read_namespaced_job(RENDEZVOUS, namespace3).metadata.uid
+        core.create_namespaced_pod(namespace3, pinned_training_pod(job, uid, "extra-on-node-1", "node-1"))
+        held = wait_until(
+            lambda: (now := rendezvous_status(objects, namespace3)).get("heldCount") == 1 and now,
+            90,
+            "the agent on the cordoned node held",
+            explain=lambda: "\n".join(pod_log(recovered.node, namespace3, "extra-on-node-1")[-10:]),
+        )
+        reason = "NodeCordoned: Kubernetes node node-1 is cordoned (spec.unschedulable)"
+        (item,) = held["heldNodes"]
+        assert item["reason"] == reason
+        holds_for(
+            lambda: (
+                (now := rendezvous_status(objects, namespace3))["round"] == status["round"]
+                and now["participantCount"] == 3
+                and not now["waitingCount"]
+            ),
+            5,
+            "the round left alone, nothing waiting",
+        )
+        assert f"{item['node']}: {reason}" in rdzv_status_text(recovered, namespace3)
+        assert any(
+            item["node"] in message and "NodeCordoned" in message for message in events(core, namespace3, "NodeHeld")
+        )
+        assert any(
+            "waits, not admitted to a new round: NodeCordoned" in line
+            for line in pod_log(recovered.node, namespace3, "extra-on-node-1")
+        )
+
+        plane.kubectl("uncordon", "node-1")
+        extra_ip = core.read_namespaced_pod("extra-on-node-1", namespace3).status.pod_ip
+        four = wait_until(
+            lambda: (
+                (now := rendezvous_status(objects, namespace3)).get("phase") == "Complete"
+                and extra_ip in member_ranks(now)
+                and now
+            ),
+            90,
+            "a round of 4 with the agent of node-1",
+        )
+        assert not four.get("heldCount") and four["participantCount"] == 4
+        pods = {**first.pods, "extra-on-node-1": (extra_ip, "node-1")}
+        assert member_ranks(four) == rack_order(pods)
+        assert wait_until(lambda: group_ranks(recovered, namespace3, list(pods), 4), 90, "training with 4") == {
+            pod: rack_order(pods)[address] for pod, (address, _) in pods.items()
+        }
+
+
+@pytest.mark.parametrize(
+    ("launcher", "operator"),
+    [("torch/indexed-job.yaml", True), ("training-job.yaml", False)],
+    ids=["torchrun-operator", "tensorplay-no-operator"],
+)
+def test_a_spare_takes_a_deleted_members_place_before_the_replacement_starts(
+    recovered: Cluster, api: client.ApiClient, namespace3: str, tmp_path: Path, launcher: str, operator: bool
+) -> None:
+    """3 pods, ``--nnodes=1:2``: one spare. The member of rank 0 is deleted: the spare is promoted at once and the
+    round of 2 trains again before the Job's replacement pod has started; the replacement becomes the new spare.
+    Stock torchrun with the operator (which ranks by rack, and posts a SparePromoted Event naming the spare), and
+    tensorplay's launcher without it (the agents fold; ranks follow addresses, and the status says why)."""
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    with racks(recovered), contextlib.ExitStack() as stack:
+        if operator:
+            stack.enter_context(local_operator(recovered, namespace3, tmp_path / "operator.log"))
+        recovery = spare_recovery(recovered, namespace3, spares=1, launcher=launcher)
+        status = rendezvous_status(objects, namespace3)
+    print(f"spare promoted ({launcher}, operator {operator}): {recovery}")
+    details = recovery.details
+    pods = details["pods"]
+    (spare,) = details["spares_before"]
+    assert spare in details["ranks_after"], "the spare is in the new round"
+    assert recovery.training is not None and recovery.replacement_running is not None
+    assert recovery.training < recovery.replacement_running, "trained again before the replacement started"
+    members_before = {pod: where for pod, where in pods.items() if where[0] != spare}
+    survivors = {pod: where for pod, where in pods.items() if pod != details["victim"]}
+    if operator:
+        assert details["ranks_before"] == rack_order(members_before)
+        assert details["ranks_after"] == rack_order(survivors), "the new round ranked by rack too"
+        assert any(spare in message for message in events(core, namespace3, "SparePromoted"))
+    else:
+        by_address = sorted(address for address, _ in survivors.values())
+        assert details["ranks_after"] == {address: rank for rank, address in enumerate(by_address)}
+        assert status["topology"]["order"] == "Address" and "does not know the Nodes" in status["topology"]["reason"]

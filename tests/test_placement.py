@@ -294,3 +294,15 @@ class TestEvents:
             == f"node {spare} waits, not admitted to a new round: NodeCordoned: Kubernetes node n3 is cordoned"
         )
         assert handlers_rules.held_event(held, held) is None
+        forming = RendezvousDocument(round=1, participants={b: 0}, wait_list=frozenset({spare}))
+        via_wait_list = handlers_rules.state_events(
+            forming, after, last_formed=frozenset({a, b}), spares=frozenset({spare})
+        )
+        assert [event.message for event in via_wait_list if event.reason == "SparePromoted"] == [
+            f"spare node {spare} was promoted into round 1"
+        ], "a spare that passed the wait list on its way in is promoted too"
+        assert not [
+            e
+            for e in handlers_rules.state_events(forming, after, last_formed=frozenset({a, b}))
+            if e.reason == "SparePromoted"
+        ]

@@ -155,7 +155,15 @@ def observe_rendezvous(
         announced = announced_events(memo.api, namespace, meta)
     if previous is None and stored.document is not None:
         baseline, last_formed = handlers_rules.announced_baseline(stored.document, announced)
-    memo.observed[key] = Observed(status, document, handlers_rules.formed_members(last_formed, baseline, document))
+    formed = handlers_rules.formed_members(last_formed, baseline, document)
+    seen_spares = (previous.spares if previous is not None and same_run else frozenset()) | (
+        baseline.redundancy_list if baseline is not None and same_run else frozenset()
+    )
+    current_spares = document.redundancy_list if document is not None else frozenset()
+    new_round = handlers_rules.newly_formed(baseline if same_run else None, document)
+    memo.observed[key] = Observed(
+        status, document, formed, current_spares if new_round else seen_spares | current_spares
+    )
     memo.keep_alive[key] = handlers_rules.timings(spec or {}).keep_alive_interval
     placement = handlers_rules.placement_spec(spec or {})
     if memo.placement.get(key) != placement:
@@ -197,7 +205,12 @@ def observe_rendezvous(
         if stored.document is not None:
             evicted = status.get("evictedNodes") or []
             for event in handlers_rules.state_events(
-                baseline, stored.document, same_run=same_run, evicted=evicted, last_formed=last_formed
+                baseline,
+                stored.document,
+                same_run=same_run,
+                evicted=evicted,
+                last_formed=last_formed,
+                spares=seen_spares,
             ):
                 post_event(body, event, namespace, name)
         broken = handlers_rules.departure_event(previous.status if previous is not None else None, status, announced)

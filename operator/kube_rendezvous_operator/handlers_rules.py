@@ -254,8 +254,12 @@ def state_events(
     same_run: bool = True,
     evicted: Iterable[str] = (),
     last_formed: frozenset[NodeId] | None = None,
+    spares: frozenset[NodeId] = frozenset(),
 ) -> list[RendezvousEvent]:
     """Events for the ``new`` document after the ``old`` one: the story told once per round.
+
+    SparePromoted for each participant of a round that formed that was a spare (``old``'s redundancy list, or
+    ``spares``: those seen since the last round formed; a spare may pass the wait list on its way in).
 
     Membership Events come only when a round forms, against ``last_formed`` (the participants of
     the round that formed before it): NodeJoined for each new participant, NodeLeft for each
@@ -288,10 +292,10 @@ def state_events(
             f"node {{node}} left: round {new.round} formed without it",
             f"{{count}} nodes left: round {new.round} formed without them: {{nodes}}",
         )
-        spares = base.redundancy_list if base is not None else frozenset()
+        was_spare = (base.redundancy_list if base is not None else frozenset()) | (spares if same_run else frozenset())
         events += _node_events(
             "SparePromoted",
-            [str(node) for node in sorted(after & spares)],
+            [str(node) for node in sorted(after & was_spare - before)],
             f"spare node {{node}} was promoted into round {new.round}",
             f"{{count}} spare nodes were promoted into round {new.round}: {{nodes}}",
         )

@@ -52,6 +52,8 @@ class Observed:
     document: RendezvousDocument | None
     #: The participants of the last round seen formed (membership Events compare with it).
     formed: frozenset[NodeId] | None = None
+    #: The spares (redundant nodes) seen since that round formed: one of them in the next round was promoted.
+    spares: frozenset[NodeId] = frozenset()
 
 
 @dataclass

@@ -358,6 +358,12 @@ class NativeHandler:
                 if document.complete:
                     last_members = frozenset(document.participants)
             now = time.monotonic()
+            held = reading.held.get(str(self.node)) if desire is Desire.JOIN else None
+            spare = document is not None and role_of(document, self.node) == "redundant"
+            if desire is Desire.JOIN and (held is not None or spare):
+                # A spare, or a node its Kubernetes Node holds back, waits as long as that lasts: the join
+                # timeout counts from when it may join again (torch's redundancy list never times out either).
+                deadline = max(deadline, now + self.timings.join)
             if now > deadline:
                 if desire is Desire.JOIN:
                     self._give_up()
@@ -365,7 +371,6 @@ class NativeHandler:
                     f"node {self.node} was not taken into a round of {self._where} within "
                     f"{self.timings.join if desire is Desire.JOIN else self.timings.close:g} s"
                 )
-            held = reading.held.get(str(self.node)) if desire is Desire.JOIN else None
             if held is not None and (held != last_held or now - progress_logged >= PROGRESS_LOG_SECONDS):
                 progress_logged, last_held = now, held
                 logger.info(
