@@ -173,7 +173,7 @@ class TestForbiddenAfterAllowed:
 
 
 class TestKubectlWide:
-    def test_wide_output_adds_the_ready_condition_and_the_run_id(
+    def test_wide_output_adds_the_held_nodes_the_rank_order_the_ready_condition_and_the_run_id(
         self, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path
     ) -> None:
         import pickle
@@ -184,9 +184,9 @@ class TestKubectlWide:
         assert backend.set_state(pickle.dumps(_RendezvousState())) is not None
         plain = control_plane.kubectl("-n", namespace, "get", "rdzv", "job").stdout.splitlines()
         wide = control_plane.kubectl("-n", namespace, "get", "rdzv", "job", "-o", "wide").stdout.splitlines()
-        columns = ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "ROUND-AGE"]
-        assert plain[0].split() == [*columns, "AGE"]
-        assert wide[0].split() == [*columns, "READY", "RUN", "AGE"]
+        columns = ["NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "SPARES"]
+        assert plain[0].split() == [*columns, "ROUND-AGE", "AGE"]
+        assert wide[0].split() == [*columns, "HELD", "ORDER", "ROUND-AGE", "READY", "RUN", "AGE"]
         assert "run-7" in wide[1].split() and "run-7" not in plain[1]
 
 

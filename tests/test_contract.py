@@ -30,7 +30,8 @@ from kube_rendezvous._kube.kubeapi import (
 )
 from kube_rendezvous._kube.leases import LeaseNodeLock, list_node_records
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, decode_document, document_from_state
-from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings, PodAddresses, TrainingPods
+from kube_rendezvous._rules.placement import Placement
 from kube_rendezvous._store.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousStateError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
@@ -340,3 +341,63 @@ class TestFolder:
         version = server.read()["metadata"]["resourceVersion"]
         assert folder.fold_once() is False
         assert server.read()["metadata"]["resourceVersion"] == version
+
+
+class TestPlacement:
+    """The folder's placement rules through the API: what the operator's folder writes, and what an agent's
+    folder keeps of it (``Folder.fold_once(keep_held=...)``)."""
+
+    @staticmethod
+    def census(held: bool) -> TrainingPods:
+        def pod(index: int, zone: str, hold: str | None) -> PodAddresses:
+            placement = Placement(f"n{index}", (zone,), hold)
+            return PodAddresses(frozenset({node(index).addr}), frozenset({f"p{index}"}), placement)
+
+        cordoned = "NodeCordoned: Kubernetes node n1 is cordoned (spec.unschedulable)" if held else None
+        return TrainingPods((pod(1, "z1", cordoned), pod(2, "z2", None), pod(3, "z1", None)), 0, placed=True)
+
+    def test_the_operators_fold_ranks_by_domain_and_holds_and_an_agents_fold_keeps_or_lifts_the_hold(
+        self, server: Server
+    ) -> None:
+        leases = [node_lease(server, index) for index in (1, 2, 3)]
+        for lease in leases:
+            lease.update(Desire.JOIN)
+        requests_shown(server, {node(1): Desire.JOIN, node(2): Desire.JOIN, node(3): Desire.JOIN})
+        watch = shared(server.api, server.namespace, NAME).watch
+        census = {"held": True}
+        operator = Folder(
+            server.api,
+            server.namespace,
+            NAME,
+            identity="operator",
+            preferred=True,
+            rendezvous=watch,
+            training_pods=lambda: self.census(census["held"]),
+        )
+        wait_until(lambda: operator.rendezvous.healthy, 30, "the folder's watch of the Rendezvous to list")
+        assert operator.fold_once() is True
+        status = server.read()["status"]
+        assert dict(stored_document(server).participants) == {node(3): 0, node(2): 1}, "z1 before z2, node 1 held"
+        assert status["topology"] == {
+            "order": "Topology",
+            "domains": [
+                {"domain": "z1", "firstRank": 0, "lastRank": 0},
+                {"domain": "z2", "firstRank": 1, "lastRank": 1},
+            ],
+        }
+        reason = "NodeCordoned: Kubernetes node n1 is cordoned (spec.unschedulable)"
+        assert status["heldCount"] == 1 and status["heldNodes"] == [{"node": str(node(1)), "reason": reason}]
+        assert node(1) in stored_document(server).last_heartbeats and node(1) not in stored_document(server).wait_list
+
+        leases[0].round = 1  # the held agent asks for the next round, as one overtaken by a round does
+        leases[0].update(Desire.JOIN)
+        wait_until(
+            lambda: any(r.round == 1 for r in list_node_records(server.api, server.namespace, NAME)[0]), 30, "re-asked"
+        )
+        assert operator.fold_once() is False, "still held: nothing to write"
+        agent = Folder(server.api, server.namespace, NAME, identity="agent/x", preferred=False, rendezvous=watch)
+        assert agent.fold_once(keep_held=True) is False, "an agent beside the operator keeps the hold"
+        assert agent.fold_once() is True, "an agent alone (no operator) admits it"
+        assert stored_document(server).redundancy_list == {node(1)}, "a spare: the round of 2 is full"
+        status = server.read()["status"]
+        assert "heldNodes" not in status and status["spareCount"] == 1 and status["spares"] == [str(node(1))]

@@ -373,11 +373,15 @@ def test_a_spare_takes_a_deleted_members_place_before_the_replacement_starts(
     Stock torchrun with the operator (which ranks by rack, and posts a SparePromoted Event naming the spare), and
     tensorplay's launcher without it (the agents fold; ranks follow addresses, and the status says why)."""
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    promotions = 0.0
     with racks(recovered), contextlib.ExitStack() as stack:
-        if operator:
-            stack.enter_context(local_operator(recovered, namespace3, tmp_path / "operator.log"))
+        process = (
+            stack.enter_context(local_operator(recovered, namespace3, tmp_path / "operator.log")) if operator else None
+        )
         recovery = spare_recovery(recovered, namespace3, spares=1, launcher=launcher)
         status = rendezvous_status(objects, namespace3)
+        if process is not None:
+            promotions = process.metric("kube_rendezvous_spare_promotions_total")
     print(f"spare promoted ({launcher}, operator {operator}): {recovery}")
     details = recovery.details
     pods = details["pods"]
@@ -391,6 +395,7 @@ def test_a_spare_takes_a_deleted_members_place_before_the_replacement_starts(
         assert details["ranks_before"] == rack_order(members_before)
         assert details["ranks_after"] == rack_order(survivors), "the new round ranked by rack too"
         assert any(spare in message for message in events(core, namespace3, "SparePromoted"))
+        assert promotions == 1, "the operator's metrics count the promotion"
     else:
         by_address = sorted(address for address, _ in survivors.values())
         assert details["ranks_after"] == {address: rank for rank, address in enumerate(by_address)}
