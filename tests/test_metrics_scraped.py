@@ -25,7 +25,9 @@ from tests.helpers import create_rendezvous, rendezvous_parameters, running_faul
 from tests.test_operator import GROUP, PLURAL, VERSION, condition, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
-#: Every metric of metrics.py; the README lists all but the Event counter.
+#: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
+#: ``_spare_promotions_total``: scraped on three real nodes, ``tests/test_multi_node.py``); the README lists all but
+#: the Event counter.
 ADVERTISED = {
     "kube_rendezvous_rounds_completed_total",
     "kube_rendezvous_node_joins_total",

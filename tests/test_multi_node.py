@@ -293,7 +293,7 @@ def test_ranks_follow_the_nodes_topology_and_an_agent_on_a_cordoned_node_waits_u
     why; once node-1 is uncordoned it joins and the round re-forms with 4, still ranked by rack."""
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     plane = recovered.plane
-    with racks(recovered), local_operator(recovered, namespace3, tmp_path / "operator.log"):
+    with racks(recovered), local_operator(recovered, namespace3, tmp_path / "operator.log") as operator:
         manifests = ranked_by_rack(spread(example_objects(last_call_seconds=LAST_CALL_SECONDS)))
         first, _ = start_spread_job(recovered, namespace3, manifests)
         status = rendezvous_status(objects, namespace3)
@@ -333,6 +333,7 @@ def test_ranks_follow_the_nodes_topology_and_an_agent_on_a_cordoned_node_waits_u
             "the round left alone, nothing waiting",
         )
         assert f"{item['node']}: {reason}" in rdzv_status_text(recovered, namespace3)
+        wait_until(lambda: operator.metric("kube_rendezvous_held_nodes") == 1, 30, "the held node counted")
         assert any(
             item["node"] in message and "NodeCordoned" in message for message in events(core, namespace3, "NodeHeld")
         )
@@ -382,6 +383,7 @@ def test_a_spare_takes_a_deleted_members_place_before_the_replacement_starts(
         status = rendezvous_status(objects, namespace3)
         if process is not None:
             promotions = process.metric("kube_rendezvous_spare_promotions_total")
+            wait_until(lambda: process.metric("kube_rendezvous_spare_nodes") == 1, 60, "the replacement, a spare")
     print(f"spare promoted ({launcher}, operator {operator}): {recovery}")
     details = recovery.details
     pods = details["pods"]

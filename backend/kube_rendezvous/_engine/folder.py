@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -339,7 +339,7 @@ class Folder:
         formed: bool,
         domain: Callable[[NodeId], Domain | None] | None,
         pods: TrainingPods | None,
-        held: dict[NodeId, str] | Any,
+        held: Mapping[NodeId, str],
     ) -> dict[str, Any]:
         """``status.topology`` (when a round formed in this write) and ``status.heldNodes``/``heldCount``."""
         status: dict[str, Any] = {
