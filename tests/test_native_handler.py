@@ -19,7 +19,7 @@ from kube_rendezvous._rules.document import RendezvousDocument, encode_document
 from kubernetes import client
 from tensorplay.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
-from tests.helpers import rendezvous_parameters
+from tests.helpers import holds_for, rendezvous_parameters
 from tests.testenv import wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -185,3 +185,37 @@ def encode_state_closed() -> bytes:
     state = _RendezvousState()
     state.closed = True
     return pickle.dumps(state)
+
+
+def test_a_spare_waits_past_its_join_timeout_makes_no_one_restart_and_is_promoted_when_a_member_leaves(
+    make_handler: Callable[..., KubernetesRendezvousHandler], objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    """``--nnodes=1:1`` and two agents: the second is a spare (the redundancy list). It waits beyond the 3 s join
+    timeout (a spare never times out, as in torch), the member is never told to restart for it, and once the
+    member leaves, the spare's ``next_rendezvous`` returns: it is rank 0 of the next round."""
+    member, spare = (
+        make_handler(min_nodes=1, max_nodes=1, join_timeout=3),
+        make_handler(min_nodes=1, max_nodes=1, join_timeout=3),
+    )
+    (first,) = in_threads(member.next_rendezvous)
+    assert first.rank == 0
+    result: list[Any] = []
+    waiting = threading.Thread(target=lambda: result.append(spare_call(spare)), daemon=True)
+    waiting.start()
+    wait_until(lambda: status_of(objects, namespace).get("spareCount") == 1, 30, "the spare on the redundancy list")
+    spared = status_of(objects, namespace)
+    assert spared["spares"] == [str(spare.node)] and spared["participantCount"] == 1
+    holds_for(lambda: not result and member.num_nodes_waiting() == 0, 5, "the spare waiting past 3 s, no restart")
+    assert member.shutdown() is True  # it leaves
+    waiting.join(60)
+    assert len(result) == 1 and not isinstance(result[0], Exception), result
+    assert (result[0].rank, result[0].world_size) == (0, 1)
+    status = status_of(objects, namespace)
+    assert status["round"] == 1 and status["participants"] == [{"node": str(spare.node), "rank": 0}]
+
+
+def spare_call(handler: KubernetesRendezvousHandler) -> Any:
+    try:
+        return handler.next_rendezvous()
+    except Exception as exc:  # noqa: BLE001 - the test asserts on it
+        return exc
