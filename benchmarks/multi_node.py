@@ -40,9 +40,9 @@ from tests.e2e.multi_node import (
     rank0_node_killed,
     spread,
     start_spread_job,
+    three_node_cluster,
 )
 from tests.e2e.real_pods import REPO, example_objects
-from tests.testenv import ControlPlane
 from tests.testenv.cluster import Cluster
 
 DOCS = REPO / "docs"
@@ -178,15 +178,10 @@ def main() -> int:
         report["date"] = f"{earlier['date']} and {report['date']}"
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-multi-node-"))
     log(f"starting a control plane and three real nodes in {workdir}")
-    plane = ControlPlane(workdir / "control-plane", with_node=True)
-    plane.start()
-    cluster = Cluster(plane, nodes=3)
-    cluster.start()
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
-    core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
-    count = 0
-    try:
+    with three_node_cluster(workdir) as cluster:
+        plane = cluster.plane
+        core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
+        count = 0
         for repeat in range(args.repeats):
             for case in args.cases:
                 count += 1
@@ -209,9 +204,6 @@ def main() -> int:
                 log(f"  {json.dumps(run)}")
                 report["runs"].append(run)
                 save_report(out, report)
-    finally:
-        cluster.stop()
-        plane.stop()
     write_report(report)
     return 0
 

@@ -30,10 +30,9 @@ from kubernetes import client, config
 
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import RESULTS, log
-from tests.e2e.multi_node import local_operator
+from tests.e2e.multi_node import local_operator, three_node_cluster
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.e2e.real_pods import REPO
-from tests.testenv import ControlPlane
 from tests.testenv.cluster import Cluster
 
 DOCS = REPO / "docs"
@@ -120,11 +119,15 @@ def plot(report: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(9, 3.2))
-    markers = {"formed": "o", "training": "s", "replacement_running": "x"}
+    markers = {
+        "formed": ("o", "tab:blue", "round at full size"),
+        "training": ("s", "tab:orange", "members training at full size"),
+        "replacement_running": ("x", "tab:grey", "replacement pod started"),
+    }
     for index, case in enumerate(CASES):
-        for key, marker in markers.items():
+        for key, (marker, color, label) in markers.items():
             xs = [run.get(key) for run in report["runs"] if run["case"] == case and run.get(key) is not None]
-            axis.scatter(xs, [index] * len(xs), marker=marker, s=28, label=key if index == 0 else None)
+            axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if index == 0 else None)
     axis.set_yticks(range(len(CASES)), list(CASES), fontsize=8)
     axis.set_xlabel("seconds from the deletion")
     axis.legend(fontsize=7, loc="lower right")
@@ -147,15 +150,10 @@ def main() -> int:
     report = new_report(repeats=args.repeats, runs=[])
     workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-spare-pods-"))
     log(f"starting a control plane and three real nodes in {workdir}")
-    plane = ControlPlane(workdir / "control-plane", with_node=True)
-    plane.start()
-    cluster = Cluster(plane, nodes=3)
-    cluster.start()
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
-    core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
-    count = 0
-    try:
+    with three_node_cluster(workdir) as cluster:
+        plane = cluster.plane
+        core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
+        count = 0
         for repeat in range(args.repeats):
             for case in args.cases:  # interleaved: a slow minute of the machine hits every case alike
                 count += 1
@@ -174,9 +172,6 @@ def main() -> int:
                 log(f"  {json.dumps(run)}")
                 report["runs"].append(run)
                 save_report(out, report)
-    finally:
-        cluster.stop()
-        plane.stop()
     write_report(report)
     return 0
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -374,3 +376,21 @@ def rank0_node_killed(cluster: Cluster, namespace: str, backend: str, window: fl
         plane.kubectl("-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force", check=False)
         node_named(cluster, victim).recover()
         wait_until(lambda: not core.list_namespaced_pod(namespace).items, 120, "the pods gone")
+
+
+@contextmanager
+def three_node_cluster(workdir: Path) -> Iterator[Cluster]:
+    """A control plane of its own with three real nodes and the CRDs applied, stopped afterwards (the benchmarks')."""
+    from tests.testenv import ControlPlane
+
+    plane = ControlPlane(workdir / "control-plane", with_node=True)
+    plane.start()
+    cluster = Cluster(plane, nodes=3)
+    try:
+        cluster.start()
+        plane.kubectl("apply", "-f", str(REPO / "crds"))
+        plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+        yield cluster
+    finally:
+        cluster.stop()
+        plane.stop()
