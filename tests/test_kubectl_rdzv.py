@@ -124,11 +124,13 @@ def complete_round(heartbeat_age: float = 1.0) -> RendezvousDocument:
 
 
 def table_row(output: str, node: NodeId) -> list[str]:
-    """The cells of ``node``'s row in the status table (the heartbeat column as one cell)."""
+    """The cells of ``node``'s row in the status table: node, role, rank and the heartbeat column as one cell
+    (the DOMAIN column, ``-`` here, left out)."""
     for line in output.splitlines():
         if line.startswith(str(node) + " "):
-            cells = line.split(None, 3)
-            return cells
+            cells = line.split(None, 4)
+            assert cells[3] == "-", f"no topology here, so no domain: {line}"
+            return [*cells[:3], cells[4]]
     raise AssertionError(f"no row for {node} in:\n{output}")
 
 
