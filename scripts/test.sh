@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
+echo "== workload controllers: JobSet, Kubeflow Trainer, Kueue (cached like the control plane; cold: ~6 min)"
+$PY -m tests.testenv build --workloads >/dev/null
 echo "== ruff and mypy"
 $PY -m ruff check .
 $PY -m ruff format --check .

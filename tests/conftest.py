@@ -174,6 +174,26 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     yield from _start_cluster(tmp_path_factory, 3)
 
 
+@pytest.fixture(scope="module")
+def workload_cluster(three_nodes: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The module's three nodes with JobSet, Kubeflow Trainer and Kueue built from source and running
+    (``tests.testenv.workloads``), and the operator installed from the chart as the README installs it (namespace
+    ``kube-rendezvous-system``, its CRDs, cluster scope, the training RBAC in ``team-a``); their logs shown on
+    failure."""
+    from tests.e2e.workloads import install_operator_from_chart
+    from tests.testenv.workloads import WorkloadControllers
+
+    controllers = WorkloadControllers(three_nodes)
+    _MORE_LOGS.update({f"workload controller {name}": path for name, path in controllers.logs().items()})
+    try:
+        controllers.start()
+        for path in install_operator_from_chart(three_nodes, tmp_path_factory.mktemp("helm-home")):
+            _MORE_LOGS[f"operator pod {path.parent.parent.name}"] = path
+        yield three_nodes
+    finally:
+        controllers.stop()
+
+
 @pytest.fixture(scope="session")
 def admin_api(control_plane: ControlPlane) -> client.ApiClient:
     """An API client authenticated as cluster admin (system:masters)."""

@@ -547,8 +547,7 @@ class TestTheExamples:
 
     @pytest.mark.parametrize("name", ["indexed-job", "jobset", "pytorchjob", "trainjob"])
     def test_each_torch_workload_runs_stock_torchrun_with_the_k8s_backend_and_a_run_id(self, name: str) -> None:
-        manifest = example(f"torch/{name}.yaml")[0]
-        text = yaml.safe_dump(manifest)
+        text = yaml.safe_dump_all(example(f"torch/{name}.yaml"))
         assert "torchrun" in text
         env_names = set(re.findall(r"name: (PET_RDZV_\w+)", text))
         by_flags = "--rdzv-backend=k8s" in text and "--rdzv-endpoint=" in text and "--rdzv-id=" in text

@@ -55,35 +55,48 @@ def example_objects(
             if item["kind"] == "Rendezvous":
                 item["spec"]["lastCallTimeoutSeconds"] = last_call_seconds
     launcher, script = LAUNCHERS[job_file]
-    pod = job["spec"]["template"]["spec"]
+    fit_pod(job["spec"]["template"]["spec"], launcher, script, **environment)
+    return objects
+
+
+def fit_pod(pod: dict[str, Any], launcher: list[str], script: Path, **environment: str) -> dict[str, Any]:
+    """Fit a pod template's ``spec`` (its first container) to this cluster, in place, and return it: the image, the
+    command line (``fitted_command``), the host's interpreter mounted, small requests, a 30 s grace period and the
+    training script's environment (``environment`` over the defaults)."""
     pod["terminationGracePeriodSeconds"] = 30
     container = pod["containers"][0]
     container["image"] = TRAINING_IMAGE
     container["imagePullPolicy"] = "Never"
-    container["command"] = launcher
-    container["args"] = [
-        *(arg.replace("--nproc-per-node=8", "--nproc-per-node=1") for arg in container["args"] if arg != "train.py"),
-        "--monitor-interval=0.5",
-        str(script),
-    ]
-    container["env"] += [
-        {"name": name, "value": value}
-        for name, value in {
-            "OMP_NUM_THREADS": "1",
-            "LOGLEVEL": "INFO",
-            "RESULT_DIR": "/tmp",
-            "STEPS": "100000",
-            "STEP_SECONDS": "0.5",
-            **environment,
-        }.items()
-    ]
+    fitted = fitted_command([*container.get("command", []), *container.get("args", [])], launcher, script)
+    container["command"], container["args"] = fitted[: len(launcher)], fitted[len(launcher) :]
+    container["env"] = [*container.get("env", []), *training_environment(**environment)]
     container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
     mounts = training_mounts()
     pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
     container["volumeMounts"] = [
         {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
     ]
-    return objects
+    return pod
+
+
+def fitted_command(given: list[str], launcher: list[str], script: Path) -> list[str]:
+    """``launcher``, the flags of the command line ``given`` (``--nproc-per-node=1``), ``--monitor-interval=0.5``
+    and ``script``: the example's launcher and training script are replaced, its flags kept."""
+    flags = [arg.replace("--nproc-per-node=8", "--nproc-per-node=1") for arg in given if arg.startswith("--")]
+    return [*launcher, *flags, "--monitor-interval=0.5", str(script)]
+
+
+def training_environment(**environment: str) -> list[dict[str, str]]:
+    """The training script's variables (``environment`` over the defaults: 100000 steps of 0.5 s)."""
+    values = {
+        "OMP_NUM_THREADS": "1",
+        "LOGLEVEL": "INFO",
+        "RESULT_DIR": "/tmp",
+        "STEPS": "100000",
+        "STEP_SECONDS": "0.5",
+        **environment,
+    }
+    return [{"name": name, "value": value} for name, value in values.items()]
 
 
 def apply(node: Node, namespace: str, objects: list[dict[str, Any]]) -> None:

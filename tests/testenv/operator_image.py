@@ -69,7 +69,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .binaries import _log, cache_root
+from .binaries import cache_root, log_progress
 
 OPERATOR_IMAGE = "localhost/kube-rendezvous/operator:dev"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def _run(
         now = time.monotonic()
         if now - last_report >= 15:
             last_report = now
-            _log(f"  {what}: {now - started:.0f} s: {line.strip()[:160]}")
+            log_progress(f"  {what}: {now - started:.0f} s: {line.strip()[:160]}")
     if process.wait() != 0:
         raise RuntimeError(f"{what} failed ({process.returncode}): {' '.join(command)}\n" + "\n".join(tail))
 
@@ -205,7 +205,7 @@ def build_base_image() -> Path:
     started = time.monotonic()
     try:
         rootfs = partial / "rootfs"
-        _log(f"debootstrap {BASE_SUITE} with {' '.join(BASE_PACKAGES)} (cold: a few minutes)")
+        log_progress(f"debootstrap {BASE_SUITE} with {' '.join(BASE_PACKAGES)} (cold: a few minutes)")
         command = ["debootstrap", f"--variant={BASE_VARIANT}", f"--arch={BASE_ARCH}"]
         command += [f"--include={','.join(BASE_PACKAGES)}", BASE_SUITE, str(rootfs), DEBIAN_MIRROR]
         _run(command, "debootstrap")
@@ -218,7 +218,7 @@ def build_base_image() -> Path:
                 else:
                     path.unlink()
         layer = partial / "layer.tar"
-        _log("packing the base layer")
+        log_progress("packing the base layer")
         _run(["tar", "--numeric-owner", "--sort=name", "-C", str(rootfs), "-cf", str(layer), "."], "tar")
         shutil.rmtree(rootfs)
         config: dict[str, object] = {"Env": BASE_ENV, "Cmd": BASE_CMD}
@@ -228,7 +228,9 @@ def build_base_image() -> Path:
     except BaseException:
         _remove(partial)
         raise
-    _log(f"built the base {BASE_IMAGE} in {time.monotonic() - started:.0f} s: {tarball.stat().st_size >> 20} MiB")
+    log_progress(
+        f"built the base {BASE_IMAGE} in {time.monotonic() - started:.0f} s: {tarball.stat().st_size >> 20} MiB"
+    )
     return tarball
 
 
@@ -295,15 +297,15 @@ def build_operator_image() -> Path:
             shutil.copy2(REPO_ROOT / name, context / name)
         env = _buildah_env(scratch)
         policy = ["--signature-policy", str(scratch / "policy.json")]
-        _log(f"buildah: loading the base {BASE_IMAGE}")
+        log_progress(f"buildah: loading the base {BASE_IMAGE}")
         _run(["buildah", "pull", *policy, f"docker-archive:{base}"], "buildah pull", env=env)
-        _log(f"buildah bud of the Dockerfile ({len(files)} files in the context; cold: a few minutes)")
+        log_progress(f"buildah bud of the Dockerfile ({len(files)} files in the context; cold: a few minutes)")
         bud = ["buildah", "bud", "--isolation", "chroot", "--format", "docker", "--pull-never", *policy]
         if HOST_CA_BUNDLE.is_file():  # RUN steps only: never committed to a layer
             bud += ["--volume", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
         bud += ["--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--tag", OPERATOR_IMAGE, "--file", "Dockerfile", "."]
         _run(bud, "buildah bud", env=env, cwd=context)
-        _log("buildah push to a docker archive")
+        log_progress("buildah push to a docker archive")
         push = [
             "buildah",
             "push",
@@ -319,7 +321,7 @@ def build_operator_image() -> Path:
     finally:
         _remove(scratch)
     size = tarball.stat().st_size >> 20
-    _log(f"built {OPERATOR_IMAGE} in {time.monotonic() - started:.0f} s into {tarball} ({size} MiB)")
+    log_progress(f"built {OPERATOR_IMAGE} in {time.monotonic() - started:.0f} s into {tarball} ({size} MiB)")
     return tarball
 
 

@@ -1,0 +1,218 @@
+"""The examples on the controllers users run, built from source (``tests.testenv.workloads``): JobSet v0.12.0,
+Kubeflow Trainer v2.3.0 and Kueue v0.19.2, on three real nodes, with the operator installed from the chart.
+
+Each case runs an example as shipped (``tests.e2e.workloads``: only the image, the launcher's path and the training
+script fitted) and injects its fault where it happens: a pod evicted through the Eviction API (as ``kubectl drain``,
+a preemption or an autoscaler does), a pod deleted with ``kubectl delete pod``, a Kueue preemption. The rows of the
+README's pod-selection table for a Job, a JobSet and a TrainJob are checked against the labels these controllers
+put on their pods. What each failure does, with times: docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kube_rendezvous_operator.handlers_rules import pod_selector
+from kubernetes import client, config
+
+from tests.e2e.real_pods import RENDEZVOUS, rendezvous_status
+from tests.e2e.workloads import (
+    JOB_NAME_LABEL,
+    JOBSET_NAME_LABEL,
+    NAMESPACE,
+    jobset_objects,
+    live_pods,
+    lose_a_pod_and_recover,
+    member_addresses,
+    preempt_and_readmit,
+    queue_objects,
+    queued_job_objects,
+    rank_zero_pod,
+    rendezvous_events,
+    start_training,
+    trainjob_objects,
+)
+from tests.testenv import wait_until
+from tests.testenv.cluster import Cluster
+
+#: The label the operator always honours (README, "Use it from a training job").
+RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
+
+
+@pytest.fixture
+def team_a(workload_cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster; namespace ``team-a`` emptied of the test's workloads, pods and Rendezvous afterwards."""
+    yield workload_cluster
+    plane = workload_cluster.plane
+    for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
+        plane.kubectl("-n", NAMESPACE, "delete", kind, "--all", "--wait=false", check=False)
+    plane.kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+    plane.kubectl("-n", NAMESPACE, "delete", "rendezvouses", "--all", "--wait=true", "--timeout=60s", check=False)
+    core = client.CoreV1Api(api_of(workload_cluster))
+    wait_until(lambda: not core.list_namespaced_pod(NAMESPACE).items, 120, "team-a's pods gone")
+
+
+def api_of(cluster: Cluster) -> client.ApiClient:
+    return config.new_client_from_config(str(cluster.plane.admin_kubeconfig))
+
+
+def apply(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
+    cluster.plane.kubectl("-n", NAMESPACE, "apply", "--validate=strict", "-f", "-", input=yaml.safe_dump_all(objects))
+
+
+def rendezvous_object(objects: client.CustomObjectsApi) -> dict[str, Any]:
+    found: dict[str, Any] = objects.get_namespaced_custom_object(
+        "kube-rendezvous.io", "v1alpha1", NAMESPACE, "rendezvouses", RENDEZVOUS
+    )
+    return found
+
+
+def selected_pods(core: client.CoreV1Api, owner: dict[str, Any]) -> set[str]:
+    """The live pods that the operator's rule for a Rendezvous owned by ``owner`` selects (README table)."""
+    selector = pod_selector(RENDEZVOUS, {}, {"ownerReferences": [{**owner, "controller": True}]}, RENDEZVOUS_LABEL)
+    assert selector.source == f"owner {owner['kind']} {owner['name']}", selector
+    return {pod.metadata.name for pod in live_pods(core, NAMESPACE, selector.describe())}
+
+
+def reference(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: item[key] if key in item else item["metadata"][key] for key in ("apiVersion", "kind", "name", "uid")}
+
+
+def get(objects: client.CustomObjectsApi, group: str, version: str, plural: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = objects.get_namespaced_custom_object(group, version, NAMESPACE, plural, name)
+    return found
+
+
+def true_conditions(item: dict[str, Any]) -> set[str]:
+    return {c["type"] for c in (item.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+
+
+def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_never_restarts(
+    team_a: Cluster,
+) -> None:
+    """examples/torch/jobset.yaml (4 pods, ``--nnodes=2:4``): the agents create the Rendezvous owned by the JobSet and
+    the operator takes the JobSet's pods by its uid. Rank 0's pod is evicted: the other 3 train on, the Job replaces
+    it without counting a failure (``podFailurePolicy``: ``DisruptionTarget`` is ignored) and the newcomer joins a
+    round of 4. Then a pod is deleted with ``kubectl delete pod``: the same recovery, but the Job counts 1 failure
+    (no ``DisruptionTarget``). The JobSet never restarts (``status.restarts`` 0) and never fails."""
+    api = api_of(team_a)
+    core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    apply(team_a, jobset_objects())
+    selector = f"{JOBSET_NAME_LABEL}={RENDEZVOUS}"
+    started = start_training(team_a, NAMESPACE, selector, 4)
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert rendezvous_object(objects)["metadata"]["ownerReferences"] == [reference(jobset)]
+    assert selected_pods(core, reference(jobset)) == set(started.pods), "the JobSet row of the README's table"
+
+    evicted = lose_a_pod_and_recover(
+        team_a, NAMESPACE, selector, started, rank_zero_pod(objects, NAMESPACE, started.pods)
+    )
+    print(f"JobSet, rank 0's pod evicted: {evicted}")
+    assert evicted.survivors_training is not None, f"the other 3 did not train again: {evicted}"
+    assert evicted.replacement_training is not None
+    assert evicted.details["conditions"].get("DisruptionTarget") == "EvictionByEvictionAPI", evicted.details
+    (job_name,) = [job.metadata.name for job in batch.list_namespaced_job(NAMESPACE).items]
+    assert (batch.read_namespaced_job(job_name, NAMESPACE).status.failed or 0) == 0, "an eviction is not a failure"
+
+    again = start_training(team_a, NAMESPACE, selector, 4, after=evicted.details["round"] - 1)
+    victim = next(pod for pod in sorted(again.pods) if pod != rank_zero_pod(objects, NAMESPACE, again.pods))
+    deleted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, again, victim, how="delete")
+    print(f"JobSet, a pod deleted: {deleted}")
+    assert deleted.survivors_training is not None and deleted.replacement_training is not None, deleted
+    assert "DisruptionTarget" not in deleted.details["conditions"], deleted.details
+    wait_until(
+        lambda: batch.read_namespaced_job(job_name, NAMESPACE).status.failed == 1,
+        30,
+        "the Job to count the deleted pod as its one failure",
+    )
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert (jobset["status"].get("restarts") or 0) == 0, jobset["status"]
+    assert not true_conditions(jobset) & {"Failed", "Completed"}, jobset["status"]
+    assert "terminalState" not in jobset["status"], jobset["status"]
+
+
+def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_without_a_jobset_restart(
+    team_a: Cluster,
+) -> None:
+    """examples/torch/trainjob.yaml: its TrainingRuntime (with the failure policy) and its TrainJob of 4 nodes whose
+    command says ``--nnodes=2:4``. Trainer runs it as a JobSet: the round forms with 2 to 4 nodes although Trainer
+    injects ``PET_NNODES=4`` (the flag wins); rank 0's pod is evicted, the other 3 train on, the replacement joins a
+    round of 4, and neither the JobSet nor the TrainJob restarts or fails. The TrainJob row of the README's table
+    selects exactly its pods."""
+    api = api_of(team_a)
+    core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    apply(team_a, trainjob_objects())
+    selector = f"{JOBSET_NAME_LABEL}={RENDEZVOUS}"
+    started = start_training(team_a, NAMESPACE, selector, 4)
+    rendezvous = rendezvous_object(objects)
+    assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
+    pod = core.read_namespaced_pod(sorted(started.pods)[0], NAMESPACE)
+    injected = {item.name: item.value for item in pod.spec.containers[0].env}
+    assert injected["PET_NNODES"] == "4", "Trainer injects the TrainJob's numNodes; --nnodes=2:4 overrides it"
+    trainjob = get(objects, "trainer.kubeflow.org", "v1alpha1", "trainjobs", RENDEZVOUS)
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert [owner["uid"] for owner in jobset["metadata"]["ownerReferences"]] == [trainjob["metadata"]["uid"]]
+    assert rendezvous["metadata"]["ownerReferences"] == [reference(jobset)]
+    assert selected_pods(core, reference(trainjob)) == set(started.pods), "the TrainJob row of the README's table"
+
+    victim = rank_zero_pod(objects, NAMESPACE, started.pods)
+    evicted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, started, victim)
+    print(f"TrainJob, rank 0's pod evicted: {evicted}")
+    assert evicted.survivors_training is not None, f"the other 3 did not train again: {evicted}"
+    assert evicted.replacement_training is not None
+    (job,) = batch.list_namespaced_job(NAMESPACE).items
+    assert (job.status.failed or 0) == 0
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert (jobset["status"].get("restarts") or 0) == 0, jobset["status"]
+    trainjob = get(objects, "trainer.kubeflow.org", "v1alpha1", "trainjobs", RENDEZVOUS)
+    assert not true_conditions(trainjob) & {"Failed", "Complete"}, trainjob.get("status")
+
+
+def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the_end_in_a_new_round(
+    team_a: Cluster,
+) -> None:
+    """examples/training-job.yaml with Kueue's queue label, in a ClusterQueue whose quota holds it and nothing more.
+    A Job of higher priority arrives: Kueue preempts the example (suspends it: every pod deleted, none counted as
+    failed). Once the preemptor is gone Kueue re-admits it; the new pods (same Job, same run id) form a later round
+    of the same Rendezvous and train to the end. The Rendezvous's Events tell it: each preempted pod's node evicted,
+    then a round of the new pods. The Job row of the README's table selects exactly the Job's pods."""
+    api = api_of(team_a)
+    core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    team_a.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(queue_objects(NAMESPACE)))
+    apply(team_a, queued_job_objects(STEPS="60", STEP_SECONDS="0.25"))
+    selector = f"{JOB_NAME_LABEL}={RENDEZVOUS}"
+    started = start_training(team_a, NAMESPACE, selector, 3)
+    job = batch.read_namespaced_job(RENDEZVOUS, NAMESPACE)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": RENDEZVOUS, "uid": job.metadata.uid}
+    assert selected_pods(core, owner) == set(started.pods), "the Job row of the README's table"
+    uid = rendezvous_object(objects)["metadata"]["uid"]
+
+    preemption = preempt_and_readmit(team_a, NAMESPACE, started)
+    print(f"Kueue preemption: {preemption}")
+    again = preemption.details["again"]
+    assert not set(again.pods) & set(started.pods), "new pods after re-admission"
+    assert again.round > started.round
+    assert rendezvous_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
+    job = batch.read_namespaced_job(RENDEZVOUS, NAMESPACE)
+    assert (job.status.succeeded, job.status.failed or 0) == (3, 0), job.status
+    workload_events = [
+        event.reason
+        for event in core.list_namespaced_event(NAMESPACE, field_selector="involvedObject.kind=Workload").items
+    ]
+    assert "Preempted" in workload_events, workload_events
+    story = rendezvous_events(core, NAMESPACE)
+    print("\n".join(f"{reason}: {message}" for reason, message in story))
+    evictions = [message for reason, message in story if reason == "NodeEvicted"]
+    for pod in started.pods:
+        assert any(f"pod {pod} is gone" in message for message in evictions), (pod, story)
+    new_addresses = set(again.pods.values())
+    completed = [message for reason, message in story if reason == "RoundCompleted"]
+    assert any(all(address in message for address in new_addresses) for message in completed), story
+    final = rendezvous_status(objects, NAMESPACE)
+    assert member_addresses(final) == new_addresses and final["phase"] == "Closed", final
+    with contextlib.suppress(Exception):
+        print(team_a.plane.kubectl("-n", NAMESPACE, "get", "rdzv,job,workloads").stdout)
