@@ -165,18 +165,24 @@ def test_three_nodes_carry_topology_labels_and_route_services_and_dns_between_th
     }
 
 
-@pytest.mark.parametrize("operator", [True, False], ids=["operator", "no-operator"])
+@pytest.mark.parametrize(
+    ("job_file", "operator"),
+    [("training-job.yaml", True), ("torch/indexed-job.yaml", False)],
+    ids=["tensorplay-operator", "torchrun-no-operator"],
+)
 def test_a_node_failure_leaves_the_pods_on_the_other_nodes_training_and_the_replacement_joins(
-    recovered: Cluster, namespace3: str, tmp_path: Path, operator: bool
+    recovered: Cluster, namespace3: str, tmp_path: Path, job_file: str, operator: bool
 ) -> None:
     """The node of rank 0's pod dies (network silent, then kubelet, containerd and containers killed).
 
     With the operator (heartbeats set to expire after 90 s, so that only its rule can act), the Node turns
     NotReady and the operator evicts the nodes of the pods bound to it; without it, the heartbeats expire (15 s).
     Either way the pods on the other two nodes train on in a new round, and the Job's replacement pod, created
-    once the dead pod's toleration ran out, lands on a live node and joins them."""
+    once the dead pod's toleration ran out, lands on a live node and joins them. Both launchers: tensorplay's
+    with the operator, stock torchrun without it (the k8s side of ``test_c10d_...``: the same kill, rank 0's
+    node, where c10d's survivors never train again)."""
     process = local_operator(recovered, namespace3, tmp_path / "operator.log") if operator else None
-    recovery = node_failure(recovered, namespace3, process)
+    recovery = node_failure(recovered, namespace3, process, job_file)
     print(f"node failure ({'operator' if operator else 'no operator'}): {recovery}")
     assert recovery.survivors_training is not None, f"the pods on the other nodes did not train again: {recovery}"
     assert recovery.replacement_training is not None
@@ -273,15 +279,14 @@ def test_kubectl_drain_of_the_operators_node_leaves_the_job_training_on_the_othe
     assert moved != where
 
 
-def test_c10d_beside_k8s_when_the_node_of_rank_0_dies(recovered: Cluster, namespace3: str) -> None:
-    """Stock torchrun on the same three pods, the same kill of the node of the Indexed Job's pod 0: with torch's
-    c10d (rank 0's store found by a headless Service's DNS name) the survivors do not train again within 60 s,
-    because the store died with that node; with ``--rdzv-backend=k8s`` they do, and the replacement joins."""
-    results = {"k8s": rank0_node_killed(recovered, namespace3, "k8s")}
-    results["c10d"] = rank0_node_killed(recovered, namespace3, "c10d", window=60)
-    print(f"rank-0 node killed: {results}")
-    assert results["k8s"].survivors_training is not None and results["k8s"].replacement_training is not None
-    assert results["c10d"].survivors_training is None, "c10d's survivors trained again without rank 0's store"
+def test_c10d_survivors_never_train_again_when_the_node_of_rank_0_dies(recovered: Cluster, namespace3: str) -> None:
+    """Stock torchrun with torch's c10d (rank 0's store found by a headless Service's DNS name), spread the same way,
+    and the same kill of the node of rank 0 (the Indexed Job's pod 0, c10d's store host): the survivors do not train
+    again within 60 s, because the store died with that node. With ``--rdzv-backend=k8s`` they do:
+    ``test_a_node_failure_...[torchrun-no-operator]``, where the replacement joins too."""
+    c10d = rank0_node_killed(recovered, namespace3, "c10d", window=60)
+    print(f"rank-0 node killed, c10d: {c10d}")
+    assert c10d.survivors_training is None, "c10d's survivors trained again without rank 0's store"
 
 
 def test_ranks_follow_the_nodes_topology_and_an_agent_on_a_cordoned_node_waits_until_uncordoned(

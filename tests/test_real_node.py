@@ -49,44 +49,6 @@ def node_namespace(real_node: Node, node_api: client.ApiClient, request: pytest.
     core.delete_namespace(name, grace_period_seconds=0)
 
 
-def test_example_job_survives_a_deleted_pod(real_node: Node, node_api: client.ApiClient, node_namespace: str) -> None:
-    """3 real pods form a round; ``kubectl delete pod`` makes the kubelet SIGTERM one agent, which leaves;
-    the Job controller's replacement (a new name and address) joins, and the job trains again with 3."""
-    core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
-    apply(real_node, node_namespace, example_objects(last_call_seconds=LAST_CALL_SECONDS))
-
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-    trained = {
-        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, f"{pod} training")
-        for pod in first
-    }
-    before = rendezvous_status(objects, node_namespace)
-
-    victim = sorted(first)[0]
-    real_node.plane.kubectl("-n", node_namespace, "delete", "pod", victim, "--wait=false")
-
-    def departure() -> list[str] | None:  # the round's first departure; a later round's replaces it
-        found = rendezvous_status(objects, node_namespace).get("lastDeparture") or {}
-        if found.get("round") != before["round"]:
-            return None
-        return [item["reason"] for item in found["nodes"] if item["node"].startswith(first[victim] + "_")]
-
-    assert wait_until(departure, 60, f"the departure of {victim} from round {before['round']}") == ["Left"]
-    second = wait_until(lambda: running_pods(core, node_namespace, victim), 180, "the replacement pod Running")
-    assert set(second.values()) != set(first.values())
-    status = wait_until(
-        lambda: round_with(objects, node_namespace, second, before["round"]), 180, "a round with the replacement pod"
-    )
-    assert status["participantCount"] == 3
-    for pod in second:
-        wait_until(
-            lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3) > trained.get(pod, 0),
-            120,
-            f"{pod} training in the new round",
-        )
-
-
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))

@@ -24,6 +24,7 @@ from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     NAMESPACE,
+    clear_namespace,
     jobset_objects,
     live_pods,
     lose_a_pod_and_recover,
@@ -47,13 +48,7 @@ RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 def team_a(workload_cluster: Cluster) -> Iterator[Cluster]:
     """The cluster; namespace ``team-a`` emptied of the test's workloads, pods and Rendezvous afterwards."""
     yield workload_cluster
-    plane = workload_cluster.plane
-    for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
-        plane.kubectl("-n", NAMESPACE, "delete", kind, "--all", "--wait=false", check=False)
-    plane.kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--grace-period=0", "--force", check=False)
-    plane.kubectl("-n", NAMESPACE, "delete", "rendezvouses", "--all", "--wait=true", "--timeout=60s", check=False)
-    core = client.CoreV1Api(api_of(workload_cluster))
-    wait_until(lambda: not core.list_namespaced_pod(NAMESPACE).items, 120, "team-a's pods gone")
+    clear_namespace(workload_cluster)
 
 
 def api_of(cluster: Cluster) -> client.ApiClient:
@@ -91,14 +86,17 @@ def true_conditions(item: dict[str, Any]) -> set[str]:
     return {c["type"] for c in (item.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
 
 
-def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_never_restarts(
+def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_re_forms_after_a_jobset_restart(
     team_a: Cluster,
 ) -> None:
     """examples/torch/jobset.yaml (4 pods, ``--nnodes=2:4``): the agents create the Rendezvous owned by the JobSet and
     the operator takes the JobSet's pods by its uid. Rank 0's pod is evicted: the other 3 train on, the Job replaces
     it without counting a failure (``podFailurePolicy``: ``DisruptionTarget`` is ignored) and the newcomer joins a
     round of 4. Then a pod is deleted with ``kubectl delete pod``: the same recovery, but the Job counts 1 failure
-    (no ``DisruptionTarget``). The JobSet never restarts (``status.restarts`` 0) and never fails."""
+    (no ``DisruptionTarget``; its replacement joins as after the eviction, which is not waited for again). The
+    JobSet never restarts for them (``status.restarts`` 0) and never fails. Last, every pod is deleted at once: the
+    Job fails (backoffLimit 3 spent) and the JobSet restarts (``maxRestarts: 3``); its new pods form a later round of
+    the same Rendezvous and train."""
     api = api_of(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     apply(team_a, jobset_objects())
@@ -120,9 +118,9 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
 
     again = start_training(team_a, NAMESPACE, selector, 4, after=evicted.details["round"] - 1)
     victim = next(pod for pod in sorted(again.pods) if pod != rank_zero_pod(objects, NAMESPACE, again.pods))
-    deleted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, again, victim, how="delete")
+    deleted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, again, victim, how="delete", replacement=False)
     print(f"JobSet, a pod deleted: {deleted}")
-    assert deleted.survivors_training is not None and deleted.replacement_training is not None, deleted
+    assert deleted.survivors_training is not None, deleted
     assert "DisruptionTarget" not in deleted.details["conditions"], deleted.details
     wait_until(
         lambda: batch.read_namespaced_job(job_name, NAMESPACE).status.failed == 1,
@@ -133,6 +131,22 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
     assert (jobset["status"].get("restarts") or 0) == 0, jobset["status"]
     assert not true_conditions(jobset) & {"Failed", "Completed"}, jobset["status"]
     assert "terminalState" not in jobset["status"], jobset["status"]
+
+    # Every pod deleted at once: the failures spend backoffLimit, the Job fails, and JobSet's decision is a restart
+    # (every Job recreated). The Rendezvous is the JobSet's and so is the run id: the new pods re-form in it.
+    uid, before = rendezvous_object(objects)["metadata"]["uid"], rendezvous_status(objects, NAMESPACE)["round"]
+    team_a.plane.kubectl("-n", NAMESPACE, "delete", "pods", "-l", selector, "--wait=false")
+    wait_until(
+        lambda: get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)["status"].get("restarts") == 1,
+        60,
+        "the JobSet to restart its failed Job",
+    )
+    restarted = start_training(team_a, NAMESPACE, selector, 4, after=before)
+    print(f"JobSet restarted: round {before} -> {restarted.round}")
+    assert not set(restarted.pods) & (set(again.pods) | set(started.pods))
+    assert rendezvous_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert jobset["status"].get("restartsCountTowardsMax") == 1 and "terminalState" not in jobset["status"]
 
 
 def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_without_a_jobset_restart(
@@ -183,7 +197,7 @@ def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the
     api = api_of(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     team_a.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(queue_objects(NAMESPACE)))
-    apply(team_a, queued_job_objects(STEPS="60", STEP_SECONDS="0.25"))
+    apply(team_a, queued_job_objects(STEPS="40", STEP_SECONDS="0.25"))
     selector = f"{JOB_NAME_LABEL}={RENDEZVOUS}"
     started = start_training(team_a, NAMESPACE, selector, 3)
     job = batch.read_namespaced_job(RENDEZVOUS, NAMESPACE)

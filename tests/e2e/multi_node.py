@@ -8,9 +8,11 @@ The manifests are ``examples/`` as shipped (``real_pods.example_objects``) plus 
 - a topology spread over ``kubernetes.io/hostname`` (``DoNotSchedule``, tainted nodes not counted), so the
   3 pods land on 3 nodes and a replacement never on a node that is down or cordoned;
 - tolerations of ``node.kubernetes.io/unreachable`` and ``not-ready`` for ``TOLERATION_SECONDS`` instead of the
-  300 s that the DefaultTolerationSeconds admission plugin adds: a pod of a dead node is deleted (and replaced
-  by the Job controller) that long after its node turned NotReady. Elastic training wants this short: the
-  rendezvous has already moved on without it (the README's "A node lost" says so, with the trade-off).
+  300 s that the DefaultTolerationSeconds admission plugin adds: a pod of a dead node is deleted that long after
+  its node turned NotReady (the README's "A node lost" says why short, with the trade-off). The examples' Jobs
+  (their ``podFailurePolicy``) replace it only once it is Failed, which a dead kubelet never reports: a node
+  failure here ends with the node marked out of service (``Node.mark_out_of_service``), as Kubernetes' non-graceful
+  node shutdown asks of an administrator.
 """
 
 from __future__ import annotations
@@ -249,8 +251,9 @@ def fail_node_and_recover(
     window: float = 180,
     replacement: bool = True,
 ) -> Recovery:
-    """Kill ``victim_node`` (kubelet, containerd and its containers); time the survivors' next training round and
-    the replacement's. The node stays down (``Node.recover`` brings it back)."""
+    """Kill ``victim_node`` (kubelet, containerd and its containers); time the survivors' next training round and,
+    with ``replacement``, the replacement's, once the node is NotReady and marked out of service
+    (``Node.mark_out_of_service``). The node stays down (``Node.recover`` brings it back)."""
     api = _api(cluster)
     core = client.CoreV1Api(api)
     victims = first.on(victim_node)
@@ -275,6 +278,11 @@ def fail_node_and_recover(
         return recovery
     recovery.survivors_training = time.monotonic() - failed
     if replacement:
+        # The machine is gone for good: the administrator says so (a cloud's node lifecycle deletes the Node). The
+        # examples' Jobs replace only Failed pods (their podFailurePolicy), and a dead kubelet fails none.
+        wait_until(not_ready, window, f"{victim_node} NotReady")
+        node_named(cluster, victim_node).mark_out_of_service()
+        recovery.details["out_of_service"] = time.monotonic() - failed
         await_replacement(cluster, namespace, first, victims, recovery, failed, window)
     return recovery
 
@@ -328,13 +336,16 @@ def local_operator(cluster: Cluster, namespace: str, log: Path) -> OperatorProce
     return OperatorProcess(kubeconfig, namespace, log)
 
 
-def node_failure(cluster: Cluster, namespace: str, operator: OperatorProcess | None) -> Recovery:
-    """The example Job spread over the nodes; the node of rank 0's pod fails; the survivors and the replacement timed.
+def node_failure(
+    cluster: Cluster, namespace: str, operator: OperatorProcess | None, job_file: str = "training-job.yaml"
+) -> Recovery:
+    """The example Job of ``job_file`` (tensorplay's launcher, or ``torch/indexed-job.yaml``: stock torchrun) spread
+    over the nodes; the node of rank 0's pod fails; the survivors and the replacement timed.
 
     With ``operator`` (started here, stopped after), the heartbeats are set to expire after 90 s, so that only its
     NotReady and pod rules can remove the dead node; without it, the default 15 s expiry does."""
     objects = client.CustomObjectsApi(_api(cluster))
-    manifests = spread(example_objects(last_call_seconds=LAST_CALL_SECONDS))
+    manifests = spread(example_objects(job_file, last_call_seconds=LAST_CALL_SECONDS))
     if operator is not None:
         rendezvous = next(m for m in manifests if m["kind"] == "Rendezvous")
         rendezvous["spec"].update(keepAliveIntervalSeconds=10, keepAliveMaxAttempts=9)
@@ -379,8 +390,9 @@ def rank0_node_killed(cluster: Cluster, namespace: str, backend: str, window: fl
 
 
 @contextmanager
-def three_node_cluster(workdir: Path) -> Iterator[Cluster]:
-    """A control plane of its own with three real nodes and the CRDs applied, stopped afterwards (the benchmarks')."""
+def three_node_cluster(workdir: Path, crds: bool = True) -> Iterator[Cluster]:
+    """A control plane of its own with three real nodes and (with ``crds``) the CRDs applied, stopped afterwards (the
+    benchmarks')."""
     from tests.testenv import ControlPlane
 
     plane = ControlPlane(workdir / "control-plane", with_node=True)
@@ -388,8 +400,9 @@ def three_node_cluster(workdir: Path) -> Iterator[Cluster]:
     cluster = Cluster(plane, nodes=3)
     try:
         cluster.start()
-        plane.kubectl("apply", "-f", str(REPO / "crds"))
-        plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+        if crds:
+            plane.kubectl("apply", "-f", str(REPO / "crds"))
+            plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
         yield cluster
     finally:
         cluster.stop()

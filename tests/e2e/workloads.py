@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,9 +262,11 @@ def lose_a_pod_and_recover(
     victim: str,
     how: str = "evict",
     window: float = 120,
+    replacement: bool = True,
 ) -> Recovery:
     """Take ``victim`` away (``how``: ``evict`` through the Eviction API, or ``delete`` as ``kubectl delete pod``);
-    time the survivors' next trained round (with one fewer) and the replacement's (a round of them all again)."""
+    time the survivors' next trained round (with one fewer) and, with ``replacement``, the replacement's (a round of
+    them all again)."""
     api = _api(cluster)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     count = len(started.pods)
@@ -288,6 +291,8 @@ def lose_a_pod_and_recover(
         recovery.details["logs"] = {pod: log_tail(cluster, namespace, pod) for pod in survivors}
         return recovery
     recovery.survivors_training = time.monotonic() - lost
+    if not replacement:
+        return recovery
     after = wait_until(
         lambda: (found := running(core, namespace, selector, count)) and victim not in found and found,
         window,
@@ -359,7 +364,12 @@ def preempt_and_readmit(cluster: Cluster, namespace: str, started: Started, wind
     found.suspended = time.monotonic() - preempted
     wait_until(lambda: not live_pods(core, namespace, selector), window, "the example Job's pods gone")
     found.pods_gone = time.monotonic() - preempted
-    found.details["status_while_suspended"] = rendezvous_status(objects, namespace)
+    old = set(started.pods.values())
+    found.details["status_while_suspended"] = wait_until(
+        lambda: (status := rendezvous_status(objects, namespace)) and not member_addresses(status) & old and status,
+        60,
+        "no preempted pod's node a member of the Rendezvous",
+    )
     wait_until(lambda: running(core, namespace, f"{JOB_NAME_LABEL}={PREEMPTOR}", 1), window, "the preemptor Running")
     cluster.plane.kubectl("-n", namespace, "delete", "job", PREEMPTOR, "--wait=false")
     wait_until(lambda: not batch.read_namespaced_job(RENDEZVOUS, namespace).spec.suspend, window, "re-admitted")
@@ -387,8 +397,8 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
 
     plane = cluster.plane
     image = build_operator_image()
-    for node in cluster.nodes:
-        import_images(node.containerd_socket, [image])
+    with ThreadPoolExecutor(len(cluster.nodes)) as pool:  # each node its own containerd: in parallel
+        list(pool.map(lambda node: import_images(node.containerd_socket, [image]), cluster.nodes))
     for namespace in (NAMESPACE, RELEASE_NAMESPACE):
         plane.kubectl("create", "namespace", namespace)
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
@@ -399,3 +409,32 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
     )  # fmt: skip
     plane.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment", "--timeout=180s")
     return sorted(plane.workdir.glob(f"*/pod-logs/{RELEASE_NAMESPACE}_*/*/*.log"))
+
+
+def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
+    """Delete the namespace's TrainJobs, JobSets and Jobs, then their pods (forced) and Rendezvous; return once none
+    is left."""
+    plane = cluster.plane
+    for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
+        plane.kubectl("-n", namespace, "delete", kind, "--all", "--wait=false", check=False)
+    core = client.CoreV1Api(_api(cluster))
+
+    def gone() -> bool:  # until the garbage collector has removed the Jobs, they replace what is force-deleted
+        if not core.list_namespaced_pod(namespace).items:
+            return True
+        plane.kubectl("-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+        return False
+
+    wait_until(gone, 120, f"{namespace}'s pods gone")
+    plane.kubectl("-n", namespace, "delete", "rendezvouses", "--all", "--wait=true", "--timeout=60s", check=False)
+
+
+def indexed_job_objects(pods: int = 4, **environment: str) -> list[dict[str, Any]]:
+    """``examples/rendezvous.yaml`` and the Job of ``examples/torch/indexed-job.yaml`` (stock torchrun), fitted, with
+    ``pods`` pods (the JobSet example's 4 by default): the same launcher and pods without a workload controller
+    above the Job."""
+    fitted = example_objects("torch/indexed-job.yaml", **environment)
+    objects = [item for item in fitted if item["kind"] in ("Rendezvous", "Job")]
+    job = next(item for item in objects if item["kind"] == "Job")
+    job["spec"]["completions"] = job["spec"]["parallelism"] = pods
+    return objects

@@ -116,6 +116,10 @@ def _cgroup_hierarchies() -> list[Path]:
     return found
 
 
+#: The taint of Kubernetes' non-graceful node shutdown (``Node.mark_out_of_service``).
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
 class Node:
     """containerd + kubelet, registered as Node ``name`` (the ``index``-th of its cluster); ``stop`` removes it all."""
 
@@ -279,11 +283,20 @@ state = "{folder / "state"}"
         """Start the kubelet."""
         self._servers["kubelet"].start()
 
+    def mark_out_of_service(self) -> None:
+        """What an administrator does once a NotReady node's machine is known to be gone (Kubernetes' non-graceful
+        node shutdown): taint it ``node.kubernetes.io/out-of-service``. The pod garbage collector then marks its
+        terminating pods Failed and deletes them, so that their controllers replace them. (A Job with a
+        ``podFailurePolicy`` replaces only Failed pods: without this, or the Node's deletion as a cloud's node
+        lifecycle does, its pods of a dead node are never replaced.) ``recover`` removes the taint."""
+        self.plane.kubectl("taint", "node", self.name, f"{OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute", "--overwrite")
+
     def recover(self, timeout: float = 180.0) -> None:
-        """After ``fail``: containerd and the kubelet start again; return once the Node is Ready.
+        """After ``fail``: containerd and the kubelet start again; return once the Node is Ready (and in service).
 
         The kubelet finds its pods' containers gone and reports them (restartPolicy Never: Failed).
         """
+        self.plane.kubectl("taint", "node", self.name, f"{OUT_OF_SERVICE_TAINT}-", check=False)
         self.reconnect()
         if not self._running("containerd"):
             self._servers["containerd"].start()
