@@ -130,6 +130,7 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     manifests = example_objects(last_call_seconds=LAST_CALL_SECONDS)
     job = next(item for item in manifests if item["kind"] == "Job")
     job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    del job["spec"]["podFailurePolicy"]  # the API allows it with restartPolicy Never only
     apply(real_node, node_namespace, manifests)
     first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
     wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")

@@ -199,8 +199,9 @@ def start_spread_job(
         except TimeoutError as exc:
             plane = cluster.plane
             pods = plane.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False).stdout
-            logs = plane.kubectl("-n", namespace, "logs", pod, "--tail=40", check=False)
-            raise TimeoutError(f"{exc}\n{pods}\n{pod}'s log tail:\n{logs.stdout}{logs.stderr}") from exc
+            tails = log_tails(cluster, namespace, sorted(first.pods), lines=30)
+            shown = "\n".join(f"{name}'s log tail:\n{tail}" for name, tail in tails.items())
+            raise TimeoutError(f"{exc}\n{pods}\n{shown}") from exc
     return first, trained
 
 

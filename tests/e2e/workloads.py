@@ -412,9 +412,11 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
 
 
 def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
-    """Delete the namespace's TrainJobs, JobSets and Jobs, then their pods (forced) and Rendezvous; return once none
-    is left."""
+    """Delete the namespace's Rendezvous (first: its agents, still alive, close it and the operator lets it go at
+    once, where killed agents would hold it until their heartbeats expire), TrainJobs, JobSets, Jobs and their pods
+    (forced); return once none is left."""
     plane = cluster.plane
+    plane.kubectl("-n", namespace, "delete", "rendezvouses", "--all", "--wait=true", "--timeout=30s", check=False)
     for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
         plane.kubectl("-n", namespace, "delete", kind, "--all", "--wait=false", check=False)
     core = client.CoreV1Api(_api(cluster))
