@@ -168,7 +168,7 @@ def plot(report: dict[str, Any]) -> None:
             axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if xs else None)
     handles, labels = axis.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=False))
-    axis.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
+    axis.legend(unique.values(), unique.keys(), fontsize=7, loc="center")  # the empty middle: 6 to 14 s
     axis.set_yticks(range(len(CASES)), CASES, fontsize=8)
     axis.set_xlabel("seconds from the fault")
     axis.set_title(f"The examples on JobSet, Trainer and Kueue ({report['date']})", fontsize=9)
