@@ -7,6 +7,7 @@ import re
 import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +187,12 @@ def workload_cluster(three_nodes: Cluster, tmp_path_factory: pytest.TempPathFact
     controllers = WorkloadControllers(three_nodes)
     _MORE_LOGS.update({f"workload controller {name}": path for name, path in controllers.logs().items()})
     try:
-        controllers.start()
-        for path in install_operator_from_chart(three_nodes, tmp_path_factory.mktemp("helm-home")):
-            _MORE_LOGS[f"operator pod {path.parent.parent.name}"] = path
+        with ThreadPoolExecutor(2) as pool:  # independent: the controllers, and the operator from the chart
+            started = pool.submit(controllers.start)
+            installed = pool.submit(install_operator_from_chart, three_nodes, tmp_path_factory.mktemp("helm-home"))
+            started.result()
+            for path in installed.result():
+                _MORE_LOGS[f"operator pod {path.parent.parent.name}"] = path
         yield three_nodes
     finally:
         controllers.stop()

@@ -87,7 +87,7 @@ class TestTorchrun:
         assert (status["phase"], status["round"], status["participantCount"]) == ("Closed", 0, 3)
 
     # rank 0 only: the loss of another pod is the same path for tensorplay's launcher and torchrun
-    # (test_elastic_job.py's [another-agent]) and runs on real pods in test_workloads.py.
+    # (SIGKILLed on real pods: test_real_node.py) and runs on real pods in test_workloads.py.
     @pytest.mark.parametrize("victim_group_rank", [0], ids=["rank-0-pod"])
     def test_survivors_of_a_killed_pod_form_a_new_round_and_finish(
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_group_rank: int

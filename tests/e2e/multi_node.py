@@ -338,7 +338,11 @@ def local_operator(cluster: Cluster, namespace: str, log: Path) -> OperatorProce
 
 
 def node_failure(
-    cluster: Cluster, namespace: str, operator: OperatorProcess | None, job_file: str = "training-job.yaml"
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess | None,
+    job_file: str = "training-job.yaml",
+    replacement: bool = True,
 ) -> Recovery:
     """The example Job of ``job_file`` (tensorplay's launcher, or ``torch/indexed-job.yaml``: stock torchrun) spread
     over the nodes; the node of rank 0's pod fails; the survivors and the replacement timed.
@@ -356,7 +360,7 @@ def node_failure(
         status = rendezvous_status(objects, namespace)
         rank0 = next(p["node"].rsplit("_", 2)[0] for p in status["participants"] if p["rank"] == 0)
         victim = next(node for address, node in first.pods.values() if address == rank0)
-        recovery = fail_node_and_recover(cluster, namespace, first, trained, victim)
+        recovery = fail_node_and_recover(cluster, namespace, first, trained, victim, replacement=replacement)
         recovery.details.update(round_before=status["round"], rank0=rank0, first=first.pods)
         recovery.details["after"] = members(objects, namespace)
         recovery.details["evicted"] = rendezvous_status(objects, namespace).get("evictedNodes") or []

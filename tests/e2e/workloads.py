@@ -412,11 +412,16 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
 
 
 def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
-    """Delete the namespace's Rendezvous (first: its agents, still alive, close it and the operator lets it go at
-    once, where killed agents would hold it until their heartbeats expire), TrainJobs, JobSets, Jobs and their pods
-    (forced); return once none is left."""
+    """Delete the namespace's Rendezvous, TrainJobs, JobSets, Jobs and their pods (forced); return once none is left.
+
+    The Rendezvous go first, their finalizer removed: the operator would hold each until its killed agents'
+    heartbeats expire (it waits for live agents to close it; what it does on a delete is tested in
+    ``test_operator.py``), and the next case's agents must not find it."""
     plane = cluster.plane
-    plane.kubectl("-n", namespace, "delete", "rendezvouses", "--all", "--wait=true", "--timeout=30s", check=False)
+    plane.kubectl("-n", namespace, "delete", "rendezvouses", "--all", "--wait=false", check=False)
+    for name in plane.kubectl("-n", namespace, "get", "rendezvouses", "-o", "name", check=False).stdout.split():
+        unheld = '{"metadata":{"finalizers":null}}'
+        plane.kubectl("-n", namespace, "patch", name, "--type=merge", "-p", unheld, check=False)
     for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
         plane.kubectl("-n", namespace, "delete", kind, "--all", "--wait=false", check=False)
     core = client.CoreV1Api(_api(cluster))
