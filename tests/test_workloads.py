@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 import yaml
 from kube_rendezvous_operator.handlers_rules import pod_selector
-from kubernetes import client, config
+from kubernetes import client
 
 from tests.e2e.real_pods import RENDEZVOUS, rendezvous_status
 from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     NAMESPACE,
+    admin_api,
     clear_namespace,
     jobset_objects,
     live_pods,
@@ -49,10 +50,6 @@ def team_a(workload_cluster: Cluster) -> Iterator[Cluster]:
     """The cluster; namespace ``team-a`` emptied of the test's workloads, pods and Rendezvous afterwards."""
     yield workload_cluster
     clear_namespace(workload_cluster)
-
-
-def api_of(cluster: Cluster) -> client.ApiClient:
-    return config.new_client_from_config(str(cluster.plane.admin_kubeconfig))
 
 
 def apply(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
@@ -97,7 +94,7 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
     JobSet never restarts for them (``status.restarts`` 0) and never fails. Last, every pod is deleted at once: the
     Job fails (backoffLimit 3 spent) and the JobSet restarts (``maxRestarts: 3``); its new pods form a later round of
     the same Rendezvous and train."""
-    api = api_of(team_a)
+    api = admin_api(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     apply(team_a, jobset_objects())
     selector = f"{JOBSET_NAME_LABEL}={RENDEZVOUS}"
@@ -157,7 +154,7 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     injects ``PET_NNODES=4`` (the flag wins); rank 0's pod is evicted, the other 3 train on, the replacement joins a
     round of 4, and neither the JobSet nor the TrainJob restarts or fails. The TrainJob row of the README's table
     selects exactly its pods."""
-    api = api_of(team_a)
+    api = admin_api(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     apply(team_a, trainjob_objects())
     selector = f"{JOBSET_NAME_LABEL}={RENDEZVOUS}"
@@ -194,7 +191,7 @@ def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the
     failed). Once the preemptor is gone Kueue re-admits it; the new pods (same Job, same run id) form a later round
     of the same Rendezvous and train to the end. The Rendezvous's Events tell it: each preempted pod's node evicted,
     then a round of the new pods. The Job row of the README's table selects exactly the Job's pods."""
-    api = api_of(team_a)
+    api = admin_api(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     team_a.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(queue_objects(NAMESPACE)))
     apply(team_a, queued_job_objects(STEPS="40", STEP_SECONDS="0.25"))

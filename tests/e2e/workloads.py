@@ -230,7 +230,7 @@ def start_training(
     cluster: Cluster, namespace: str, selector: str, count: int, window: float = 180, after: int = -1
 ) -> Started:
     """Wait for ``count`` pods of ``selector`` to run, form a round (later than ``after``) and train together."""
-    api = _api(cluster)
+    api = admin_api(cluster)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     pods = wait_until(lambda: running(core, namespace, selector, count), window, f"{count} pods of {selector} Running")
     status = wait_until(lambda: formed(objects, namespace, pods, after), window, f"a round of the {count} pods")
@@ -267,7 +267,7 @@ def lose_a_pod_and_recover(
     """Take ``victim`` away (``how``: ``evict`` through the Eviction API, or ``delete`` as ``kubectl delete pod``);
     time the survivors' next trained round (with one fewer) and, with ``replacement``, the replacement's (a round of
     them all again)."""
-    api = _api(cluster)
+    api = admin_api(cluster)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     count = len(started.pods)
     survivors = sorted(set(started.pods) - {victim})
@@ -313,7 +313,8 @@ def lose_a_pod_and_recover(
     return recovery
 
 
-def _api(cluster: Cluster) -> client.ApiClient:
+def admin_api(cluster: Cluster) -> client.ApiClient:
+    """An API client of ``cluster`` as its admin."""
     from kubernetes import config
 
     return config.new_client_from_config(str(cluster.plane.admin_kubeconfig))
@@ -353,7 +354,7 @@ def preempt_and_readmit(cluster: Cluster, namespace: str, started: Started, wind
     """Create the high-priority Job: Kueue preempts the example Job (suspends it: every pod deleted); delete the
     preemptor once the example's pods are gone: Kueue re-admits the example, whose new pods form a new round of the
     same Rendezvous and train to the end (the Job completes)."""
-    api = _api(cluster)
+    api = admin_api(cluster)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     selector = f"{JOB_NAME_LABEL}={RENDEZVOUS}"
     count = len(started.pods)
@@ -424,7 +425,7 @@ def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
         plane.kubectl("-n", namespace, "patch", name, "--type=merge", "-p", unheld, check=False)
     for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
         plane.kubectl("-n", namespace, "delete", kind, "--all", "--wait=false", check=False)
-    core = client.CoreV1Api(_api(cluster))
+    core = client.CoreV1Api(admin_api(cluster))
 
     def gone() -> bool:  # until the garbage collector has removed the Jobs, they replace what is force-deleted
         if not core.list_namespaced_pod(namespace).items:
