@@ -26,6 +26,9 @@ from kube_rendezvous._rules.placement import (
     domain_text,
     hold_reason,
     rank_order,
+    tolerates,
+    topology_reason,
+    unlabelled_keys,
 )
 from kube_rendezvous_operator import handlers_rules
 
@@ -127,6 +130,41 @@ class TestAdmission:
             "NodeCondition: Kubernetes node gpu-7 has the condition GpuUnhealthy=True"
         )
 
+    @pytest.mark.parametrize(
+        ("toleration", "tolerated"),
+        [
+            ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}, True),
+            ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}, True),
+            ({"key": "nvidia.com/gpu", "value": "present"}, True),  # Equal is the default operator
+            ({"operator": "Exists"}, True),  # an empty key with Exists tolerates every taint
+            ({"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}, False),
+            ({"key": "other", "operator": "Exists"}, False),
+            ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, False),
+            # tolerated for a while only: the taint manager evicts the pod after it, so the node still holds
+            ({"key": "nvidia.com/gpu", "operator": "Exists", "tolerationSeconds": 300}, False),
+        ],
+    )
+    def test_a_no_execute_taint_the_pod_tolerates_for_good_is_no_hold(
+        self, toleration: dict[str, object], tolerated: bool
+    ) -> None:
+        """A dedicated node pool (a GPU pool's taint, tolerated by its pods) admits its pods."""
+        facts = self.facts(no_execute=("nvidia.com/gpu",), no_execute_values={"nvidia.com/gpu": "present"})
+        assert tolerates([toleration], "nvidia.com/gpu", "present") is tolerated
+        reason = hold_reason(facts, (), [toleration])
+        assert (reason is None) is tolerated, reason
+        assert placement_of(facts, PlacementSpec(), [toleration]).hold == reason
+
+    def test_a_topology_key_that_no_members_node_has_is_named_with_the_fix(self) -> None:
+        keys = ("topology.kubernetes.io/zon", "kubernetes.io/hostname")
+        domains = [(None, "n1"), (None, "n2"), None]  # None: a member whose domain is unknown
+        assert unlabelled_keys(keys, domains) == ["topology.kubernetes.io/zon"]
+        assert topology_reason(keys, domains) == (
+            "no member's Node has the label topology.kubernetes.io/zon: check spec.topology.keys for a misspelt key "
+            "(kubectl get nodes -L topology.kubernetes.io/zon)"
+        )
+        assert topology_reason(keys, [("z1", "n1"), (None, "n2")]) is None  # one member's Node has it: no typo
+        assert topology_reason(keys, [None, None]) is None  # nothing known: nothing to say
+
     def test_node_facts_read_a_node_object(self) -> None:
         facts = node_facts(
             {
@@ -138,7 +176,7 @@ class TestAdmission:
                 "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Disk", "status": "True"}]},
             }
         )
-        assert facts == NodeFacts("n1", {"zone": "z1"}, True, "True", ("b",), frozenset({"Ready", "Disk"}))
+        assert facts == NodeFacts("n1", {"zone": "z1"}, True, "True", ("b",), frozenset({"Ready", "Disk"}), {"b": ""})
 
 
 class TestPlacementSpec:

@@ -119,8 +119,37 @@ class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
         self._kv.append(key, value)
 
 
+class RendezvousClosedExit(SystemExit):
+    """Raised by ``next_rendezvous`` when this run ended (a person closed it, or it finished): exit status 0.
+
+    torch 2.15's agent catches ``RendezvousGracefulExitError`` and returns None from ``run()``, and
+    ``launch_agent`` then fails on ``None.is_failed()``, so stock torchrun exits 1 on a close (pytorch#194710,
+    fix #194711 open). A ``SystemExit`` passes the agent's ``except`` clauses, still runs its ``finally``
+    (workers stopped, the handler shut down), and torchrun's ``@record`` turns ``SystemExit(0)`` into a
+    return: torchrun exits 0, as tensorplay's launcher does, without a patch of torch.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class TorchKubernetesRendezvousHandler(NativeHandler, RendezvousHandler):
     """The ``k8s`` handler for torch's elastic agent (``native.NativeHandler``); each round's store is a torch Store."""
+
+    def next_rendezvous(self) -> Any:
+        """``NativeHandler.next_rendezvous``; a closed run raises ``RendezvousClosedExit`` (exit 0) instead.
+
+        Raises:
+            RendezvousClosedExit: this run ended (closed by a person, deleted, or finished).
+        """
+        try:
+            return super().next_rendezvous()
+        except self.framework.graceful_exit_error as exc:
+            raise RendezvousClosedExit(str(exc)) from exc
 
     def wrap_store(self, store: KubernetesPrefixStore) -> TorchKubernetesStore:
         return TorchKubernetesStore(store)

@@ -57,7 +57,7 @@ from .._rules.folder_rules import (
 )
 from .._rules.intents import EVICTED_HEARTBEAT, fold_intents
 from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
-from .._rules.placement import STATUS_HELD_LIMIT, Domain, RankOrder, domain_ranges
+from .._rules.placement import STATUS_HELD_LIMIT, Domain, PlacementSpec, RankOrder, domain_ranges, topology_reason
 from .._rules.summary import departure_of, summarize_document
 
 logger = logging.getLogger(__name__)
@@ -296,7 +296,8 @@ class Folder:
         rule = completion_rule(document, folded, settings, now)
         if rule is not None and rule is not rule.MAX_NODES:
             logger.info("%s: round %d completed (%s)", self.where, folded.round, rule.value)
-        placed = self._placement_status(folded, rule is not None, domain, pods, result.held)
+        keys = self._topology_keys(spec)
+        placed = self._placement_status(folded, rule is not None, domain, pods, result.held, keys)
         if domain is not None:
             kept = set(folded.nodes())
             self._domains = {node: value for node, value in self._domains.items() if node in kept}
@@ -340,6 +341,7 @@ class Folder:
         domain: Callable[[NodeId], Domain | None] | None,
         pods: TrainingPods | None,
         held: Mapping[NodeId, str],
+        keys: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """``status.topology`` (when a round formed in this write) and ``status.heldNodes``/``heldCount``."""
         status: dict[str, Any] = {
@@ -351,6 +353,9 @@ class Folder:
             if domain is not None:
                 ranked = sorted(document.participants, key=lambda node: document.participants[node])
                 status["topology"] = {"order": RankOrder.TOPOLOGY.value, "domains": domain_ranges(ranked, domain)}
+                reason = topology_reason(keys, [domain(node) for node in ranked])
+                if reason is not None:
+                    status["topology"]["reason"] = reason
             else:
                 why = (
                     "the operator may not read Kubernetes Nodes"
@@ -359,6 +364,14 @@ class Folder:
                 )
                 status["topology"] = {"order": RankOrder.ADDRESS.value, "reason": why}
         return status
+
+    @staticmethod
+    def _topology_keys(spec: dict[str, Any]) -> tuple[str, ...]:
+        """The spec's topology keys (a spec the operator reports as invalid: none, so nothing is said of them)."""
+        try:
+            return PlacementSpec.from_spec(spec).topology_keys
+        except ValueError:
+            return ()
 
     def _vouched(self, pods: TrainingPods, records: list[NodeRecord]) -> Carry:
         """The carry rule's judgement: a member whose pod is live and whose Lease changed recently."""

@@ -50,7 +50,7 @@ from .._kube.kubeapi import (
 from .._kube.leases import LeaseNodeLock
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
-from .._rules.intents import RendezvousReading, read_rendezvous, waiting_count
+from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
 from .connection import Connection, connect, incarnation_node
@@ -93,6 +93,8 @@ class NativeHandler:
         self.namespace = namespace
         self.rendezvous_name = rendezvous_name
         self.run_id = connection.run_id
+        #: The UID of the Rendezvous this run uses: another object of the same name is not this run's.
+        self.rendezvous_uid = str(connection.rendezvous["metadata"]["uid"])
         self.node = node
         self.timings = timings
         self.framework = framework
@@ -101,16 +103,8 @@ class NativeHandler:
         self._join_settings = JoinSettings(min_nodes, max_nodes, timedelta(seconds=timings.last_call))
         self._shared = shared(api, namespace, rendezvous_name)
         self._watch = self._shared.watch
-        self._lease = LeaseNodeLock(
-            api,
-            namespace,
-            rendezvous_name,
-            node,
-            run_id=self.run_id,
-            settings=self._join_settings,
-            expiry_seconds=timings.heartbeat_expiry,
-            owner=owner_reference(connection.rendezvous),
-        )
+        self._owner = owner_reference(connection.rendezvous)
+        self._lease = self._lease_of(node)
         self._folder = self._shared.folder(f"{AGENT_IDENTITY_PREFIX}{node}", timings.heartbeat_expiry)
         self._renewer = self._shared.renewer(timings.keep_alive_interval)
         #: The round this node last formed and its members (``num_nodes_waiting``'s lost-member rule).
@@ -128,7 +122,43 @@ class NativeHandler:
         #: (publishing or reading it), and the store's ``requests`` and ``retries`` in it.
         self.bootstrap_seconds: dict[str, float] | None = None
         #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0}
+        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0, "fenced": 0}
+
+    def _lease_of(self, node: NodeId) -> LeaseNodeLock:
+        """The Lease on which ``node`` asks to join or leave and heartbeats."""
+        return LeaseNodeLock(
+            self._api,
+            self.namespace,
+            self.rendezvous_name,
+            node,
+            run_id=self.run_id,
+            settings=self._join_settings,
+            expiry_seconds=self.timings.heartbeat_expiry,
+            owner=self._owner,
+        )
+
+    def _fenced(self, reading: RendezvousReading) -> bool:
+        """If this live node was evicted (``status.evictedNodes``), become a new incarnation that may join again.
+
+        An eviction names one incarnation (``addr_pid_localid``) and stays for the run, so the evicted name can
+        never rejoin: a live agent evicted by mistake (a healed partition, ``kubectl rdzv evict`` of a live node)
+        takes a new local id and a new Lease, and joins as a new member; its old Lease is no longer renewed.
+        """
+        if str(self.node) not in reading.evicted:
+            return False
+        old = self.node
+        self._renewer.remove(self._lease)
+        self.node = incarnation_node(old.addr)
+        self._lease = self._lease_of(self.node)
+        self._round = None
+        self.stats["fenced"] += 1
+        logger.warning(
+            "node %s was evicted from Rendezvous %s while alive (status.evictedNodes); it joins again as node %s",
+            old,
+            self._where,
+            self.node,
+        )
+        return True
 
     @classmethod
     def from_parameters(cls: type[HandlerT], params: Any, framework: Framework) -> HandlerT:
@@ -177,6 +207,8 @@ class NativeHandler:
         deadline = time.monotonic() + self.timings.join
         try:
             reading = self._read(deadline)
+            if self._fenced(reading):
+                previous = None  # a new member: nothing carried over
             document = reading.document
             last_members = previous[1] if previous else None
             if previous is not None and document is not None and carried(document, self.node, previous[0]):
@@ -190,7 +222,11 @@ class NativeHandler:
                 reading = self._settle(Desire.JOIN, deadline, last_members)
         except self.framework.closed_error as exc:
             self._record_closed()
-            raise self.framework.graceful_exit_error(f"the rendezvous {self.run_id} is closed: {exc}") from exc
+            cause = close_cause(self._own(self._watch.get(self.rendezvous_name)))
+            logger.warning(
+                "run %s ended, this agent stops and exits 0: %s (Rendezvous %s)", self.run_id, cause, self._where
+            )
+            raise self.framework.graceful_exit_error(f"the rendezvous {self.run_id} is closed: {cause}") from exc
         document = reading.document
         assert document is not None
         self.joined_at = time.time()
@@ -204,7 +240,7 @@ class NativeHandler:
         A rendezvous closed by an agent whose training succeeded counts as none: the other agents'
         workers are finishing too, and restarting them now would kill them before they are done.
         """
-        obj = self._watch.get(self.rendezvous_name)
+        obj = self._own(self._watch.get(self.rendezvous_name))
         if obj is None:
             return 1 if self._watch.healthy else 0  # deleted: the next rendezvous exits cleanly
         self.stats["waiting_answers"] += 1
@@ -247,6 +283,12 @@ class NativeHandler:
         close timeout.
         """
         if self._shutdown_result is None:
+            if self.succeeded:  # said at WARNING, the default level: why this agent exits 0
+                logger.warning(
+                    "run %s finished: this agent's workers succeeded; it closes Rendezvous %s and exits",
+                    self.run_id,
+                    self._where,
+                )
             self._shutdown_result = self._end(self._close if self.succeeded else self._leave, self.timings.close)
         return self._shutdown_result
 
@@ -258,6 +300,12 @@ class NativeHandler:
             self._stop_bootstrap_store()
 
     # -- asking and waiting -------------------------------------------------------------------
+
+    def _own(self, obj: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``obj`` if it is this run's Rendezvous; None (deleted, for this run) if it is another of the same name."""
+        if obj is None or str((obj.get("metadata") or {}).get("uid")) != self.rendezvous_uid:
+            return None
+        return obj
 
     def _reading_of(self, obj: dict[str, Any]) -> RendezvousReading:
         try:
@@ -304,6 +352,7 @@ class NativeHandler:
         else:
             unreachable = "The Kubernetes API server could not be reached for {seconds} s."
             obj = self._call(get, deadline, f"GET rendezvous {self._where}", "get", RENDEZVOUS_PLURAL, unreachable)
+        obj = self._own(obj)
         if obj is None:
             raise self.framework.closed_error(f"The Rendezvous {self._where} no longer exists (deleted).")
         return self._reading_of(obj)
@@ -344,6 +393,10 @@ class NativeHandler:
             document = reading.document
             if reading.close_requested or (document is not None and document.closed):
                 raise self.framework.closed_error(f"the Rendezvous {self._where} is closed")
+            if desire is Desire.JOIN and self._fenced(reading):
+                asked = join_scope(document)
+                self._ask(desire, asked, deadline)
+                last_change = time.monotonic()
             if desire is Desire.LEAVE and satisfied(document, self.node, desire):
                 return reading
             if desire is Desire.JOIN and document is not None:
@@ -360,9 +413,9 @@ class NativeHandler:
             now = time.monotonic()
             held = reading.held.get(str(self.node)) if desire is Desire.JOIN else None
             spare = document is not None and role_of(document, self.node) == "redundant"
-            if desire is Desire.JOIN and (held is not None or spare):
-                # A spare, or a node its Kubernetes Node holds back, waits as long as that lasts: the join
-                # timeout counts from when it may join again (torch's redundancy list never times out either).
+            if desire is Desire.JOIN and spare:
+                # A spare waits as long as it is one (torch's redundancy list never times out either). A node its
+                # Kubernetes Node holds back does not: a hold counts against the join timeout, so it ends.
                 deadline = max(deadline, now + self.timings.join)
             if now > deadline:
                 if desire is Desire.JOIN:
@@ -370,6 +423,7 @@ class NativeHandler:
                 raise self.framework.timeout_error(
                     f"node {self.node} was not taken into a round of {self._where} within "
                     f"{self.timings.join if desire is Desire.JOIN else self.timings.close:g} s"
+                    + (f"; it was held back all along: {held}" if held is not None else "")
                 )
             if held is not None and (held != last_held or now - progress_logged >= PROGRESS_LOG_SECONDS):
                 progress_logged, last_held = now, held

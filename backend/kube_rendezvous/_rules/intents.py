@@ -13,6 +13,7 @@ later incarnation with the same name until the intent is gone (a new run clears 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -73,6 +74,8 @@ class RendezvousReading:
     foreign_run: str | None = None
     #: The nodes the folder holds back (``status.heldNodes``: their Kubernetes Node does not admit them), with why.
     held: Mapping[str, str] = field(default_factory=dict)
+    #: The node names evicted from this run (``status.evictedNodes``): a live agent named here is fenced.
+    evicted: frozenset[str] = frozenset()
 
 
 def read_rendezvous(
@@ -100,6 +103,7 @@ def read_rendezvous(
             for item in status.get("heldNodes") or []
             if isinstance(item, dict) and not foreign
         },
+        evicted=frozenset(str(node) for node in status.get("evictedNodes") or []),
     )
 
 
@@ -109,3 +113,83 @@ def waiting_count(reading: RendezvousReading) -> int:
     if document is None:
         return 1 if reading.close_requested else 0
     return max(len(document.wait_list), 1 if document.closed and reading.close_requested else 0)
+
+
+class Found(enum.Enum):
+    """What a run does with the Rendezvous it finds under its name (``judge_found``)."""
+
+    #: Use it: its own, a new one, or one whose state belongs to no ended run.
+    USE = "use"
+    #: Wait for it to go: it is being deleted (a deletion closes only the run that was using it).
+    WAIT_FOR_DELETION = "wait for deletion"
+    #: Replace it (or refuse it): it records the end of another run, which this run must not take as its own.
+    REPLACE = "replace"
+
+
+@dataclass(frozen=True)
+class FoundVerdict:
+    """``judge_found``'s answer and why, in words for the agent's log and errors."""
+
+    action: Found
+    why: str = ""
+    #: The run whose end the object records (``Found.REPLACE``).
+    ended_run: str | None = None
+
+
+def judge_found(obj: dict[str, Any], run_id: str | None) -> FoundVerdict:
+    """What run ``run_id`` (None: unset, the object's UID will be the run id) does with ``obj``, found at start.
+
+    The rule (the README's "Runs never inherit each other's end"):
+
+    - An object being deleted is nobody's any more: a new run waits until it is gone, then creates its own
+      (or waits for a person to re-apply one). A deletion closes only the run that was using the object.
+    - An object that records the end of another run (``spec.closed`` or a closed state, and ``status.runId``
+      names another run) is replaced: that close or success was that run's.
+    - Anything else is used: a state of another run that did not end counts as no state (``read_rendezvous``).
+
+    With the run id unset, the object's UID is the run id, so an object that stays is one run for ever:
+    a re-run under the same name cannot be told from a late member (set ``--rdzv-id`` to the workload's UID).
+    """
+    metadata = obj.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        finalizers = ", ".join(metadata.get("finalizers") or []) or "none"
+        return FoundVerdict(
+            Found.WAIT_FOR_DELETION,
+            f"it is being deleted (deletionTimestamp {metadata['deletionTimestamp']}, finalizers: {finalizers})",
+        )
+    if run_id is None:
+        return FoundVerdict(Found.USE)
+    status = obj.get("status") or {}
+    stored_run = status.get("runId")
+    ended = bool((obj.get("spec") or {}).get("closed")) or bool(status.get("closed"))
+    if ended and stored_run is not None and str(stored_run) != run_id:
+        when = status.get("lastChangeTime") or "an unknown time"
+        how = "closed by a person (spec.closed)" if (obj.get("spec") or {}).get("closed") else "closed"
+        return FoundVerdict(Found.REPLACE, f"it was {how} for run {stored_run} at {when}", ended_run=str(stored_run))
+    return FoundVerdict(Found.USE)
+
+
+def close_cause(obj: dict[str, Any] | None) -> str:
+    """Why run's Rendezvous ``obj`` (None: deleted) ended, who ended it and when, in words for the agent's log.
+
+    A person's close names the field manager that set ``spec.closed`` and when (its ``managedFields`` entry:
+    ``kubectl`` for ``kubectl patch``, ``kubectl-rdzv`` for ``kubectl rdzv close``); a deletion names its time;
+    otherwise the run finished (an agent's workers succeeded and it closed the rendezvous).
+    """
+    if obj is None:
+        return "the Rendezvous was deleted (a deletion closes the run that uses it)"
+    metadata = obj.get("metadata") or {}
+    if metadata.get("deletionTimestamp"):
+        return f"the Rendezvous is being deleted (deletionTimestamp {metadata['deletionTimestamp']})"
+    if (obj.get("spec") or {}).get("closed"):
+        setters = [
+            entry
+            for entry in metadata.get("managedFields") or []
+            if isinstance(entry, dict) and "f:closed" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})
+        ]
+        if setters:
+            entry = setters[-1]
+            return f"a person closed it (spec.closed, set by {entry.get('manager')} at {entry.get('time')})"
+        return "a person closed it (spec.closed)"
+    status = obj.get("status") or {}
+    return f"the run finished: an agent's workers succeeded and closed it (at {status.get('lastChangeTime')})"

@@ -20,7 +20,7 @@ is admitted, and the status says which order ranked the round (``RankOrder``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -108,6 +108,26 @@ class NodeFacts:
     no_execute: tuple[str, ...] = ()
     #: Types of the Node's conditions whose status is True.
     true_conditions: frozenset[str] = frozenset()
+    #: The values of the ``NoExecute`` taints by key ("" for none), to match a pod's tolerations.
+    no_execute_values: Mapping[str, str] = field(default_factory=dict)
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], key: str, value: str) -> bool:
+    """Whether ``tolerations`` (a pod's ``spec.tolerations``) tolerate the ``NoExecute`` taint ``key=value`` for good.
+
+    Kubernetes' matching: the effect is ``NoExecute`` or empty (every effect); ``operator: Exists`` matches any
+    value (and with an empty key every taint), ``Equal`` (the default) matches ``value``. A toleration with
+    ``tolerationSeconds`` tolerates only for a while (the taint manager then evicts the pod), so it does not count.
+    """
+    for toleration in tolerations:
+        if toleration.get("effect") not in (None, "", "NoExecute") or toleration.get("tolerationSeconds") is not None:
+            continue
+        exists = toleration.get("operator") == "Exists"
+        if exists and not toleration.get("key"):
+            return True
+        if toleration.get("key") == key and (exists or str(toleration.get("value") or "") == value):
+            return True
+    return False
 
 
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
@@ -126,6 +146,11 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
             if isinstance(taint, Mapping) and taint.get("effect") == "NoExecute"
         ),
         true_conditions=frozenset(str(item.get("type")) for item in conditions if item.get("status") == "True"),
+        no_execute_values={
+            str(taint.get("key")): str(taint.get("value") or "")
+            for taint in spec.get("taints") or []
+            if isinstance(taint, Mapping) and taint.get("effect") == "NoExecute"
+        },
     )
 
 
@@ -142,17 +167,23 @@ def domain_text(domain: Domain | None) -> str:
     return "/".join(value if value is not None else "-" for value in domain) or "-"
 
 
-def hold_reason(facts: NodeFacts, conditions: Iterable[str] = ()) -> str | None:
+def hold_reason(
+    facts: NodeFacts, conditions: Iterable[str] = (), tolerations: Iterable[Mapping[str, Any]] = ()
+) -> str | None:
     """Why a node on the Node of ``facts`` is not admitted to a new round; None when it is.
 
-    The first that holds of: NotReady, cordoned, a ``NoExecute`` taint, a True condition of ``conditions``.
+    The first that holds of: NotReady, cordoned, a ``NoExecute`` taint that the pod's ``tolerations`` do not
+    tolerate for good (``tolerates``: a dedicated or GPU node pool's taint is no hold), a True condition of
+    ``conditions``.
     """
+    tolerations = list(tolerations)
     if facts.ready is not None and facts.ready != "True":
         return f"NodeNotReady: Kubernetes node {facts.name} is NotReady (Ready={facts.ready})"
     if facts.unschedulable:
         return f"NodeCordoned: Kubernetes node {facts.name} is cordoned (spec.unschedulable)"
-    if facts.no_execute:
-        return f"NodeTainted: Kubernetes node {facts.name} has the NoExecute taint {facts.no_execute[0]}"
+    for key in facts.no_execute:
+        if not tolerates(tolerations, key, facts.no_execute_values.get(key, "")):
+            return f"NodeTainted: Kubernetes node {facts.name} has the NoExecute taint {key}"
     for condition in conditions:
         if condition in facts.true_conditions and condition != "Ready":
             return f"NodeCondition: Kubernetes node {facts.name} has the condition {condition}=True"
@@ -171,10 +202,12 @@ class Placement:
     hold: str | None = None
 
 
-def placement_of(facts: NodeFacts, spec: PlacementSpec) -> Placement:
-    """A pod's ``Placement`` on the Node of ``facts``."""
+def placement_of(facts: NodeFacts, spec: PlacementSpec, tolerations: Iterable[Mapping[str, Any]] = ()) -> Placement:
+    """A pod's ``Placement`` on the Node of ``facts``; ``tolerations``: the pod's ``spec.tolerations``."""
     return Placement(
-        facts.name, domain_of(facts.labels, spec.topology_keys), hold_reason(facts, spec.admission_conditions)
+        facts.name,
+        domain_of(facts.labels, spec.topology_keys),
+        hold_reason(facts, spec.admission_conditions, tolerations),
     )
 
 
@@ -195,6 +228,27 @@ def rank_order(nodes: Iterable[NodeId], domain: Callable[[NodeId], Domain | None
     keyed = [(rank_key(domain(node)), node) for node in nodes]
     keyed.sort()
     return [node for _, node in keyed]
+
+
+def unlabelled_keys(keys: Sequence[str], domains: Iterable[Domain | None]) -> list[str]:
+    """The ``keys`` that no known domain has a value for: no member's Node carries that label, so a misspelt
+    ``spec.topology.keys`` entry (it ranks every member as one ``-`` domain) is said, not silently accepted."""
+    known = [domain for domain in domains if domain is not None]
+    if not known:
+        return []
+    return [key for index, key in enumerate(keys) if all(index >= len(d) or d[index] is None for d in known)]
+
+
+def topology_reason(keys: Sequence[str], domains: Iterable[Domain | None]) -> str | None:
+    """``status.topology.reason`` of a round ranked by topology: the labels no member's Node has, with the fix."""
+    missing = unlabelled_keys(keys, domains)
+    if not missing:
+        return None
+    labels = ",".join(missing)
+    return (
+        f"no member's Node has the label {labels}: check spec.topology.keys for a misspelt key "
+        f"(kubectl get nodes -L {labels})"
+    )
 
 
 def domain_ranges(
@@ -235,4 +289,7 @@ __all__ = [
     "placement_of",
     "rank_key",
     "rank_order",
+    "tolerates",
+    "topology_reason",
+    "unlabelled_keys",
 ]

@@ -1,0 +1,345 @@
+"""A job's whole life, not one fault in one run: re-runs under the same name, closes, and what each agent says.
+
+Real agents (tensorplay's launcher and stock torchrun) as separate processes with a training pod's
+ServiceAccount token, on the real API server with RBAC on; the operator is not running (the data path
+needs only the API server). Each test injects the user's action where it happens: an earlier run's
+Rendezvous left closed or held by a finalizer, a ``kubectl patch`` of ``spec.closed``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous import create_backend
+from kubernetes import client
+
+from tests.e2e.harness import ElasticJob, training_in_world
+from tests.helpers import REPO, create_rendezvous, holds_for, rendezvous_parameters
+from tests.testenv import ControlPlane, wait_until
+
+MakeJob = Callable[..., ElasticJob]
+GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
+#: A finalizer of somebody else's (an operator of the last release, a backup tool) that holds a deletion.
+FOREIGN_FINALIZER = "example.com/hold"
+#: The annotation of a Rendezvous created in place of one that recorded another run's end (README).
+REPLACES_ANNOTATION = "kube-rendezvous.io/replaces"
+
+
+def earlier_run_ended(objects: client.CustomObjectsApi, namespace: str, *, closed_by_person: bool) -> str:
+    """Leave Rendezvous ``job`` as run ``run-a`` left it when it ended; return its UID."""
+    create_rendezvous(objects, namespace, minNodes=2, maxNodes=2, closed=closed_by_person)
+    objects.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        "job",
+        {"status": {"runId": "run-a", "closed": True, "phase": "Closed", "lastChangeTime": "2026-12-01T10:00:00Z"}},
+    )
+    found: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")  # type: ignore[assignment]
+    return str(found["metadata"]["uid"])
+
+
+def rendezvous(objects: client.CustomObjectsApi, namespace: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")  # type: ignore[assignment]
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return found
+
+
+class TestRunsNeverInheritEachOthersEnd:
+    def test_a_re_run_waits_for_the_last_runs_rendezvous_being_deleted_then_trains_in_its_own(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """A Job re-created while the old Rendezvous waits on a finalizer: the new agents wait, say why, then train."""
+        old_uid = earlier_run_ended(objects, namespace, closed_by_person=False)
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "job", {"metadata": {"finalizers": [FOREIGN_FINALIZER]}}
+        )
+        objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+        job = make_job(nnodes="2", run_id="run-b")
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(
+            lambda: all(not agent.alive() or "this run waits for it to go" in agent.output() for agent in agents),
+            90,
+            "both agents to say they wait for the deletion",
+            explain=job.last_lines,
+        )
+        assert all(agent.alive() for agent in agents), job.logs()  # before the fix: exit 0, untrained
+        assert FOREIGN_FINALIZER in agents[0].output()  # the log names what holds the deletion
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "job", {"metadata": {"finalizers": None}}
+        )
+        assert job.wait(agents, 180) == [0, 0], job.logs()
+        assert len(job.results()) == 4, job.logs()  # 2 agents x 2 workers trained to the end
+        new = rendezvous(objects, namespace)
+        assert new is not None and new["metadata"]["uid"] != old_uid
+        assert new["status"]["runId"] == "run-b"
+
+    def test_a_re_run_replaces_a_rendezvous_a_person_closed_for_the_last_run_and_trains(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """``kubectl rdzv close`` ended run-a; spec.closed cannot be reset, and run-b must not take it as its close."""
+        old_uid = earlier_run_ended(objects, namespace, closed_by_person=True)
+        job = make_job(nnodes="2", run_id="run-b")
+        agents = [job.start_agent() for _ in range(2)]
+        assert job.wait(agents, 180) == [0, 0], job.logs()
+        assert len(job.results()) == 4, job.logs()  # before the fix: 0 results, both exited 0 at once
+        new = rendezvous(objects, namespace)
+        assert new is not None and new["metadata"]["uid"] != old_uid
+        assert new["metadata"]["annotations"][REPLACES_ANNOTATION] == f"{old_uid} (run run-a)"
+        assert (new["status"]["runId"], new["status"]["phase"]) == ("run-b", "Closed")
+        output = agents[0].output() + agents[1].output()
+        assert "closed by a person (spec.closed) for run run-a" in output
+        assert output.count("run run-b finished: this agent's workers succeeded") == 2  # why each agent exits 0
+
+    def test_with_create_false_a_rendezvous_of_an_ended_run_is_refused_naming_the_fix(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        earlier_run_ended(objects, namespace, closed_by_person=True)
+        job = make_job(nnodes="1", run_id="run-b", rdzv_conf={"create": "false"})
+        agent = job.start_agent()
+        assert job.wait([agent], 120) != [0], job.logs()  # before the fix: exit 0 without training
+        assert "belongs to an ended run" in agent.output()
+        assert f"kubectl delete rdzv -n {namespace} job" in agent.output()
+        assert job.results() == []
+
+
+class TestCloseWithStockTorchrun:
+    def test_a_person_closing_the_rendezvous_ends_stock_torchrun_with_exit_0_and_says_who(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
+    ) -> None:
+        """torch 2.15 returns None from ``run()`` on a graceful exit and torchrun exits 1 (pytorch#194710)."""
+        job = make_job(launcher="torchrun", nnodes="2", steps=400, step_seconds=0.25)
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(agents, 4), 120, "2 torchrun agents training", explain=job.last_lines)
+        control_plane.kubectl("-n", namespace, "patch", "rdzv", "job", "--type=merge", "-p", '{"spec":{"closed":true}}')
+        assert job.wait(agents, 120) == [0, 0], job.logs()  # before the fix: [1, 1]
+        for agent in agents:
+            assert re.search(r"a person closed it \(spec\.closed, set by kubectl\S* at \S+\)", agent.output()), (
+                job.logs()
+            )
+        steps = [item for item in (training_in_world([agent], 4, min_step=0) for agent in agents) if item]
+        assert steps, "the workers trained before the close"
+
+
+class TestErrorsNameTheFix:
+    def test_a_missing_namespace_is_named_not_reported_as_a_missing_crd(
+        self, control_plane: ControlPlane, crds: None
+    ) -> None:
+        parameters = rendezvous_parameters("no-such-namespace/job", control_plane.admin_kubeconfig)
+        with pytest.raises(ValueError, match=r"Namespace 'no-such-namespace' does not exist: create it"):
+            create_backend(parameters)
+
+    def test_a_refused_create_names_the_create_verb(
+        self, control_plane: ControlPlane, namespace: str, objects: client.CustomObjectsApi
+    ) -> None:
+        """The per-job Role grants get (by name) but not create: the error must say 'create', not 'get'."""
+        control_plane.kubectl("-n", namespace, "apply", "-f", str(REPO / "examples" / "rbac-per-job.yaml"))
+        kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "llama-train")
+        wait_until(
+            lambda: (
+                control_plane.kubectl(
+                    "auth",
+                    "can-i",
+                    "get",
+                    "rendezvouses.kube-rendezvous.io/llama-train",
+                    "-n",
+                    namespace,
+                    kubeconfig=kubeconfig,
+                    check=False,
+                ).stdout.strip()
+                == "yes"
+            ),
+            30,
+            "the per-job RoleBinding to take effect",
+        )
+        parameters = rendezvous_parameters(f"{namespace}/llama-train", kubeconfig, retry_timeout="5")
+        with pytest.raises(Exception, match=r"refused to create rendezvouses.*verb 'create'") as refused:
+            create_backend(parameters)
+        assert "'get'" not in str(refused.value)
+
+
+class TestFencing:
+    def test_a_live_agent_evicted_by_mistake_rejoins_as_a_new_member_and_the_round_breaks_once(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, tmp_path: Path
+    ) -> None:
+        """``kubectl rdzv evict`` of a live member (as after a healed partition), with the operator folding: before,
+        every fold dropped the rejoined agent again and the round broke over and over."""
+        from tests.test_operator import running_operator
+
+        with running_operator(control_plane, namespace, tmp_path / "operator.log"):
+            self.evict_a_live_member(make_job, control_plane, namespace)
+
+    def evict_a_live_member(self, make_job: MakeJob, control_plane: ControlPlane, namespace: str) -> None:
+        job = make_job(nnodes="3", steps=400, step_seconds=0.25, max_restarts=3)
+        agents = [job.start_agent() for _ in range(3)]
+        wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training", explain=job.last_lines)
+        victim = agents[1]
+        evicted = victim.node_name
+        plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
+        subprocess.run(
+            [plugin, "--kubeconfig", str(control_plane.admin_kubeconfig), "-n", namespace, "evict", "job", evicted],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_until(
+            lambda: all(
+                "round 1 formed" in agent.output() and agent.output().split("round 1 formed")[1].count(" step ") >= 4
+                for agent in agents
+            ),
+            120,
+            "all 3 training again in round 1",
+            explain=job.last_lines,
+        )
+        assert f"node {evicted} was evicted from Rendezvous" in victim.output()
+        # The round broke once: it stays formed while they train on (before the fix: it broke every few seconds).
+        holds_for(
+            lambda: all(agent.alive() and "round 2 formed" not in agent.output() for agent in agents),
+            15,
+            "round 1 holding",
+        )
+        control_plane.kubectl("-n", namespace, "patch", "rdzv", "job", "--type=merge", "-p", '{"spec":{"closed":true}}')
+        assert job.wait(agents, 120) == [0, 0, 0], job.logs()
+        assert all("a person closed it (spec.closed, set by kubectl" in agent.output() for agent in agents)
+
+
+def played_pod_on_a_node(core: client.CoreV1Api, namespace: str, node: client.V1Node, address: str) -> None:
+    """Node ``node`` (an object only: no kubelet) and a Running training pod of Rendezvous ``job`` bound to it."""
+    core.create_node(node)
+    core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name="trainer-0", labels={"kube-rendezvous.io/rendezvous": "job"}),
+            spec=client.V1PodSpec(
+                node_name=node.metadata.name, containers=[client.V1Container(name="agent", image="trainer:latest")]
+            ),
+        ),
+    )
+    core.patch_namespaced_pod_status(
+        "trainer-0", namespace, {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
+    )
+
+
+def joining_handler(namespace: str, kubeconfig: Path, address: str, **conf: str) -> tuple[Any, list[object]]:
+    """A tensorplay ``k8s`` handler at ``address`` (min = max = 1) joining in a thread; its result lands in the list."""
+    from kube_rendezvous._adapters.handler import create_k8s_handler
+    from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
+
+    parameters = RendezvousParameters(
+        backend="k8s",
+        endpoint=f"{namespace}/job",
+        run_id="job-1",
+        min_nodes=1,
+        max_nodes=1,
+        local_addr=address,
+        kubeconfig=str(kubeconfig),
+        create="false",
+        **conf,
+    )
+    handler = create_k8s_handler(parameters)
+    result: list[object] = []
+
+    def join() -> None:
+        try:
+            result.append(handler.next_rendezvous())
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it
+            result.append(exc)
+
+    threading.Thread(target=join, daemon=True).start()
+    return handler, result
+
+
+class TestHoldsEnd:
+    def test_a_node_held_by_its_cordoned_kubernetes_node_times_out_at_its_join_timeout_saying_why(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        objects: client.CustomObjectsApi,
+        tmp_path: Path,
+    ) -> None:
+        """The operator holds an agent whose Node is cordoned (``status.heldNodes``). A hold counts against the join
+        timeout: before, the held agent's deadline moved on for as long as the hold lasted, so it waited for ever."""
+
+        from tests.test_operator import running_operator
+
+        core = client.CoreV1Api(admin_api)
+        node = f"cordoned-{namespace[-6:]}"
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=1)
+        address = "127.0.0.61"
+        played_pod_on_a_node(
+            core,
+            namespace,
+            client.V1Node(metadata=client.V1ObjectMeta(name=node), spec=client.V1NodeSpec(unschedulable=True)),
+            address,
+        )
+        try:
+            log = tmp_path / "operator.log"
+            with running_operator(control_plane, namespace, log) as operator:
+                # The census first (the first resync lists the pods on their Nodes): a join folded before it is
+                # admitted, as the README says of a Node cordoned a moment before.
+                wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
+                handler, result = joining_handler(namespace, agent_kubeconfig, address, join_timeout="8")
+                wait_until(
+                    lambda: any(
+                        item.get("node") == str(handler.node)
+                        for item in (rendezvous(objects, namespace) or {}).get("status", {}).get("heldNodes") or []
+                    ),
+                    30,
+                    "the operator to hold the agent of the cordoned node",
+                    explain=lambda: f"{rendezvous(objects, namespace)} {result}",
+                )
+                wait_until(lambda: result, 40, "the held agent to give up (an 8 s join timeout)")
+                assert type(result[0]).__name__ == "RendezvousTimeoutError", result
+                assert f"held back all along: NodeCordoned: Kubernetes node {node} is cordoned" in str(result[0])
+        finally:
+            core.delete_node(node)
+
+
+class TestErrorsNameTheFixOnRealNodes:
+    def test_a_topology_key_no_members_node_has_is_named_in_the_status(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        objects: client.CustomObjectsApi,
+        tmp_path: Path,
+    ) -> None:
+        """``spec.topology.keys: [topology.kubernetes.io/zon]`` (misspelt): before, one silent ``-`` domain."""
+        from tests.test_operator import running_operator
+
+        core = client.CoreV1Api(admin_api)
+        node = f"zoned-{namespace[-6:]}"
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=1, topology={"keys": ["topology.kubernetes.io/zon"]})
+        address = "127.0.0.62"
+        labels = {"topology.kubernetes.io/zone": "z1"}
+        played_pod_on_a_node(
+            core, namespace, client.V1Node(metadata=client.V1ObjectMeta(name=node, labels=labels)), address
+        )
+        try:
+            with running_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
+                wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
+                _, result = joining_handler(namespace, agent_kubeconfig, address)
+                wait_until(lambda: result, 60, "the round of 1 to form")
+                topology = (rendezvous(objects, namespace) or {})["status"]["topology"]
+                assert topology["order"] == "Topology", topology
+                assert topology["reason"] == (
+                    "no member's Node has the label topology.kubernetes.io/zon: check spec.topology.keys for a "
+                    "misspelt key (kubectl get nodes -L topology.kubernetes.io/zon)"
+                ), topology
+        finally:
+            core.delete_node(node)
