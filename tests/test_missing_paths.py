@@ -249,18 +249,21 @@ class TestResyncIsQuiet:
         core = client.CoreV1Api(admin_api)
         for index, address in enumerate(("127.0.0.51", "127.0.0.52")):
             create_job_pod(core, namespace, f"trainer-{index}", address)
-        log = tmp_path / "operator.log"
-        with running_operator(control_plane, namespace, log):
+        with running_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
+
+            def resyncs() -> float:
+                return operator.metric("kube_rendezvous_operator_resyncs_total")
+
             wait_until(
                 lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready"
             )
-            wait_until(lambda: log.read_text().count("Timer 'resync_pods' succeeded") >= 1, 30, "a first resync")
+            wait_until(lambda: resyncs() >= 1, 30, "a first resync")
             version = read(objects, namespace)["metadata"]["resourceVersion"]
-            resyncs = log.read_text().count("Timer 'resync_pods' succeeded")
+            before = resyncs()
             holds_for(
                 lambda: read(objects, namespace)["metadata"]["resourceVersion"] == version,
                 6,
                 "the Rendezvous unchanged while the operator resyncs",
             )
-            assert log.read_text().count("Timer 'resync_pods' succeeded") >= resyncs + 3
+            assert resyncs() >= before + 3
         assert "evictedNodes" not in read(objects, namespace)["status"]

@@ -291,6 +291,20 @@ class TestTrainingPodsPlacement:
             "status": {"phase": phase, "podIP": ip},
         }
 
+    def test_a_pod_that_tolerates_its_nodes_no_execute_taint_is_admitted_and_one_that_does_not_is_held(self) -> None:
+        """A GPU pool's taint: its training pods tolerate it (admitted); a pod without the toleration is held."""
+        nodes = {"gpu": NodeFacts("gpu", {}, ready="True", no_execute=("pool",), no_execute_values={"pool": "gpu"})}
+        tolerant = self.pod("p1", "10.0.0.1", "gpu")
+        tolerant["spec"] = {"nodeName": "gpu", "tolerations": [{"key": "pool", "value": "gpu", "effect": "NoExecute"}]}
+        census = handlers_rules.training_pods([tolerant, self.pod("p2", "10.0.0.2", "gpu")], nodes, PlacementSpec())
+        holds = {min(pod.addresses): pod.placement.hold for pod in census.live if pod.placement is not None}
+        assert holds == {"10.0.0.1": None, "10.0.0.2": "NodeTainted: Kubernetes node gpu has the NoExecute taint pool"}
+
+    def test_min_and_max_come_from_the_spec_only_until_a_fold_wrote_them(self) -> None:
+        spec = {"minNodes": 2, "maxNodes": 4}
+        assert handlers_rules.nodes_until_folded(spec, {}) == {"minNodes": 2, "maxNodes": 4}
+        assert handlers_rules.nodes_until_folded(spec, {"minNodes": 3, "maxNodes": 3}) == {}
+
     def test_the_census_carries_each_live_pods_placement_and_a_held_pod_is_not_waited_for(self) -> None:
         nodes = {
             "n1": NodeFacts("n1", {"zone": "z1"}, ready="True"),

@@ -5,7 +5,7 @@ the Lease ``kube-rendezvous-operator`` acts, the others stand by (``leadership``
 operator acts at once, standalone (no Kopf peering objects): run exactly one replica then.
 
 Settings are resolved once (``config.OperatorConfig``) and passed explicitly: to the handlers in
-Kopf's memo, to their registration (the resync interval), and to the election.
+Kopf's memo, and to the election.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import handlers
 
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, config)
+    handlers.register(registry)
     client, _ = load_api_client(config.kubeconfig, None, fix=KUBECONFIG_FIX)
     memo = OperatorMemo(config=config, api=KubernetesApi(client, REQUEST_SECONDS))
 

@@ -3,17 +3,22 @@
 The operator is never required in the data path (it is the preferred writer, see ``writer``; the
 agents elect one of their own when it is down). It watches Rendezvous objects and the training pods,
 posts Events, keeps ``status.conditions`` current, evicts nodes whose pod is gone (by adding
-them to ``status.evictedNodes``, which every writer folds into the state), holds a deleted
-Rendezvous until its agents have closed, and deletes closed ones after their TTL. It also evicts
+them to ``status.evictedNodes``, which every writer folds into the state), and deletes closed
+Rendezvous after their TTL. It also evicts
 the nodes of training pods on a Kubernetes Node NotReady for ``--node-not-ready-seconds`` (``not_ready``;
 ``nodes`` tells which are), unless their agents still heartbeat. It writes to
-a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A timer
+a Rendezvous only when a condition changes or a node is evicted: never per heartbeat. A task
 resyncs each Rendezvous with its pods (a LIST, no write unless it evicts), so pods deleted or
 ended while the operator was down or its watch was broken are noticed too.
 
+It never holds a Rendezvous: no finalizer, so deleting one (or its namespace, or the CRD) needs no
+operator. Its agents take the object's disappearance as the close of their run; the operator stops
+its tasks and forgets it on its DELETED event (``lifecycle``). Objects of earlier releases carry
+``RELEASED_FINALIZER``: the operator removes it from every object it sees.
+
 This module holds the Rendezvous handlers and ``register``; the training pods' handlers are in ``pods``,
-the NotReady-node rule in ``not_ready``, the folder in ``writer``, and the operator's memory
-(``OperatorMemo``) and its writes, which they all share, in ``memory``.
+the NotReady-node rule in ``not_ready``, the folder in ``writer``, each Rendezvous's tasks in
+``lifecycle``, and the operator's memory (``OperatorMemo``) and its writes, which they all share, in ``memory``.
 
 It reads ``status.state`` only through ``handlers_rules.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a
@@ -41,16 +46,19 @@ from kube_rendezvous import (
     resource_path,
 )
 
-from . import handlers_rules, metrics
-from .config import OperatorConfig
-from .memory import Observed, OperatorMemo, post_event, stored_state, update_condition
+from . import handlers_rules, lifecycle, metrics
+from .lifecycle import stopped_within
+from .memory import Key, Observed, OperatorMemo, post_event, stored_state, update_condition
 from .not_ready import evict_on_not_ready_nodes, start_node_rule, stop_node_rule
-from .pods import evict_nodes_of_gone_pods, is_training_pod, resync_pods, track_training_pod
-from .writer import FOLDER_STOP_SECONDS, fold_requests, with_lease_heartbeats
+from .pods import evict_nodes_of_gone_pods, is_training_pod, resync_periodically, track_training_pod
+from .writer import fold_requests
 
 logger = logging.getLogger(__name__)
 
-FINALIZER = "kube-rendezvous.io/close-before-delete"
+#: The finalizer of the first four releases, which held every Rendezvous until the operator let it go. Kopf
+#: is told it is its own finalizer: since no handler needs one now, Kopf removes it from each object it sees
+#: (also from one being deleted, which then goes), so what earlier releases left can be deleted.
+RELEASED_FINALIZER = "kube-rendezvous.io/close-before-delete"
 #: Seconds the server keeps one of Kopf's watch requests open (Kopf then watches anew from the last event).
 WATCH_SERVER_SECONDS = 25  # an integer: the server refuses timeoutSeconds=25.0
 #: Seconds one of Kopf's requests may take, and its connection attempt.
@@ -60,7 +68,7 @@ CONNECT_SECONDS = 10.0
 
 def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     """Keep Kopf's own writes rare and under our names; serve metrics."""
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = RELEASED_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kube-rendezvous.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kube-rendezvous.io", key="last-handled-spec"
@@ -77,6 +85,7 @@ def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> 
     if memo.config.namespaces:
         # Named namespaces only: do not scan (list) namespaces, which namespaced RBAC forbids.
         settings.scanning.disabled = True
+    metrics.report_memory(lambda: len(memo.tracked()), memo.indexed_pods)
     metrics.serve(memo.config.metrics_port)
 
 
@@ -101,6 +110,8 @@ def reconcile_spec(
             generation,
             "ready-unknown",
             condition=("Ready", "Unknown", "Validating", "the operator is checking the spec"),
+            # MIN/MAX (kubectl get rdzv) show status.minNodes/maxNodes: what the agents follow, the spec until a fold.
+            also=handlers_rules.nodes_until_folded(spec, status),
         )
         status["conditions"] = [
             {
@@ -117,7 +128,6 @@ def reconcile_spec(
 
 
 def observe_rendezvous(
-    type: str | None,
     body: kopf.Body,
     spec: dict[str, Any],
     status: dict[str, Any],
@@ -125,18 +135,9 @@ def observe_rendezvous(
     namespace: str,
     name: str,
     memo: OperatorMemo,
-    **_: Any,
 ) -> None:
     """Turn state changes into Events and metrics; flag an invalid state. Writes only on a change."""
     key = (namespace, name)
-    if type == "DELETED":
-        memo.observed.pop(key, None)
-        memo.states.pop(key, None)
-        memo.selectors.pop(key, None)
-        memo.keep_alive.pop(key, None)
-        memo.placement.pop(key, None)
-        metrics.forget(namespace, name)
-        return
     status = dict(status or {})
     previous = memo.observed.get(key)
     stored = stored_state(memo, key, status.get("state"))
@@ -244,7 +245,80 @@ def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]
     return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
 
 
-def close_before_delete(
+def has_ttl(spec: dict[str, Any]) -> bool:
+    """Whether the Rendezvous has ``spec.ttlSecondsAfterClosed`` (then ``delete_after_ttl`` runs for it)."""
+    return spec.get("ttlSecondsAfterClosed") is not None
+
+
+async def delete_after_ttl(
+    spec: dict[str, Any], namespace: str, name: str, uid: str, stopped: asyncio.Event, memo: OperatorMemo
+) -> None:
+    """Delete closed Rendezvous object ``uid`` ``spec.ttlSecondsAfterClosed`` seconds after its last change.
+
+    The DELETE carries ``uid`` as a precondition: an object created anew under that name meanwhile is
+    another run's, and is left alone.
+    """
+    ttl = int(spec["ttlSecondsAfterClosed"])
+    path = resource_path(RENDEZVOUS_PLURAL, namespace, name)
+    while not stopped.is_set():
+        observed = memo.observed.get((namespace, name))
+        status = observed.status if observed is not None else {}
+        try:
+            changed = parse_time(status["lastChangeTime"]) if status.get("closed") else None
+        except (KeyError, TypeError, ValueError):
+            changed = None
+        if changed is None:
+            await stopped_within(stopped, 2)
+            continue
+        remaining = ttl - (datetime.now(timezone.utc) - changed).total_seconds()
+        if remaining > 0:
+            await stopped_within(stopped, min(remaining, 5))
+            continue
+        try:
+            await asyncio.to_thread(memo.api.request, "DELETE", path, body={"preconditions": {"uid": uid}})
+        except NotFoundError:
+            return
+        except KubernetesApiError as exc:
+            # A 409 (the precondition failed), or no answer (the outcome is unknown): read what is there now.
+            if not await asyncio.to_thread(is_object, memo.api, path, uid):
+                logger.info(
+                    "closed Rendezvous %s/%s is gone or another object now: not deleted after its TTL", namespace, name
+                )
+                return
+            logger.warning("could not delete closed Rendezvous %s/%s after its TTL: %s", namespace, name, exc)
+            await stopped_within(stopped, 5)
+            continue
+        logger.info("deleted closed Rendezvous %s/%s after its TTL of %d s", namespace, name, ttl)
+        return
+
+
+def is_object(client: KubernetesApi, path: str, uid: str) -> bool:
+    """Whether the object at ``path`` is object ``uid`` (also when it cannot be read: then it may be)."""
+    try:
+        found = client.request("GET", path)
+    except NotFoundError:
+        return False
+    except KubernetesApiError:
+        return True
+    return bool(found["metadata"].get("uid") == uid)
+
+
+def rendezvous_tasks(memo: OperatorMemo, key: Key, spec: dict[str, Any], uid: str) -> dict[str, lifecycle.Work]:
+    """The background tasks of Rendezvous ``key`` (object ``uid``), by name: what Kopf's daemons and timer were."""
+    namespace, name = key
+    tasks: dict[str, lifecycle.Work] = {
+        "folder": lambda stopped: fold_requests(memo, key, uid, stopped),
+        "resync": lambda stopped: resync_periodically(memo, key, stopped),
+        "not-ready": lambda stopped: evict_on_not_ready_nodes(memo, key, stopped),
+    }
+    if has_ttl(spec):
+        tasks["ttl"] = lambda stopped: delete_after_ttl(dict(spec), namespace, name, uid, stopped, memo)
+    return tasks
+
+
+async def rendezvous_event(
+    type: str | None,
+    body: kopf.Body,
     spec: dict[str, Any],
     status: dict[str, Any],
     meta: dict[str, Any],
@@ -253,73 +327,39 @@ def close_before_delete(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """Hold a deleted Rendezvous until its agents have closed it (they fold the deletion into the state)."""
-    now = datetime.now(timezone.utc)
-    stored = stored_state(memo, (namespace, name), (status or {}).get("state")).document
-    document = with_lease_heartbeats(memo.api, stored, namespace, name)
-    alive = handlers_rules.live_agents(document, now, handlers_rules.heartbeat_expiry(spec))
-    if not alive:
+    """Each watch event of a Rendezvous: run its tasks while it lives, stop them when its deletion starts, and
+    forget everything of it once it is deleted; observe its state (``observe_rendezvous``, in a worker thread)."""
+    key = (namespace, name)
+    uid = str(meta.get("uid"))
+    if type == "DELETED":
+        await lifecycle.forget(memo, key, uid)
+        metrics.forget(namespace, name)
         return
-    deleted = parse_time(meta["deletionTimestamp"])
-    patience = handlers_rules.timings(spec).close
-    if (now - deleted).total_seconds() > patience:
-        logger.warning("%d agents did not close within %g s; letting the Rendezvous go", len(alive), patience)
-        return
-    raise kopf.TemporaryError(f"waiting for {len(alive)} live agents to close the rendezvous", delay=1)
+    if meta.get("deletionTimestamp"):
+        await lifecycle.stop(memo, key)
+    else:
+        await lifecycle.start(memo, key, uid, rendezvous_tasks(memo, key, spec or {}, uid))
+    await asyncio.to_thread(observe_rendezvous, body, spec, status, meta, namespace, name, memo)
 
 
-def has_ttl(spec: dict[str, Any], **_: Any) -> bool:
-    """Kopf's filter for ``delete_after_ttl``: the Rendezvous has ``spec.ttlSecondsAfterClosed``."""
-    return spec.get("ttlSecondsAfterClosed") is not None
+async def stop_rendezvous_tasks(memo: OperatorMemo, **_: Any) -> None:
+    """Stop every Rendezvous's tasks (Kopf's cleanup): each folder releases its writer Lease."""
+    await lifecycle.stop_all(memo)
 
 
-async def delete_after_ttl(
-    spec: dict[str, Any], namespace: str, name: str, stopped: Any, memo: OperatorMemo, **_: Any
-) -> None:
-    """Delete a closed Rendezvous ``spec.ttlSecondsAfterClosed`` seconds after its last change."""
-    ttl = int(spec["ttlSecondsAfterClosed"])
-    while not stopped:
-        observed = memo.observed.get((namespace, name))
-        status = observed.status if observed is not None else {}
-        try:
-            changed = parse_time(status["lastChangeTime"]) if status.get("closed") else None
-        except (KeyError, TypeError, ValueError):
-            changed = None
-        if changed is None:
-            await asyncio.sleep(2)
-            continue
-        remaining = ttl - (datetime.now(timezone.utc) - changed).total_seconds()
-        if remaining > 0:
-            await asyncio.sleep(min(remaining, 5))
-            continue
-        try:
-            await asyncio.to_thread(memo.api.request, "DELETE", resource_path(RENDEZVOUS_PLURAL, namespace, name))
-        except NotFoundError:
-            return
-        except KubernetesApiError as exc:
-            logger.warning("could not delete closed Rendezvous %s/%s after its TTL: %s", namespace, name, exc)
-            await asyncio.sleep(5)
-            continue
-        logger.info("deleted closed Rendezvous %s/%s after its TTL of %d s", namespace, name, ttl)
-        return
-
-
-def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    """Register every handler on ``registry``, with the timings of ``config`` (its resync interval)."""
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every handler on ``registry`` (the settings reach them in Kopf's memo, ``OperatorMemo.config``)."""
     rendezvous = (GROUP, VERSION, RENDEZVOUS_PLURAL)
     # Kopf's own watches log in as our API client does: the kubeconfig, else the pod's service account.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
     kopf.on.startup(registry=registry)(start_node_rule)
+    kopf.on.cleanup(registry=registry)(stop_rendezvous_tasks)
     kopf.on.cleanup(registry=registry)(stop_node_rule)
     for on in (kopf.on.resume, kopf.on.create):
         on(*rendezvous, registry=registry)(reconcile_spec)
     kopf.on.update(*rendezvous, field="spec", registry=registry)(reconcile_spec)
-    kopf.on.event(*rendezvous, registry=registry)(observe_rendezvous)
+    # No daemon, timer or on.delete handler: Kopf would hold every Rendezvous with a finalizer for them.
+    kopf.on.event(*rendezvous, registry=registry)(rendezvous_event)
     kopf.on.event("", "v1", "pods", when=is_training_pod, registry=registry)(evict_nodes_of_gone_pods)
     kopf.on.event("", "v1", "pods", when=is_training_pod, registry=registry)(track_training_pod)
-    kopf.timer(*rendezvous, interval=config.resync_seconds, initial_delay=1, registry=registry)(resync_pods)
-    kopf.on.delete(*rendezvous, registry=registry)(close_before_delete)
-    kopf.daemon(*rendezvous, cancellation_timeout=5, when=has_ttl, registry=registry)(delete_after_ttl)
-    kopf.daemon(*rendezvous, cancellation_timeout=FOLDER_STOP_SECONDS + 5, registry=registry)(fold_requests)
-    kopf.daemon(*rendezvous, cancellation_timeout=5, registry=registry)(evict_on_not_ready_nodes)

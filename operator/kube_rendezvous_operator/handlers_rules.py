@@ -3,7 +3,7 @@
 Nothing here does I/O; ``handlers`` and ``pods`` feed it Kubernetes objects and act on the answers.
 
 The operator reads ``status.state`` with ``decode_document``, the agents' own bounded validator:
-it never unpickles anything. Full membership (events, eviction, close-before-delete) comes from
+it never unpickles anything. Full membership (events, eviction) comes from
 the decoded document, since the readable summary in ``status`` lists only the first nodes.
 """
 
@@ -453,6 +453,17 @@ def rendezvouses_of_pod(labels: dict[str, str] | None, selectors: dict[str, PodS
     return sorted(matched)
 
 
+def nodes_until_folded(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, int]:
+    """``status.minNodes``/``maxNodes`` from the spec, for an object no fold has written them to yet (else none).
+
+    The folder writes what the agents follow (their ``--nnodes``); ``kubectl get rdzv`` shows those columns.
+    """
+    low, high = spec.get("minNodes"), spec.get("maxNodes")
+    if status.get("minNodes") is not None or not isinstance(low, int) or not isinstance(high, int):
+        return {}
+    return {"minNodes": low, "maxNodes": high}
+
+
 def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
     """Whether a training pod can no longer run its agent: deleted, terminating or all containers ended."""
     if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
@@ -465,10 +476,18 @@ def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
 
 
 def pod_gone_at(pod: dict[str, Any], now: datetime) -> datetime:
-    """When ``pod`` stopped running its agent: its deletion time, else its containers' last finish, else ``now``."""
+    """When ``pod`` stopped being trusted to run its agent: when its deletion was requested, else its
+    containers' last finish, else ``now``.
+
+    A heartbeat later than this (``nodes_of_pod``) is another pod's. The deletion request time is
+    ``deletionTimestamp`` minus ``deletionGracePeriodSeconds``: the timestamp is when the kubelet must have
+    stopped the pod (request plus grace), not when it was told to stop; a newer pod may reuse its address
+    long before that.
+    """
     metadata, status = pod.get("metadata", {}), pod.get("status") or {}
     if metadata.get("deletionTimestamp"):
-        return parse_time(metadata["deletionTimestamp"])
+        grace = timedelta(seconds=int(metadata.get("deletionGracePeriodSeconds") or 0))
+        return parse_time(metadata["deletionTimestamp"]) - grace
     finished = [
         parse_time(terminated["finishedAt"])
         for item in status.get("containerStatuses") or []
@@ -528,7 +547,8 @@ def training_pods(
         if (pod.get("status") or {}).get("phase") == "Running" and addresses.addresses:
             facts = nodes.get(str((pod.get("spec") or {}).get("nodeName"))) if nodes is not None else None
             if facts is not None and placement is not None:
-                addresses = dataclasses.replace(addresses, placement=placement_of(facts, placement))
+                tolerations = (pod.get("spec") or {}).get("tolerations") or []
+                addresses = dataclasses.replace(addresses, placement=placement_of(facts, placement, tolerations))
             live.append(addresses)
         else:
             starting += 1

@@ -1,9 +1,13 @@
 """The operator's memory (``OperatorMemo``) and its writes to a Rendezvous: what the handler modules share.
 
 Kopf hands every handler the memo; ``handlers`` (the Rendezvous handlers and ``register``), ``pods``
-(the training pods'), ``not_ready`` (the NotReady-node rule) and ``writer`` (the folder) all read and
-write it through this module, which registers no handler, so none of them imports another handler module
-for it (no import cycle).
+(the training pods'), ``not_ready`` (the NotReady-node rule), ``writer`` (the folder) and ``lifecycle``
+(each Rendezvous's tasks) all read and write it through this module, which registers no handler, so none
+of them imports another handler module for it (no import cycle).
+
+Everything the memo keeps of a Rendezvous is in one of the collections ``OperatorMemo.per_rendezvous``
+lists, keyed by the Rendezvous or by a tuple that starts with it; ``OperatorMemo.forget`` empties them all
+of one Rendezvous when it is deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kube_rendezvous import (
@@ -43,6 +47,11 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str]
 
 
+def owner(entry: Any) -> Key:
+    """The Rendezvous an entry of a per-Rendezvous collection belongs to: the entry itself, or its first item."""
+    return cast(Key, entry[0] if isinstance(entry[0], tuple) else entry)
+
+
 @dataclass(frozen=True)
 class Observed:
     """What ``observe_rendezvous`` saw last of one Rendezvous: the base its Events are computed from."""
@@ -62,28 +71,38 @@ class NodeRule:
 
     #: The NotReady Kubernetes Nodes (None until the operator started watching them).
     readiness: NodeReadiness | None = None
-    #: The wake-up of each Rendezvous's ``evict_on_not_ready_nodes`` daemon, rung when a Node's readiness changes.
+    #: The wake-up of each Rendezvous's ``evict_on_not_ready_nodes`` task, rung when a Node's readiness changes.
     wakes: dict[Key, asyncio.Event] = field(default_factory=dict)
-    #: (Rendezvous, Node, NotReady since) already judged after its grace ended, by the daemon or a resync.
+    #: (Rendezvous, Node, NotReady since) already judged after its grace ended, by the task or a resync.
     judged: set[tuple[Key, str, datetime]] = field(default_factory=set)
     #: (Rendezvous, Node, NotReady since) whose live agents were logged as spared (logged once).
     spared: set[tuple[Key, str, datetime]] = field(default_factory=set)
     #: Guards ``judged`` and ``spared`` (held briefly, also from the event loop).
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: One judgement at a time (a daemon and a resync), so one eviction posts one Event (worker threads only).
+    #: One judgement at a time (a task and a resync), so one eviction posts one Event (worker threads only).
     judging: threading.Lock = field(default_factory=threading.Lock)
 
     def wake_all(self) -> None:
-        """Wake every daemon (from the event loop: ``loop.call_soon_threadsafe``)."""
+        """Wake every task (from the event loop: ``loop.call_soon_threadsafe``)."""
         for wake in list(self.wakes.values()):
             wake.set()
+
+
+@dataclass
+class RendezvousTasks:
+    """The background tasks of one Rendezvous (``lifecycle``), and the uid of the object they work for."""
+
+    uid: str
+    #: Each task by name, and the flag that asks it to end.
+    tasks: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = field(default_factory=dict)
 
 
 @dataclass
 class OperatorMemo:
     """Kopf's memo: the operator's whole memory (Kopf hands each Rendezvous a shallow copy, so the dicts are shared).
 
-    Keyed by (namespace, name) of a Rendezvous; nothing else is kept between events.
+    Keyed by (namespace, name) of a Rendezvous, or by a tuple that starts with it; nothing else is kept
+    between events. Every such collection is listed in ``per_rendezvous``.
     """
 
     config: OperatorConfig
@@ -107,9 +126,49 @@ class OperatorMemo:
     placement: dict[Key, PlacementSpec] = field(default_factory=dict)
     #: The rule that evicts the nodes of training pods on NotReady Kubernetes Nodes.
     node_rule: NodeRule = field(default_factory=NodeRule)
-    #: Container restarts judged already, (namespace, Rendezvous, pod uid) -> when the container ended:
+    #: Container restarts judged already, (Rendezvous, pod uid) -> when the container ended:
     #: the pod's later events do not read the Leases again for the same restart (``pods.judge_restart``).
-    judged_restarts: dict[tuple[str, str, str], datetime] = field(default_factory=dict)
+    judged_restarts: dict[tuple[Key, str], datetime] = field(default_factory=dict)
+    #: Each Rendezvous's background tasks: its folder, resync, NotReady-node rule and TTL (``lifecycle``).
+    running: dict[Key, RendezvousTasks] = field(default_factory=dict)
+
+    def per_rendezvous(self) -> list[dict[Any, Any] | set[Any]]:
+        """Every collection that keeps something of a Rendezvous (keyed by it, or by a tuple that starts with it)."""
+        rule = self.node_rule
+        return [
+            self.states,
+            self.observed,
+            self.selectors,
+            self.pods,
+            self.wake_folder,
+            self.keep_alive,
+            self.placement,
+            self.judged_restarts,
+            self.running,
+            rule.wakes,
+            rule.judged,
+            rule.spared,
+        ]
+
+    def forget(self, key: Key) -> None:
+        """Drop everything kept of Rendezvous ``key`` (deleted; ``lifecycle`` stops its tasks)."""
+        with self.pods_lock, self.node_rule.lock:
+            for held in self.per_rendezvous():
+                for entry in [entry for entry in list(held) if owner(entry) == key]:
+                    if isinstance(held, set):
+                        held.discard(entry)
+                    else:
+                        held.pop(entry, None)
+
+    def tracked(self) -> set[Key]:
+        """The Rendezvous the operator keeps anything of."""
+        with self.pods_lock, self.node_rule.lock:
+            return {owner(entry) for held in self.per_rendezvous() for entry in list(held)}
+
+    def indexed_pods(self) -> int:
+        """How many training pods the pod index holds, over every Rendezvous."""
+        with self.pods_lock:
+            return sum(len(pods) for pods in self.pods.values())
 
 
 def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
@@ -200,8 +259,9 @@ def update_condition(
     kind: str,
     *,
     condition: tuple[str, str, str, str],
+    also: dict[str, Any] | None = None,
 ) -> None:
-    """Write one condition ``(type, status, reason, message)`` if it changed."""
+    """Write one condition ``(type, status, reason, message)`` if it changed, with ``also`` in the same write."""
     condition_type, condition_status, reason, message = condition
     conditions = handlers_rules.set_condition(
         list(current.get("conditions") or []),
@@ -213,7 +273,8 @@ def update_condition(
         datetime.now(timezone.utc),
     )
     if conditions is not None:
-        patch_status(client, namespace, name, {"conditions": conditions, "observedGeneration": generation}, kind)
+        fields = {"conditions": conditions, "observedGeneration": generation, **(also or {})}
+        patch_status(client, namespace, name, fields, kind)
 
 
 def stored_state(memo: OperatorMemo, key: Key, text: object) -> handlers_rules.StoredState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
@@ -37,6 +38,26 @@ HELD = Gauge("kube_rendezvous_held_nodes", "Nodes whose Kubernetes Node does not
 PROMOTIONS = Counter(
     "kube_rendezvous_spare_promotions_total", "Spares that took a lost member's place", ["namespace", "name"]
 )
+#: Every series labelled with one Rendezvous: dropped when it is deleted (``forget``).
+PER_RENDEZVOUS = (
+    ROUNDS,
+    JOINS,
+    LEAVES,
+    EVICTIONS,
+    STATE_WRITES,
+    PARTICIPANTS,
+    WAITING,
+    ROUND,
+    SPARES,
+    HELD,
+    PROMOTIONS,
+)
+TRACKED = Gauge(
+    "kube_rendezvous_operator_tracked_rendezvous",
+    "Rendezvous the operator keeps anything of in memory (it forgets each when it is deleted)",
+)
+TRAINING_PODS = Gauge("kube_rendezvous_operator_training_pods", "Training pods in the operator's pod index")
+RESYNCS = Counter("kube_rendezvous_operator_resyncs_total", "Resyncs of a Rendezvous with its training pods")
 
 _LAST_STATE: dict[tuple[str, str], Any] = {}
 
@@ -46,6 +67,12 @@ def serve(port: int) -> None:
     if ("serving", "") not in _LAST_STATE:
         start_http_server(port)
         _LAST_STATE[("serving", "")] = True
+
+
+def report_memory(tracked: Callable[[], int], training_pods: Callable[[], int]) -> None:
+    """Serve ``TRACKED`` and ``TRAINING_PODS`` from these functions, called at each scrape."""
+    TRACKED.set_function(tracked)
+    TRAINING_PODS.set_function(training_pods)
 
 
 def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -76,8 +103,8 @@ def count_event(reason: str, namespace: str, name: str, nodes: int = 1) -> None:
 def forget(namespace: str, name: str) -> None:
     """Drop the series of a deleted Rendezvous."""
     _LAST_STATE.pop((namespace, name), None)
-    for gauge in (PARTICIPANTS, WAITING, ROUND, SPARES, HELD):
+    for metric in PER_RENDEZVOUS:
         try:
-            gauge.remove(namespace, name)
+            metric.remove(namespace, name)
         except KeyError:
             pass

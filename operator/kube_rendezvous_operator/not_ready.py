@@ -1,7 +1,7 @@
 """The NotReady-node rule: evict the nodes of training pods on a Kubernetes Node NotReady past its wait.
 
-Its decisions are ``not_ready_rules``'s; ``nodes`` tells which Nodes are NotReady. A daemon per
-Rendezvous judges a Node's pods as soon as its wait ends; every resync judges them again
+Its decisions are ``not_ready_rules``'s; ``nodes`` tells which Nodes are NotReady. A task per
+Rendezvous (``lifecycle``) judges a Node's pods as soon as its wait ends; every resync judges them again
 (``pods.resync_pods``), so the rule holds after a restart or a missed Node event too. Nodes whose
 agents still heartbeat are spared.
 """
@@ -131,17 +131,16 @@ def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str
     return due, min((moment + wait for moment in since.values() if moment + wait > now), default=None)
 
 
-async def evict_on_not_ready_nodes(namespace: str, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
-    """When the grace of a Node that runs this Rendezvous's pods ends, judge them at once (a Kopf daemon).
+async def evict_on_not_ready_nodes(memo: OperatorMemo, key: Key, stopped: asyncio.Event) -> None:
+    """When the grace of a Node that runs ``key``'s pods ends, judge them at once (a task, until ``stopped``).
 
     Wakes when a Node's readiness changes and when the next grace ends, at least every resync
     interval; the resyncs judge the Nodes again (``pods.resync_pods``).
     """
-    key = (namespace, name)
     wake = asyncio.Event()
     memo.node_rule.wakes[key] = wake
     try:
-        while not stopped:
+        while not stopped.is_set():
             wake.clear()
             now = datetime.now(timezone.utc)
             due, next_at = due_not_ready(memo, key, now)

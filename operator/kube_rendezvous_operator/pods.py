@@ -2,12 +2,13 @@
 
 A pod is a Rendezvous's training pod when its ``spec.podSelector`` (or the default for its owner's
 workload kind, ``handlers_rules.pod_selector``) selects it, or when it is labelled with the Rendezvous's name.
-The pod watch evicts as pods go; a timer resyncs each Rendezvous with its listed pods, so pods
-deleted or ended while the operator was down or its watch was broken are noticed too.
+The pod watch evicts as pods go; a task per Rendezvous (``lifecycle``) resyncs it with its listed pods,
+so pods deleted or ended while the operator was down or its watch was broken are noticed too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timezone
 from typing import Any
@@ -16,16 +17,20 @@ import kopf
 from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApiError, NodeId, RendezvousDocument, format_time, with_evicted
 
 from . import handlers_rules, metrics
-from .memory import OperatorMemo, evict_and_report, pods_changed, stored_state
+from .lifecycle import stopped_within
+from .memory import Key, OperatorMemo, evict_and_report, pods_changed
 from .not_ready import evict_on_not_ready
 from .writer import heartbeats, merge_heartbeats, with_lease_heartbeats
 
 logger = logging.getLogger(__name__)
 
+#: Seconds from first seeing a Rendezvous to its first resync.
+FIRST_RESYNC_SECONDS = 1.0
+
 
 def rendezvouses_of_pod(memo: OperatorMemo, labels: dict[str, str] | None, namespace: str | None) -> list[str]:
     """The Rendezvous objects of ``namespace`` whose training pod a pod with ``labels`` is."""
-    selectors = {name: selector for (where, name), selector in memo.selectors.items() if where == namespace}
+    selectors = {name: selector for (where, name), selector in list(memo.selectors.items()) if where == namespace}
     return handlers_rules.rendezvouses_of_pod(labels, selectors, RENDEZVOUS_LABEL)
 
 
@@ -118,7 +123,7 @@ def judge_restart(
     the restarted container's new agent: it is never evicted here. A restart is judged again only
     when its eviction was not written (the write failed).
     """
-    judged = (namespace, rendezvous, str(pod["metadata"].get("uid") or pod["metadata"]["name"]))
+    judged = ((namespace, rendezvous), str(pod["metadata"].get("uid") or pod["metadata"]["name"]))
     stored = _open_document(memo, namespace, rendezvous)
     if stored is None or memo.judged_restarts.get(judged) == restarted_at:
         return
@@ -149,7 +154,17 @@ def judge_restart(
         memo.judged_restarts[judged] = restarted_at
 
 
-def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: OperatorMemo, **_: Any) -> None:
+async def resync_periodically(memo: OperatorMemo, key: Key, stopped: asyncio.Event) -> None:
+    """``resync_pods`` of ``key`` every ``--resync-seconds`` (the first ``FIRST_RESYNC_SECONDS`` after it was
+    seen), in a worker thread, until ``stopped``."""
+    delay = FIRST_RESYNC_SECONDS
+    while not await stopped_within(stopped, delay):
+        await asyncio.to_thread(resync_pods, memo, key, stopped)
+        metrics.RESYNCS.inc()
+        delay = memo.config.resync_seconds
+
+
+def resync_pods(memo: OperatorMemo, key: Key, stopped: asyncio.Event) -> None:
     """Evict what the pod watch missed: nodes of pods deleted or ended while the operator was down.
 
     Lists the Rendezvous's training pods (one LIST per interval, no write unless a node is
@@ -157,11 +172,14 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     and those without any pod while the others are recognised by their pods. Then, with the
     same pods and heartbeats, the nodes of pods on a Kubernetes Node NotReady past its grace
     (``not_ready.evict_on_not_ready``), so that rule holds after a restart or a missed Node event too.
+    Once ``stopped`` (the Rendezvous was deleted) it keeps nothing of what it listed.
     """
-    status = dict(status or {})
+    namespace, name = key
+    observed = memo.observed.get(key)
+    status = dict(observed.status if observed is not None else {})
     if status.get("closed"):
         return
-    selector = memo.selectors.get((namespace, name)) or handlers_rules.PodSelector({RENDEZVOUS_LABEL: name}, "default")
+    selector = memo.selectors.get(key) or handlers_rules.PodSelector({RENDEZVOUS_LABEL: name}, "default")
     selectors = [selector.describe()]
     if selector.match_labels != {RENDEZVOUS_LABEL: name}:
         selectors.append(f"{RENDEZVOUS_LABEL}={name}")  # pods labelled with its name are its pods too
@@ -178,9 +196,11 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
         logger.warning("could not list the pods of rendezvous %s/%s: %s", namespace, name, exc)
         return
     with memo.pods_lock:
-        memo.pods[(namespace, name)] = dict(pods)
-    pods_changed(memo, (namespace, name), lambda _: None)
-    document = stored_state(memo, (namespace, name), status.get("state")).document
+        if stopped.is_set():
+            return  # forgotten (``OperatorMemo.forget`` takes this lock after the flag is set)
+        memo.pods[key] = dict(pods)
+    pods_changed(memo, key, lambda _: None)
+    document = handlers_rules.read_state(status.get("state"), memo.states.get(key)).document
     if document is None or document.closed:
         return
 
@@ -193,5 +213,5 @@ def resync_pods(status: dict[str, Any], namespace: str, name: str, memo: Operato
     already = set(status.get("evictedNodes") or [])
     evicting = [str(node) for node in nodes if str(node) not in already]
     evict_and_report(memo, namespace, name, evicting, "pod gone (resync)")
-    if beats is not None:  # never judge a NotReady node's agents without their heartbeats
-        evict_on_not_ready(memo, (namespace, name), pods.values(), merge_heartbeats(document, beats, every_node=True))
+    if beats is not None and not stopped.is_set():  # never judge a NotReady node's agents without their heartbeats
+        evict_on_not_ready(memo, key, pods.values(), merge_heartbeats(document, beats, every_node=True))

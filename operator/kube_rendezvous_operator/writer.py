@@ -1,16 +1,16 @@
 """The operator as the preferred writer: one folder per Rendezvous, and heartbeats read from Leases.
 
-For every Rendezvous a Kopf daemon runs ``kube_rendezvous._engine.folder.Folder`` with ``preferred=True``:
+For every Rendezvous a task (``lifecycle``) runs the agents' ``Folder`` with ``preferred=True``:
 it takes the writer Lease (from an agent at once), folds the nodes' join and leave requests
 into the state in batches, and expires nodes whose Lease stops changing, by its own clock.
 With the operator stopped, an agent takes the writer Lease within its duration (10 s).
 
-``heartbeats`` gives the operator's other handlers (the finalizer, pod-gone eviction) each
+``heartbeats`` gives the operator's other handlers (pod-gone eviction, the NotReady-node rule) each
 node's last heartbeat from its Lease: the state document no longer carries heartbeats.
 
 Each folder runs in a thread of its own, never in Kopf's executor: that pool has a few threads
-(``min(32, cores + 4)``), and a sync daemon holds one for the life of its Rendezvous, so with more
-Rendezvous objects than threads every other sync handler (conditions, evictions, timers) would
+(``min(32, cores + 4)``), and a folder holds its thread for the life of its Rendezvous, so with more
+Rendezvous objects than threads every other sync handler (conditions, evictions, resyncs) would
 wait forever.
 
 Not guaranteed: Lease ``renewTime`` values are the agents' clocks; they are used only where the
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from datetime import datetime
-from typing import Any
 
 from kube_rendezvous import (
     ANNOTATION_NODE,
@@ -41,18 +41,24 @@ from kube_rendezvous import (
     resource_path,
 )
 
-from .memory import OperatorMemo, training_pods
+from .lifecycle import TASK_END_SECONDS, forget, stopped_within
+from .memory import Key, OperatorMemo, training_pods
 
-#: Seconds a stopped folder's thread gets to release the writer Lease and end.
-FOLDER_STOP_SECONDS = 10.0
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at the folder's watch for its Rendezvous gone (a deletion the operator missed).
+GONE_CHECK_SECONDS = 5.0
 
 
-async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: OperatorMemo, **_: Any) -> None:
-    """Hold the writer Lease of this Rendezvous and fold its nodes' requests until it goes away."""
-    assert namespace is not None  # Rendezvous objects are namespaced
+async def fold_requests(memo: OperatorMemo, key: Key, uid: str, stopped: asyncio.Event) -> None:
+    """Hold the writer Lease of Rendezvous ``key`` (object ``uid``) and fold its nodes' requests until ``stopped``.
+
+    When the folder's watch of the object shows it gone or another object (its DELETED event was missed: a
+    watch gap longer than the server keeps events), the operator forgets it (``lifecycle.forget``).
+    """
+    namespace, name = key
     done = threading.Event()
     watch = object_watch(memo.api, namespace, name).start()
-    key = (namespace, name)
     folder = Folder(
         memo.api,
         namespace,
@@ -65,16 +71,22 @@ async def fold_requests(namespace: str | None, name: str, stopped: Any, memo: Op
     memo.wake_folder[key] = folder.wake
     thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
     thread.start()
+    gone = False
     try:
-        await stopped.wait()
+        while not gone and not await stopped_within(stopped, GONE_CHECK_SECONDS):
+            found = watch.get(name) if watch.healthy else {"metadata": {"uid": uid}}
+            gone = found is None or found["metadata"].get("uid") != uid
     finally:
         done.set()
-        deadline = asyncio.get_running_loop().time() + FOLDER_STOP_SECONDS
+        deadline = asyncio.get_running_loop().time() + TASK_END_SECONDS
         while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
         watch.stop()
         if memo.wake_folder.get(key) == folder.wake:
             del memo.wake_folder[key]
+    if gone:
+        logger.info("rendezvous %s/%s was deleted (its event missed): the operator forgets it", namespace, name)
+        await forget(memo, key, uid)
 
 
 def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:
@@ -123,4 +135,4 @@ def merge_heartbeats(
     return dataclasses.replace(document, last_heartbeats=merged)
 
 
-__all__ = ["FOLDER_STOP_SECONDS", "fold_requests", "heartbeats", "merge_heartbeats", "with_lease_heartbeats"]
+__all__ = ["GONE_CHECK_SECONDS", "fold_requests", "heartbeats", "merge_heartbeats", "with_lease_heartbeats"]

@@ -1,0 +1,216 @@
+"""A job's whole life, the operator's pure part (issue 45): when a deleted pod stopped being trusted, and
+everything the operator keeps of a Rendezvous goes when it is deleted.
+
+The same on the real API server, with the real operator process: ``test_operator_lifecycle.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from kube_rendezvous._kube.kubeapi import KubernetesApi
+from kube_rendezvous._rules.document import NodeId, RendezvousDocument
+from kube_rendezvous._rules.placement import PlacementSpec
+from kube_rendezvous_operator import handlers_rules, lifecycle, metrics
+from kube_rendezvous_operator.config import OperatorConfig
+from kube_rendezvous_operator.memory import Observed, OperatorMemo, RendezvousTasks
+from kubernetes import client
+from prometheus_client import REGISTRY
+
+#: When the pod's deletion was requested.
+REQUESTED = datetime(2026, 12, 3, 7, 0, 0, tzinfo=timezone.utc)
+KEY, OTHER = ("team-a", "job"), ("team-a", "other")
+
+
+def terminating_pod(grace_seconds: int) -> dict[str, Any]:
+    """A training pod whose deletion was requested at ``REQUESTED`` with ``grace_seconds`` of grace."""
+    deadline = REQUESTED + timedelta(seconds=grace_seconds)
+    return {
+        "metadata": {
+            "name": "trainer-1",
+            "uid": "uid-trainer-1",
+            "deletionTimestamp": deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "deletionGracePeriodSeconds": grace_seconds,
+        },
+        "status": {"phase": "Running", "podIP": "10.0.0.7"},
+    }
+
+
+class TestADeletedPodEndsWhenItsDeletionIsRequested:
+    """``deletionTimestamp`` is the request time plus the grace period: when the kubelet must have stopped
+    the pod, not when it stopped being trusted."""
+
+    def test_its_end_is_the_deletion_timestamp_minus_its_grace_period(self) -> None:
+        later = REQUESTED + timedelta(hours=1)
+        assert handlers_rules.pod_gone_at(terminating_pod(300), later) == REQUESTED
+        assert handlers_rules.pod_gone_at(terminating_pod(0), later) == REQUESTED  # force-deleted
+        no_grace = terminating_pod(30)
+        del no_grace["metadata"]["deletionGracePeriodSeconds"]  # not set: the timestamp itself
+        assert handlers_rules.pod_gone_at(no_grace, later) == REQUESTED + timedelta(seconds=30)
+
+    def test_a_newer_pod_heartbeating_during_the_old_pods_grace_period_keeps_its_node(self) -> None:
+        # The old pod's agent went silent at its deletion; its containers exited at once and a new
+        # pod got its IP, whose agent heartbeats a minute later, long before the old pod's 300 s ran out.
+        dead, newer = NodeId("10.0.0.7", 1, 11), NodeId("10.0.0.7", 1, 22)
+        document = RendezvousDocument(
+            participants={dead: 0, newer: 1},
+            last_heartbeats={dead: REQUESTED - timedelta(seconds=3), newer: REQUESTED + timedelta(seconds=60)},
+        )
+        now = REQUESTED + timedelta(seconds=90)
+        pod = terminating_pod(300)
+        assert handlers_rules.nodes_to_evict_on_resync(document, [pod], now) == [dead]
+        gone_at = handlers_rules.pod_gone_at(pod, now)
+        assert handlers_rules.nodes_of_pod(pod, document.nodes(), document=document, gone_at=gone_at) == [dead]
+
+
+def collections_of(holder: object) -> list[tuple[str, object]]:
+    """Every dict and set field of the dataclass ``holder`` and of the dataclasses it holds, by path."""
+    found: list[tuple[str, object]] = []
+    for field in dataclasses.fields(holder):  # type: ignore[arg-type]
+        value = getattr(holder, field.name)
+        if isinstance(value, (dict, set)):
+            found.append((field.name, value))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found.extend((f"{field.name}.{path}", inner) for path, inner in collections_of(value))
+    return found
+
+
+def filled_memo() -> OperatorMemo:
+    """A memo holding something of ``KEY`` and of ``OTHER`` in every per-Rendezvous collection."""
+    memo = OperatorMemo(OperatorConfig(), KubernetesApi(client.ApiClient()))
+    since = REQUESTED
+    for key in (KEY, OTHER):
+        memo.states[key] = handlers_rules.read_state(None, None)
+        memo.observed[key] = Observed({}, None)
+        memo.selectors[key] = handlers_rules.PodSelector({"kube-rendezvous.io/rendezvous": key[1]}, "default")
+        memo.pods[key] = {"uid-1": {"metadata": {"uid": "uid-1"}}}
+        memo.wake_folder[key] = lambda: None
+        memo.keep_alive[key] = 5.0
+        memo.placement[key] = PlacementSpec()
+        memo.judged_restarts[(key, "uid-1")] = since
+        memo.node_rule.judged.add((key, "node-a", since))
+        memo.node_rule.spared.add((key, "node-a", since))
+        memo.node_rule.wakes[key] = asyncio.Event()
+        memo.running[key] = RendezvousTasks(f"uid-{key[1]}")
+    return memo
+
+
+class TestTheMemoForgetsADeletedRendezvous:
+    def test_every_collection_of_the_memo_is_one_forget_clears(self) -> None:
+        """A new dict or set in the memo must be listed in ``per_rendezvous`` (or it would never be forgotten)."""
+        memo = OperatorMemo(OperatorConfig(), KubernetesApi(client.ApiClient()))
+        listed = [id(held) for held in memo.per_rendezvous()]
+        missing = [path for path, held in collections_of(memo) if id(held) not in listed]
+        assert not missing, f"OperatorMemo.per_rendezvous() does not list {missing}: add them there"
+
+    def test_forget_removes_everything_of_that_rendezvous_and_nothing_of_the_others(self) -> None:
+        memo = filled_memo()
+        assert memo.tracked() == {KEY, OTHER}
+        memo.forget(KEY)
+        assert memo.tracked() == {OTHER}
+        for path, held in collections_of(memo):
+            entries = list(held) if isinstance(held, (dict, set)) else []
+            assert all(KEY not in (entry, entry[0]) for entry in entries), f"{path} still holds {KEY}"
+            assert entries, f"{path} lost what it held of {OTHER}"
+
+
+class TestEachRendezvousHasItsTasksForItsObject:
+    """``lifecycle``: tasks per Rendezvous object (uid), stopped and forgotten with it; no finalizer needed."""
+
+    @staticmethod
+    def work(started: list[str], name: str) -> lifecycle.Work:
+        async def run(stopped: asyncio.Event) -> None:
+            started.append(name)
+            await stopped.wait()
+
+        return run
+
+    def test_a_deleted_objects_tasks_stop_and_a_newer_one_of_that_name_keeps_its_own(self) -> None:
+        async def scenario() -> None:
+            memo = filled_memo()
+            started: list[str] = []
+            await lifecycle.start(memo, KEY, "uid-1", {"folder": self.work(started, "folder-1")})
+            await lifecycle.start(memo, KEY, "uid-1", {"folder": self.work(started, "folder-1")})  # a later event
+            await asyncio.sleep(0)
+            assert started == ["folder-1"]
+            ((first, _),) = memo.running[KEY].tasks.values()
+            # Created anew under the same name before the DELETED event of the first was handled:
+            await lifecycle.start(memo, KEY, "uid-2", {"folder": self.work(started, "folder-2")})
+            await asyncio.sleep(0)
+            assert first.done() and started == ["folder-1", "folder-2"]
+            memo.observed[KEY] = Observed({"round": 2}, None)  # the newer object's
+            await lifecycle.forget(memo, KEY, "uid-1")  # the late DELETED event of the first: nothing of the newer goes
+            assert memo.running[KEY].uid == "uid-2" and memo.observed[KEY].status == {"round": 2}
+            await lifecycle.forget(memo, KEY, "uid-2")
+            assert memo.tracked() == {OTHER}
+
+        asyncio.run(scenario())
+
+    def test_a_task_that_fails_starts_again_and_one_that_is_done_does_not(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(lifecycle, "RESTART_SECONDS", 0.01)
+
+        async def scenario() -> None:
+            memo = filled_memo()
+            runs: list[str] = []
+
+            async def flaky(stopped: asyncio.Event) -> None:
+                runs.append("flaky")
+                if len(runs) == 1:
+                    raise RuntimeError("the first run fails")
+                await stopped.wait()
+
+            async def once(stopped: asyncio.Event) -> None:
+                runs.append("once")
+
+            wanted: dict[str, lifecycle.Work] = {"flaky": flaky, "once": once}
+            await lifecycle.start(memo, KEY, "uid-job", wanted)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if runs.count("flaky") == 2:
+                    break
+            await lifecycle.start(memo, KEY, "uid-job", wanted)  # a later event
+            await asyncio.sleep(0.01)
+            assert runs.count("flaky") == 2 and runs.count("once") == 1
+            await lifecycle.stop(memo, KEY)  # its deletion started: the tasks end, the memory stays until DELETED
+            assert KEY not in memo.running and KEY in memo.observed
+
+        asyncio.run(scenario())
+
+    def test_a_task_that_finds_its_object_gone_forgets_it_without_waiting_for_itself(self) -> None:
+        """The folder's watch shows the object gone when its DELETED event was missed (a long watch gap)."""
+
+        async def scenario() -> None:
+            memo = filled_memo()
+
+            async def finds_it_gone(stopped: asyncio.Event) -> None:
+                await lifecycle.forget(memo, KEY, "uid-job")
+
+            wanted = {"folder": finds_it_gone, "resync": self.work([], "resync")}
+            await lifecycle.start(memo, KEY, "uid-job", wanted)
+            await asyncio.wait_for(asyncio.gather(*(task for task, _ in memo.running[KEY].tasks.values())), 2)
+            assert memo.tracked() == {OTHER}
+
+        asyncio.run(scenario())
+
+
+def test_the_metrics_of_a_deleted_rendezvous_are_dropped() -> None:
+    status = {"participantCount": 2, "waitingCount": 1, "round": 3, "spareCount": 1, "heldCount": 1, "state": "a"}
+    metrics.observe("team-z", "gone", status)
+    metrics.observe("team-z", "gone", dict(status, state="b"))
+    for reason in ("RoundCompleted", "NodeJoined", "NodeLeft", "SparePromoted"):
+        metrics.count_event(reason, "team-z", "gone")
+    metrics.EVICTIONS.labels(namespace="team-z", name="gone").inc()
+    metrics.forget("team-z", "gone")
+    left = [
+        sample.name
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.labels.get("namespace") == "team-z" and sample.labels.get("name") == "gone"
+    ]
+    assert left == []
