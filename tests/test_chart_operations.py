@@ -257,6 +257,44 @@ class TestHelmUpgradeUpdatesTheCrds:
             assert crd(control_plane, crd_name)["metadata"].get("deletionTimestamp") is None
         assert rendezvous_exists(admin_api, namespace, "survivor")
 
+    def test_the_documented_uninstall_completes_without_the_operator_after_it_handled_a_rendezvous(
+        self,
+        helm: Helm,
+        control_plane: ControlPlane,
+        admin_api: client.ApiClient,
+        namespace: str,
+        no_crds: None,
+        tmp_path: Path,
+    ) -> None:
+        """docs/operations.md as written: ``helm uninstall``, then ``kubectl delete crd ...``, with a Rendezvous the
+        operator handled and the operator gone with the release. Before, the operator's finalizer held that
+        Rendezvous, and with no operator left to remove it the CRD deletion waited for ever."""
+        release = install(helm, control_plane, release_name(), namespace, "rbac.scope=namespace", "crds.install=true")
+        control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAMES[0]}")
+        kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, release.operator_account, create=False)
+        wait_until(
+            lambda: can_i(control_plane, kubeconfig, "watch", "rendezvouses.kube-rendezvous.io"),
+            30,
+            "the operator's RoleBinding to take effect",
+        )
+        create_rendezvous(admin_api, namespace, "handled")
+        objects = client.CustomObjectsApi(admin_api)
+        with OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log"):
+            wait_until(
+                lambda: (
+                    objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "handled")  # type: ignore[union-attr]
+                    .get("status", {})
+                    .get("conditions")
+                ),
+                30,
+                "the operator to handle the Rendezvous (its Ready condition)",
+            )
+        uninstall(helm, control_plane, release)
+        deleted = control_plane.kubectl("delete", "crd", *CRD_NAMES, "--timeout=60s", check=False)
+        assert deleted.returncode == 0, deleted.stderr
+        for name in CRD_NAMES:
+            assert control_plane.kubectl("get", f"crd/{name}", check=False).returncode != 0
+
     def test_without_keep_uninstall_deletes_the_crds(
         self, helm: Helm, control_plane: ControlPlane, namespace: str, no_crds: None
     ) -> None:

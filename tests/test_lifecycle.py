@@ -343,3 +343,22 @@ class TestErrorsNameTheFixOnRealNodes:
                 ), topology
         finally:
             core.delete_node(node)
+
+    def test_kubectl_get_shows_the_min_and_max_the_agents_follow_not_a_spec_they_override(
+        self, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, objects: client.CustomObjectsApi
+    ) -> None:
+        """The agents follow ``--nnodes`` (and warn) where the spec says otherwise: MIN/MAX say what is in force."""
+        from kube_rendezvous._adapters.handler import create_k8s_handler
+
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=4)
+        handler = create_k8s_handler(
+            rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, min_nodes=1, max_nodes=1, create="false")
+        )
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        status = (rendezvous(objects, namespace) or {})["status"]
+        assert (status["minNodes"], status["maxNodes"]) == (1, 1)
+        table = control_plane.kubectl("-n", namespace, "get", "rdzv", "job").stdout.splitlines()
+        columns = dict(zip(table[0].split(), table[1].split(), strict=True))
+        assert (columns["MIN"], columns["MAX"]) == ("1", "1"), table
+        handler.shutdown()

@@ -298,6 +298,8 @@ class Folder:
             logger.info("%s: round %d completed (%s)", self.where, folded.round, rule.value)
         keys = self._topology_keys(spec)
         placed = self._placement_status(folded, rule is not None, domain, pods, result.held, keys)
+        # What the agents follow (their --nnodes), which kubectl get rdzv shows: it may differ from the spec's.
+        placed.update(minNodes=settings.min_nodes, maxNodes=settings.max_nodes)
         if domain is not None:
             kept = set(folded.nodes())
             self._domains = {node: value for node, value in self._domains.items() if node in kept}

@@ -113,7 +113,7 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
 
 {{/* The operator's rules inside one namespace (docs/operator-rbac.yaml minus the cluster-wide ones). */}}
 {{- define "kube-rendezvous.operatorNamespacedRules" -}}
-# Watch Rendezvous objects; patch for Kopf's finalizer and its rare bookkeeping; delete after a TTL.
+# Watch Rendezvous objects; patch for Kopf's rare bookkeeping and to remove earlier releases' finalizer; delete after a TTL.
 - apiGroups: [kube-rendezvous.io]
   resources: [rendezvouses]
   verbs: [get, list, watch, patch, delete]
