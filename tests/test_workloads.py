@@ -145,6 +145,29 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
     jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
     assert jobset["status"].get("restartsCountTowardsMax") == 1 and "terminalState" not in jobset["status"]
 
+    close_and_complete(team_a, objects, "jobsets", restarts=1)
+
+
+def close_and_complete(cluster: Cluster, objects: client.CustomObjectsApi, plural: str, restarts: int) -> None:
+    """A person closes the run: every stock torchrun exits 0 (before: 1, pytorch#194710), so the Job completes and
+    the JobSet with it, spending no restart (README "Stock torchrun and a close"). ``plural``: what to watch."""
+    cluster.plane.kubectl(
+        "-n", NAMESPACE, "patch", "rdzv", RENDEZVOUS, "--type=merge", "-p", '{"spec":{"closed":true}}'
+    )
+    group, version, done = {
+        "jobsets": ("jobset.x-k8s.io", "v1alpha2", "Completed"),
+        "trainjobs": ("trainer.kubeflow.org", "v1alpha1", "Complete"),
+    }[plural]
+    wait_until(
+        lambda: done in true_conditions(get(objects, group, version, plural, RENDEZVOUS)),
+        120,
+        f"the {plural[:-1]} to be {done} after the close",
+        explain=lambda: str(get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS).get("status")),
+    )
+    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
+    assert (jobset["status"].get("restarts") or 0) == restarts, jobset["status"]
+    assert "Failed" not in true_conditions(jobset), jobset["status"]
+
 
 def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_without_a_jobset_restart(
     team_a: Cluster,
@@ -181,6 +204,8 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     assert (jobset["status"].get("restarts") or 0) == 0, jobset["status"]
     trainjob = get(objects, "trainer.kubeflow.org", "v1alpha1", "trainjobs", RENDEZVOUS)
     assert not true_conditions(trainjob) & {"Failed", "Complete"}, trainjob.get("status")
+
+    close_and_complete(team_a, objects, "trainjobs", restarts=0)
 
 
 def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the_end_in_a_new_round(
