@@ -8,6 +8,7 @@ Rendezvous left closed or held by a finalizer, a ``kubectl patch`` of ``spec.clo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -102,6 +103,37 @@ class TestRunsNeverInheritEachOthersEnd:
         output = agents[0].output() + agents[1].output()
         assert "closed by a person (spec.closed) for run run-a" in output
         assert output.count("run run-b finished: this agent's workers succeeded") == 2  # why each agent exits 0
+
+    @pytest.mark.parametrize("operator", [False, True], ids=["no-operator", "operator"])
+    def test_a_re_run_trains_although_every_agent_of_the_last_run_was_killed_and_its_leases_stay(
+        self,
+        make_job: MakeJob,
+        objects: client.CustomObjectsApi,
+        namespace: str,
+        control_plane: ControlPlane,
+        tmp_path: Path,
+        operator: bool,
+    ) -> None:
+        """The last run's pods all killed (its Job deleted): its node Leases stay, asking to join. Before, they kept
+        the stored run the run of every fold and the re-run's joins were never folded (found by the generated test:
+        run, SIGTERM, SIGKILL of the rest, run)."""
+        from tests.test_operator import running_operator
+
+        with contextlib.ExitStack() as stack:
+            if operator:
+                stack.enter_context(running_operator(control_plane, namespace, tmp_path / "operator.log"))
+            self.re_run_after_a_kill(make_job, objects, namespace)
+
+    def re_run_after_a_kill(self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str) -> None:
+        last = make_job(nnodes="2", run_id="run-a", steps=100000, step_seconds=0.2)
+        killed = [last.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(killed, 4), 90, "run-a training", explain=last.last_lines)
+        last.stop()  # every agent and worker SIGKILLed: no leave is written
+        job = make_job(nnodes="2", run_id="run-b", steps=3)
+        agents = [job.start_agent() for _ in range(2)]
+        assert job.wait(agents, 120) == [0, 0], job.logs()
+        assert len(job.results()) == 4, job.logs()
+        assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
 
     def test_with_create_false_a_rendezvous_of_an_ended_run_is_refused_naming_the_fix(
         self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str

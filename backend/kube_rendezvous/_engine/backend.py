@@ -99,6 +99,8 @@ class KubernetesRendezvousBackend:
             how long heartbeats are moved forward after an outage (module docstring).
         framework: the elastic framework whose state classes and errors to use (tensorplay's
             by default; ``frameworks.torch()`` for torch).
+        min_participants: the launcher's min nodes; with ``max_participants``, written as ``status.minNodes`` and
+            ``status.maxNodes`` (what ``kubectl get rdzv`` shows as MIN/MAX).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class KubernetesRendezvousBackend:
         max_participants: int | None = None,
         heartbeat_expiry: float = 15.0,
         framework: Framework | None = None,
+        min_participants: int | None = None,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -137,6 +140,7 @@ class KubernetesRendezvousBackend:
         self._node_name = node_name
         self._retry_timeout = retry_timeout
         self._max_participants = max_participants
+        self._min_participants = min_participants
         self._heartbeat_expiry = timedelta(seconds=heartbeat_expiry)
         self._conflict_streak = 0
         #: The token of the last object seen and its status.
@@ -241,6 +245,9 @@ class KubernetesRendezvousBackend:
         }
         if previous.get("runId") not in (None, self.run_id):
             status["evictedNodes"] = None  # a new run starts without the old run's evictions
+        if self._min_participants is not None and self._max_participants is not None:
+            # What this agent follows (its --nnodes), which kubectl get rdzv shows as MIN/MAX.
+            status.update(minNodes=self._min_participants, maxNodes=self._max_participants)
         return status
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
@@ -352,5 +359,6 @@ def create_backend(
         max_participants=params.max_nodes,
         heartbeat_expiry=connection.timings.heartbeat_expiry,
         framework=framework,
+        min_participants=params.min_nodes,
     )
     return backend, connection.store(framework)

@@ -231,11 +231,7 @@ class Folder:
         spec = obj.get("spec") or {}
         now = datetime.now(timezone.utc)
         stored_run = status.get("runId")
-        alive_runs = {record.run_id for record in records}
-        if stored_run in alive_runs or not records:
-            run_id = stored_run
-        else:
-            run_id = max(records, key=lambda record: record.desired_at).run_id
+        run_id = self._run_of(stored_run, records, judge_expiry)
         if run_id is None:
             return False
         document: RendezvousDocument | None = None
@@ -305,6 +301,34 @@ class Folder:
             self._domains = {node: value for node, value in self._domains.items() if node in kept}
         return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value, placed)
 
+    def _run_of(self, stored_run: str | None, records: list[NodeRecord], judge_expiry: bool) -> str | None:
+        """The run this fold is for: the stored one while one of its nodes still asks to join and has not expired,
+        else the newest other run that has a node asking to join, else the newest run with a Lease at all.
+
+        A run whose agents were all killed (its Job deleted, its pods gone) leaves its Leases behind, asking to join
+        for ever; before this rule those Leases kept the stored run the run of every fold, so a re-run under the same
+        name with a new ``--rdzv-id`` was never folded (the generated lifecycle test: run, SIGTERM, SIGKILL of the
+        rest, run). Expiry is judged only where it may be (``judge_expiry``), as for the nodes of a round.
+        """
+        if not records:
+            return stored_run
+        own = [record for record in records if record.run_id == stored_run]
+        if own:
+            asking = [record for record in own if record.desire is Desire.JOIN]
+            if asking and judge_expiry and self._lease_view_fresh(own):
+                self._observe(own)
+                expired = self.observations.expired(asking, [], self.default_expiry)
+                asking = [record for record in asking if record.node not in expired]
+            elif asking:
+                return stored_run  # its nodes cannot be judged now: it stays the run
+            if asking:
+                return stored_run
+        others = [record for record in records if record.run_id != stored_run]
+        joining = [record for record in others if record.desire is Desire.JOIN]
+        if joining:
+            return max(joining, key=lambda record: record.desired_at).run_id
+        return stored_run if own else max(records, key=lambda record: record.desired_at).run_id
+
     def _placement(
         self, pods: TrainingPods | None, held_status: dict[str, Any] | None
     ) -> tuple[Callable[[NodeId], Domain | None] | None, Hold | None]:
@@ -369,7 +393,10 @@ class Folder:
 
     @staticmethod
     def _topology_keys(spec: dict[str, Any]) -> tuple[str, ...]:
-        """The spec's topology keys (a spec the operator reports as invalid: none, so nothing is said of them)."""
+        """The keys the spec names in ``topology.keys`` (none when unset: most of the well-known default keys are
+        missing on any one cluster, which is no typo; none for a spec the operator reports as invalid)."""
+        if (spec.get("topology") or {}).get("keys") is None:
+            return ()
         try:
             return PlacementSpec.from_spec(spec).topology_keys
         except ValueError:
