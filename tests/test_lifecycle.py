@@ -250,17 +250,22 @@ class TestFencing:
 def played_pod_on_a_node(core: client.CoreV1Api, namespace: str, node: client.V1Node, address: str) -> None:
     """Node ``node`` (an object only: no kubelet) and a Running training pod of Rendezvous ``job`` bound to it."""
     core.create_node(node)
+    create_pod_on(core, namespace, "trainer-0", node.metadata.name, address)
+
+
+def create_pod_on(core: client.CoreV1Api, namespace: str, name: str, node: str, address: str) -> None:
+    """A Running training pod of Rendezvous ``job`` bound to ``node`` with ``address`` (played: no kubelet)."""
     core.create_namespaced_pod(
         namespace,
         client.V1Pod(
-            metadata=client.V1ObjectMeta(name="trainer-0", labels={"kube-rendezvous.io/rendezvous": "job"}),
+            metadata=client.V1ObjectMeta(name=name, labels={"kube-rendezvous.io/rendezvous": "job"}),
             spec=client.V1PodSpec(
-                node_name=node.metadata.name, containers=[client.V1Container(name="agent", image="trainer:latest")]
+                node_name=node, containers=[client.V1Container(name="agent", image="trainer:latest")]
             ),
         ),
     )
     core.patch_namespaced_pod_status(
-        "trainer-0", namespace, {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
+        name, namespace, {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
     )
 
 
@@ -339,6 +344,58 @@ class TestHoldsEnd:
                 assert f"held back all along: NodeCordoned: Kubernetes node {node} is cordoned" in str(result[0])
         finally:
             core.delete_node(node)
+
+    def test_members_on_a_node_cordoned_while_they_train_are_not_dropped_when_their_round_re_forms(
+        self,
+        make_job: MakeJob,
+        control_plane: ControlPlane,
+        namespace: str,
+        admin_api: client.ApiClient,
+        objects: client.CustomObjectsApi,
+        tmp_path: Path,
+    ) -> None:
+        """A member's Node is cordoned (as before maintenance), then another member leaves (SIGTERM): the round
+        re-forms, and the cordoned Node's member is in it. Before, it was held back as a newcomer would be (its
+        leave and join after the break made it one), so the survivors fell below MIN until someone uncordoned."""
+        from tests.test_operator import running_operator
+
+        core = client.CoreV1Api(admin_api)
+        cordoned, other = f"c-{namespace[-6:]}", f"o-{namespace[-6:]}"
+        create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
+        placed = {
+            "trainer-0": (cordoned, "127.0.0.71"),
+            "trainer-1": (other, "127.0.0.72"),
+            "trainer-2": (other, "127.0.0.73"),
+        }
+        for node in (cordoned, other):
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        try:
+            for pod, (node, address) in placed.items():
+                create_pod_on(core, namespace, pod, node, address)
+            with running_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
+                wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
+                job = make_job(nnodes="2:3", steps=100000, step_seconds=0.2, rdzv_conf={"last_call_timeout": "2"})
+                agents = [job.start_agent(pod, local_addr=address) for pod, (_, address) in placed.items()]
+                wait_until(lambda: training_in_world(agents, 6), 90, "3 agents training", explain=job.last_lines)
+                core.patch_node(cordoned, {"spec": {"unschedulable": True}})
+                leaving = agents[2]
+                leaving.terminate()
+                leaving.process.wait(60)
+                core.delete_namespaced_pod("trainer-2", namespace, grace_period_seconds=0)
+                survivors = agents[:2]
+                wait_until(
+                    lambda: (
+                        training_in_world(survivors, 4, min_step=0)
+                        and all(agent.output().rsplit(" formed", 1)[-1].count(" step ") >= 2 for agent in survivors)
+                    ),
+                    60,
+                    "the 2 survivors training again, the cordoned Node's member among them",
+                    explain=lambda: f"{job.last_lines()}\n{(rendezvous(objects, namespace) or {}).get('status')}",
+                )
+                job.stop()
+        finally:
+            for node in (cordoned, other):
+                core.delete_node(node)
 
 
 class TestErrorsNameTheFixOnRealNodes:

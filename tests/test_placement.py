@@ -154,6 +154,13 @@ class TestAdmission:
         assert (reason is None) is tolerated, reason
         assert placement_of(facts, PlacementSpec(), [toleration]).hold == reason
 
+    def test_a_cordon_alone_holds_a_newcomer_but_not_a_node_that_trained_in_this_run(self) -> None:
+        cordoned = placement_of(self.facts(unschedulable=True), PlacementSpec())
+        assert cordoned.hold_for(member=False) == "NodeCordoned: Kubernetes node gpu-7 is cordoned (spec.unschedulable)"
+        assert cordoned.hold_for(member=True) is None
+        broken = placement_of(NodeFacts("gpu-7", {}, unschedulable=True, ready="False"), PlacementSpec())
+        assert broken.hold_for(member=True) == "NodeNotReady: Kubernetes node gpu-7 is NotReady (Ready=False)"
+
     def test_a_topology_key_that_no_members_node_has_is_named_with_the_fix(self) -> None:
         keys = ("topology.kubernetes.io/zon", "kubernetes.io/hostname")
         domains = [(None, "n1"), (None, "n2"), None]  # None: a member whose domain is unknown

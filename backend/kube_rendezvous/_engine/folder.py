@@ -157,6 +157,10 @@ class Folder:
         #: The topology domain of each node this folder saw placed (a lost member's pod is gone when it is
         #: lost; its spare is picked by the domain it had). Trimmed to the nodes of the last document.
         self._domains: dict[NodeId, Domain] = {}
+        #: The nodes that were members of a formed round of run ``_members_run`` and still have a Lease: a cordon
+        #: alone does not hold them back (``Placement.hold_for``), so a member whose round broke keeps training.
+        self._members: set[NodeId] = set()
+        self._members_run: str | None = None
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
         #: Counters for tests and benchmarks.
@@ -281,11 +285,13 @@ class Folder:
         leased = {record.node for record in current}
         native = document is not None and all(node in leased or node in dead for node in document.participants)
         carry = self._vouched(pods, current) if pods is not None and judge_expiry and native and leased else None
+        self._remember_members(run_id, stored, leased)
         domain, hold = self._placement(pods, status if keep_held else None)
         result = fold_placed(
             document, requests, dead=dead, now=now, settings=settings, pods=pods, carry=carry, domain=domain, hold=hold
         )
         folded = result.document
+        self._remember_members(run_id, folded, leased)
         if folded == (stored or RendezvousDocument()) and (stored_run == run_id or stored is None):
             return False  # nothing to change in what is stored
         departure = departure_of(stored, folded, reasons, now, status.get("lastDeparture"))
@@ -300,6 +306,15 @@ class Folder:
             kept = set(folded.nodes())
             self._domains = {node: value for node, value in self._domains.items() if node in kept}
         return self._write(obj, folded, run_id, now, departure, None if rule is None else rule.value, placed)
+
+    def _remember_members(self, run_id: str, document: RendezvousDocument | None, leased: set[NodeId]) -> None:
+        """Remember the members of ``document``'s round if it formed (``_members``: they trained in run ``run_id``,
+        so a cordon alone no longer holds them); forget them with their Lease, and all of them with the run."""
+        if run_id != self._members_run:
+            self._members, self._members_run = set(), run_id
+        if document is not None and document.complete:
+            self._members |= set(document.participants)
+        self._members &= leased | set(document.participants if document is not None else ())
 
     def _run_of(self, stored_run: str | None, records: list[NodeRecord], judge_expiry: bool) -> str | None:
         """The run this fold is for: the stored one while one of its nodes still asks to join and has not expired,
@@ -347,7 +362,7 @@ class Folder:
 
             def hold(node: NodeId) -> str | None:
                 placement = placement_of(node)
-                return None if placement is None else placement.hold
+                return None if placement is None else placement.hold_for(node in self._members)
 
             return domain, hold
         if held_status is not None:

@@ -168,18 +168,22 @@ def domain_text(domain: Domain | None) -> str:
 
 
 def hold_reason(
-    facts: NodeFacts, conditions: Iterable[str] = (), tolerations: Iterable[Mapping[str, Any]] = ()
+    facts: NodeFacts,
+    conditions: Iterable[str] = (),
+    tolerations: Iterable[Mapping[str, Any]] = (),
+    *,
+    cordon: bool = True,
 ) -> str | None:
     """Why a node on the Node of ``facts`` is not admitted to a new round; None when it is.
 
     The first that holds of: NotReady, cordoned, a ``NoExecute`` taint that the pod's ``tolerations`` do not
     tolerate for good (``tolerates``: a dedicated or GPU node pool's taint is no hold), a True condition of
-    ``conditions``.
+    ``conditions``. ``cordon`` False: a cordon is no hold (``Placement.member_hold``).
     """
     tolerations = list(tolerations)
     if facts.ready is not None and facts.ready != "True":
         return f"NodeNotReady: Kubernetes node {facts.name} is NotReady (Ready={facts.ready})"
-    if facts.unschedulable:
+    if facts.unschedulable and cordon:
         return f"NodeCordoned: Kubernetes node {facts.name} is cordoned (spec.unschedulable)"
     for key in facts.no_execute:
         if not tolerates(tolerations, key, facts.no_execute_values.get(key, "")):
@@ -200,14 +204,23 @@ class Placement:
     domain: Domain
     #: Why the pod's nodes are not admitted (``hold_reason``); None: admitted.
     hold: str | None = None
+    #: Why they are not admitted once they trained in this run (a cordon alone is no hold for them: cordoning
+    #: stops new pods, not running ones, so a member whose round broke is not dropped from training for it).
+    member_hold: str | None = None
+
+    def hold_for(self, member: bool) -> str | None:
+        """Why a node of this pod is held back: ``member_hold`` once it trained in this run, else ``hold``."""
+        return self.member_hold if member else self.hold
 
 
 def placement_of(facts: NodeFacts, spec: PlacementSpec, tolerations: Iterable[Mapping[str, Any]] = ()) -> Placement:
     """A pod's ``Placement`` on the Node of ``facts``; ``tolerations``: the pod's ``spec.tolerations``."""
+    tolerations = list(tolerations)
     return Placement(
         facts.name,
         domain_of(facts.labels, spec.topology_keys),
         hold_reason(facts, spec.admission_conditions, tolerations),
+        hold_reason(facts, spec.admission_conditions, tolerations, cordon=False),
     )
 
 
