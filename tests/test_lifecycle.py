@@ -100,6 +100,7 @@ class TestRunsNeverInheritEachOthersEnd:
         assert new is not None and new["metadata"]["uid"] != old_uid
         assert new["metadata"]["annotations"][REPLACES_ANNOTATION] == f"{old_uid} (run run-a)"
         assert (new["status"]["runId"], new["status"]["phase"]) == ("run-b", "Closed")
+        assert new["status"]["closeReason"].startswith("Succeeded: the run finished")
         output = agents[0].output() + agents[1].output()
         assert "closed by a person (spec.closed) for run run-a" in output
         assert output.count("run run-b finished: this agent's workers succeeded") == 2  # why each agent exits 0
@@ -163,6 +164,8 @@ class TestCloseWithStockTorchrun:
             )
         steps = [item for item in (training_in_world([agent], 4, min_step=0) for agent in agents) if item]
         assert steps, "the workers trained before the close"
+        reason = control_plane.kubectl("-n", namespace, "get", "rdzv", "job", "-o", "jsonpath={.status.closeReason}")
+        assert re.match(r"Requested: a person closed it \(spec\.closed, set by kubectl\S* at \S+\)", reason.stdout)
 
 
 class TestErrorsNameTheFix:

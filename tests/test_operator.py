@@ -115,6 +115,7 @@ class TestConditionsAndEvents:
         completed = [message for _, reason, message in seen if reason == "RoundCompleted"]
         assert completed and completed[0].startswith("round 0 completed with 2 nodes")
         wait_until(lambda: (condition(read(objects, namespace), "Closed") or {}).get("status") == "True", 30, "Closed")
+        assert (condition(read(objects, namespace), "Closed") or {}).get("reason") == "Succeeded"  # the run finished
         assert operator.metric("kube_rendezvous_rounds_completed_total") >= 1
         assert operator.metric("kube_rendezvous_node_joins_total") == 2
 
@@ -143,6 +144,14 @@ class TestDeclarativeClose:
         objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job", {"spec": {"closed": True}})
         assert job.wait(agents, 90) == [0, 0], job.logs()
         wait_until(lambda: "Closed" in reasons(admin_api, namespace), 30, "a Closed event")
+        # Who closed it and when, in the status, the condition and the Event (a person, not the run's success).
+        said = "a person closed it (spec.closed, set by OpenAPI-Generator at "
+        assert read(objects, namespace)["status"]["closeReason"].startswith(f"Requested: {said}")
+        wait_until(
+            lambda: (condition(read(objects, namespace), "Closed") or {}).get("reason") == "Requested", 30, "why"
+        )
+        closed = [message for _, reason, message in events(admin_api, namespace) if reason == "Closed"]
+        assert closed and said in closed[0], closed
 
     def test_deleting_a_rendezvous_with_training_agents_lets_it_go_at_once_and_they_exit_0(
         self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob

@@ -212,6 +212,7 @@ def observe_rendezvous(
                 evicted=evicted,
                 last_formed=last_formed,
                 spares=seen_spares,
+                close_reason=status.get("closeReason"),
             ):
                 post_event(body, event, namespace, name)
         broken = handlers_rules.departure_event(previous.status if previous is not None else None, status, announced)
@@ -230,7 +231,7 @@ def observe_rendezvous(
                 status,
                 meta.get("generation"),
                 "closed",
-                condition=("Closed", "True", "Closed", f"closed in round {status.get('round')}"),
+                condition=handlers_rules.closed_condition(status),
             )
 
 

@@ -255,6 +255,7 @@ def state_events(
     evicted: Iterable[str] = (),
     last_formed: frozenset[NodeId] | None = None,
     spares: frozenset[NodeId] = frozenset(),
+    close_reason: str | None = None,
 ) -> list[RendezvousEvent]:
     """Events for the ``new`` document after the ``old`` one: the story told once per round.
 
@@ -307,7 +308,8 @@ def state_events(
             )
         )
     if new.closed and (base is None or not base.closed):
-        events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}"))
+        why = f": {close_reason}" if close_reason else ""
+        events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}{why}"))
     return events
 
 
@@ -451,6 +453,15 @@ def rendezvouses_of_pod(labels: dict[str, str] | None, selectors: dict[str, PodS
     if named:
         matched.add(named)
     return sorted(matched)
+
+
+def closed_condition(status: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The ``Closed`` condition of a closed Rendezvous: reason ``Requested`` (a person closed it) or ``Succeeded``
+    (the run finished), from ``status.closeReason``; ``Closed`` when no writer of this release said which."""
+    reason, _, message = str(status.get("closeReason") or "").partition(": ")
+    if reason not in ("Requested", "Succeeded"):
+        return ("Closed", "True", "Closed", f"closed in round {status.get('round')}")
+    return ("Closed", "True", reason, f"closed in round {status.get('round')}: {message}")
 
 
 def nodes_until_folded(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, int]:

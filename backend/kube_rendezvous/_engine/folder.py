@@ -55,7 +55,7 @@ from .._rules.folder_rules import (
     completion_rule,
     fold_placed,
 )
-from .._rules.intents import EVICTED_HEARTBEAT, fold_intents
+from .._rules.intents import EVICTED_HEARTBEAT, close_reason, fold_intents
 from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
 from .._rules.placement import STATUS_HELD_LIMIT, Domain, PlacementSpec, RankOrder, domain_ranges, topology_reason
 from .._rules.summary import departure_of, summarize_document
@@ -302,6 +302,8 @@ class Folder:
         placed = self._placement_status(folded, rule is not None, domain, pods, result.held, keys)
         # What the agents follow (their --nnodes), which kubectl get rdzv shows: it may differ from the spec's.
         placed.update(minNodes=settings.min_nodes, maxNodes=settings.max_nodes)
+        if folded.closed and (stored is None or not stored.closed):
+            placed["closeReason"] = close_reason(obj)  # who closed this run, and when (the status says it)
         if domain is not None:
             kept = set(folded.nodes())
             self._domains = {node: value for node, value in self._domains.items() if node in kept}

@@ -193,3 +193,11 @@ def close_cause(obj: dict[str, Any] | None) -> str:
         return "a person closed it (spec.closed)"
     status = obj.get("status") or {}
     return f"the run finished: an agent's workers succeeded and closed it (at {status.get('lastChangeTime')})"
+
+
+def close_reason(obj: dict[str, Any]) -> str:
+    """``status.closeReason`` of the fold that closes run's Rendezvous ``obj``: ``Requested: ...`` when a person set
+    ``spec.closed`` (who and when, ``close_cause``), else ``Succeeded: ...`` (an agent's workers succeeded)."""
+    if (obj.get("spec") or {}).get("closed"):
+        return f"Requested: {close_cause(obj)}"
+    return "Succeeded: the run finished: an agent's workers succeeded and closed it"
