@@ -129,7 +129,13 @@ class Lifecycle:
             run_id=run_id,
             steps=100000,
             step_seconds=0.2,
-            rdzv_conf={"kubeconfig": str(self.kubeconfig), "last_call_timeout": "2", "join_timeout": "600"},
+            # A 6 s heartbeat expiry (2 s keep-alive x 3): what is killed counts as dead sooner, and CI waits less.
+            rdzv_conf={
+                "kubeconfig": str(self.kubeconfig),
+                "last_call_timeout": "2",
+                "join_timeout": "600",
+                "keep_alive_interval": "2",
+            },
         )
         run = Run(run_id, job)
         self.runs.append(run)
