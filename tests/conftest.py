@@ -277,13 +277,7 @@ REPO = Path(__file__).resolve().parents[1]
 def crds(control_plane: ControlPlane) -> None:
     """The Rendezvous and RendezvousKey CRDs from crds/, applied and established."""
     control_plane.kubectl("apply", "-f", str(REPO / "crds"))
-    control_plane.kubectl(
-        "wait",
-        "--for=condition=established",
-        "--timeout=60s",
-        "crd/rendezvouses.kube-rendezvous.io",
-        "crd/rendezvouskeys.kube-rendezvous.io",
-    )
+    control_plane.wait_established("crd/rendezvouses.kube-rendezvous.io", "crd/rendezvouskeys.kube-rendezvous.io")
 
 
 @pytest.fixture

@@ -734,7 +734,7 @@ def restore_crds(control_plane: ControlPlane) -> None:
             else "create"
         )
         control_plane.kubectl(verb, "--save-config", "-f", str(path))
-    control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", *(f"crd/{crd}" for crd in CRD_NAMES))
+    control_plane.wait_established(*(f"crd/{crd}" for crd in CRD_NAMES))
 
 
 @pytest.fixture
@@ -806,7 +806,7 @@ class TestInstallingTheChart:
     @staticmethod
     def _check_the_objects_of(control_plane: ControlPlane, release: Release) -> None:
         for crd in CRD_NAMES:  # no CRD existed before the install (no_crds): this release created them
-            control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{crd}")
+            control_plane.wait_established(f"crd/{crd}")
             metadata = kubectl_json(control_plane, "get", f"crd/{crd}")["metadata"]
             assert metadata["annotations"]["meta.helm.sh/release-name"] == release.name
             assert metadata["annotations"]["meta.helm.sh/release-namespace"] == release.namespace

@@ -250,7 +250,7 @@ class TestHelmUpgradeUpdatesTheCrds:
         self, helm: Helm, control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str, no_crds: None
     ) -> None:
         release = install(helm, control_plane, release_name(), namespace, "rbac.scope=namespace", "crds.install=true")
-        control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAMES[0]}")
+        control_plane.wait_established(f"crd/{CRD_NAMES[0]}")
         create_rendezvous(admin_api, namespace, "survivor")
         uninstall(helm, control_plane, release)
         for crd_name in CRD_NAMES:
@@ -270,7 +270,7 @@ class TestHelmUpgradeUpdatesTheCrds:
         operator handled and the operator gone with the release. Before, the operator's finalizer held that
         Rendezvous, and with no operator left to remove it the CRD deletion waited for ever."""
         release = install(helm, control_plane, release_name(), namespace, "rbac.scope=namespace", "crds.install=true")
-        control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{CRD_NAMES[0]}")
+        control_plane.wait_established(f"crd/{CRD_NAMES[0]}")
         kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, release.operator_account, create=False)
         wait_until(
             lambda: can_i(control_plane, kubeconfig, "watch", "rendezvouses.kube-rendezvous.io"),
@@ -738,7 +738,7 @@ def monitoring_crds(control_plane: ControlPlane) -> None:
     for path in paths:
         control_plane.kubectl("apply", "-f", str(path))
     names = [f"crd/{yaml.safe_load(path.read_text())['metadata']['name']}" for path in paths]
-    control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", *names)
+    control_plane.wait_established(*names)
 
 
 # -- 5. the PodDisruptionBudget and replicas ------------------------------------------------------

@@ -58,7 +58,7 @@ def namespace3(three_nodes: Cluster, api: client.ApiClient, request: pytest.Fixt
     """A namespace on the three-node cluster, with the CRDs applied; deleted afterwards."""
     plane = three_nodes.plane
     plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/rendezvouses.kube-rendezvous.io")
+    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
     name = f"multi-{request.node.name.lower().replace('_', '-').replace('[', '-').strip(']')[-24:].strip('-')}"
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": name}})

@@ -57,7 +57,7 @@ spec:
           x-kubernetes-preserve-unknown-fields: true
 """
     control_plane.kubectl("apply", "-f", "-", input=manifest)
-    control_plane.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{plural}.{group}")
+    control_plane.wait_established(f"crd/{plural}.{group}")
 
 
 def create_owner(control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str, kind: str) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def node_namespace(real_node: Node, node_api: client.ApiClient, request: pytest.
     """A namespace on the real node's cluster, with the CRDs applied; deleted afterwards."""
     plane = real_node.plane
     plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/rendezvouses.kube-rendezvous.io")
+    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
     name = f"real-{request.node.name.lower().replace('_', '-')[:30].strip('-')}-{int(time.time()) % 100000}"
     core = client.CoreV1Api(node_api)
     core.create_namespace({"metadata": {"name": name}})

@@ -50,11 +50,12 @@ class Agent:
 
     @property
     def node_name(self) -> str:
-        """The rendezvous node name of this agent (``addr_pid_localid``), from its log."""
-        found = NODE_LINE.search(self.output())
-        if found is None:
+        """The rendezvous node name of this agent (``addr_pid_localid``) now, from its log: the last one it logged
+        (a live agent that was evicted joins again under a new name)."""
+        found = NODE_LINE.findall(self.output())
+        if not found:
             raise AssertionError(f"{self.name} has not logged its rendezvous node yet")
-        return found.group(1) or found.group(2)
+        return next(name for name in found[-1] if name)
 
     def kill_pod(self) -> None:
         """SIGKILL the agent and all its descendants at once, as a pod's death does."""
@@ -229,7 +230,9 @@ def quiet(output: str) -> str:
 
 
 #: Our handlers log "this agent is rendezvous node N"; torch's logs "The node 'N' attempts to join".
-NODE_LINE = re.compile(r"this agent is rendezvous node (\S+)|The node '([^']+)' attempts to join")
+NODE_LINE = re.compile(
+    r"this agent is rendezvous node (\S+)|joins again as node (\S+)|The node '([^']+)' attempts to join"
+)
 STEP_LINE = re.compile(r"rank (\d+)/(\d+) group_rank (\d+) restart (\d+) step (\d+)")
 INIT_LINE = re.compile(r"group_rank (\d+) restart (\d+): init_process_group world (\d+)")
 

@@ -407,7 +407,7 @@ def three_node_cluster(workdir: Path, crds: bool = True) -> Iterator[Cluster]:
         cluster.start()
         if crds:
             plane.kubectl("apply", "-f", str(REPO / "crds"))
-            plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+            plane.wait_established("crd/rendezvouses.kube-rendezvous.io", "crd/rendezvouskeys.kube-rendezvous.io")
         yield cluster
     finally:
         cluster.stop()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .binaries import Binaries, ensure_binaries
+from .commands import run_command
 from .pki import Pki, create_pki
 
 CONTROLLERS = (
@@ -376,12 +377,36 @@ class ControlPlane:
     def kubectl(
         self, *args: str, kubeconfig: Path | None = None, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this control plane and return the completed process."""
-        return subprocess.run(
-            [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args],
-            check=check,
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=120,
-        )
+        """Run kubectl against this control plane and return the completed process (``CommandFailed``, which
+        carries what kubectl printed, when it fails and ``check``)."""
+        command = [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args]
+        return run_command(command, check=check, input=input, timeout=120)
+
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Wait until every CustomResourceDefinition named in ``crds`` (``crd/<name>`` or ``<name>``) is Established.
+
+        Not ``kubectl wait --for=condition=established``: right after a CRD is created its status has no
+        ``conditions`` yet, and kubectl 1.37 then exits 1 at once (``.status.conditions accessor error: <nil> is of
+        the type <nil>``) instead of waiting: the fresh-machine failure of issue 50, reproduced by
+        tests/test_control_plane.py. A missing status, or a CRD not yet visible, is waited out here.
+        """
+        names = [crd.removeprefix("crd/").removeprefix("customresourcedefinition/") for crd in crds]
+        last: dict[str, str] = {}
+
+        def established() -> bool:
+            listed = self.kubectl("get", "crd", *names, "-o", "json", "--ignore-not-found", check=False)
+            if listed.returncode != 0 or not listed.stdout.strip():
+                last["kubectl"] = listed.stderr.strip() or "no output"
+                return False
+            items = json.loads(listed.stdout).get("items") or [json.loads(listed.stdout)]
+            status = {
+                item["metadata"]["name"]: any(
+                    condition.get("type") == "Established" and condition.get("status") == "True"
+                    for condition in (item.get("status") or {}).get("conditions") or []
+                )
+                for item in items
+            }
+            last["not yet established"] = ", ".join(name for name in names if not status.get(name)) or "none"
+            return all(status.get(name) for name in names)
+
+        wait_until(established, timeout, f"CRDs {', '.join(names)} to be Established", explain=lambda: str(last))

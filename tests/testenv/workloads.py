@@ -284,7 +284,7 @@ class WorkloadControllers:
             objects = rendered_manifests(recipe, kubectl)
             self.plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
             crds = [f"crd/{item['metadata']['name']}" for item in objects if item["kind"] == "CustomResourceDefinition"]
-            self.plane.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
+            self.plane.wait_established(*crds)
             port, health = free_port(), free_port()
             self.plane.kubectl(
                 "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(self._service(recipe, port))
