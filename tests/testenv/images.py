@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .binaries import cache_root, log_progress
+from .commands import run_command
 
 PAUSE_IMAGE = "localhost/kube-rendezvous/pause:3.10"
 TRAINING_IMAGE = "localhost/kube-rendezvous/training:1"
@@ -60,7 +61,7 @@ def venv_python() -> str:
 @functools.cache
 def _base_prefix() -> str:
     command = [venv_python(), "-S", "-c", "import sys; print(sys.base_prefix)"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    return run_command(command, timeout=60).stdout.strip()
 
 
 def training_mounts() -> list[tuple[str, str]]:

@@ -38,7 +38,6 @@ import base64
 import contextlib
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -50,6 +49,7 @@ import yaml
 
 from .binaries import TESTENV_DIR, build_go_module, log_progress
 from .cluster import Cluster
+from .commands import run_command
 from .controlplane import _Server, free_port, wait_until
 from .podnet import run
 
@@ -148,13 +148,7 @@ def build_workload_controllers(names: tuple[str, ...] = tuple(RECIPES)) -> dict[
 
 def module_dir(recipe: Recipe) -> Path:
     """The module's source folder in Go's module cache (downloaded by the build)."""
-    done = subprocess.run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", recipe.module],
-        cwd=TESTENV_DIR / recipe.name,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    done = run_command(["go", "list", "-m", "-f", "{{.Dir}}", recipe.module], cwd=TESTENV_DIR / recipe.name)
     return Path(done.stdout.strip())
 
 
@@ -185,9 +179,7 @@ def rendered_manifests(recipe: Recipe, kubectl: Path) -> list[dict[str, Any]]:
     source = module_dir(recipe)
     objects: list[dict[str, Any]] = []
     for folder in recipe.manifests:
-        text = subprocess.run(
-            [str(kubectl), "kustomize", str(source / folder)], check=True, capture_output=True, text=True
-        ).stdout
+        text = run_command([kubectl, "kustomize", source / folder]).stdout
         objects += [item for item in yaml.safe_load_all(text) if item]
     objects = [item for item in objects if item["kind"] not in DROPPED_KINDS]
     if recipe.name == "trainer":
