@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from kube_rendezvous._engine.folder import WRITER_ELECTION
-from kube_rendezvous._kube.election import LeaderElectionConfig, WriterLease
+from kube_rendezvous._kube.election import LeaderElectionConfig
+from kube_rendezvous._kube.writer_lease import WriterLease
 from kube_rendezvous_operator.leadership import OPERATOR_ELECTION
 
 from tests.fakeapi import FakeKubernetesApi
