@@ -33,21 +33,12 @@ from kube_rendezvous._rules.election_rules import (
 )
 
 from tests.fakeapi import FakeKubernetesApi
+from tests.test_writer_renewal import FakeClock
 from tests.testenv import wait_until
 
 pytestmark = pytest.mark.pure
 
 FAST = LeaderElectionConfig(lease_duration=1.0, renew_deadline=0.5, retry_period=0.02, request_timeout=0.2)
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Store:
@@ -110,6 +101,14 @@ def candidate(store: Store, identity: str, config: LeaderElectionConfig = FAST, 
     return LeaderElector(lock, config, **options)
 
 
+def held_and_seen(store: Store, config: LeaderElectionConfig, **options: Any) -> tuple[LeaderElector, LeaderElector]:
+    """``a``, which holds the lock, and ``b`` (with ``options``), which has seen ``a``'s record once."""
+    a, b = candidate(store, "a", config), candidate(store, "b", config, **options)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    return a, b
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -133,9 +132,7 @@ def test_the_first_candidate_creates_the_lock_and_holds_it(config: LeaderElectio
 
 def test_a_second_candidate_sees_a_live_holder_and_does_not_take(config: LeaderElectionConfig) -> None:
     store = Store()
-    a, b = candidate(store, "a", config), candidate(store, "b", config)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    _, b = held_and_seen(store, config)
     assert b.holder == "a" and b.holder_alive
     assert b.seconds_until_stale() == pytest.approx(config.lease_duration)
 
@@ -162,10 +159,8 @@ def test_a_candidate_takes_an_expired_lock_only_after_the_duration_on_its_own_cl
 ) -> None:
     store = Store()
     takeovers: list[Takeover] = []
-    a, b = candidate(store, "a", config), candidate(store, "b", config, on_takeover=takeovers.append)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()  # first seen now
-    first_seen = clock.now
+    _, b = held_and_seen(store, config, on_takeover=takeovers.append)
+    first_seen = clock.now  # b saw a's record now
     clock.now += config.lease_duration  # not more than the duration: still valid
     assert not b.try_acquire_or_renew() and b.holder_alive
     clock.now += 0.01
@@ -179,9 +174,7 @@ def test_a_holder_that_lost_the_lock_learns_it_at_its_next_renewal(
     config: LeaderElectionConfig, clock: FakeClock
 ) -> None:
     store = Store()
-    a, b = candidate(store, "a", config), candidate(store, "b", config)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    a, b = held_and_seen(store, config)
     clock.now += config.lease_duration + 0.1  # a froze: b takes its lock
     assert b.try_acquire_or_renew()
     store.calls.clear()
@@ -225,9 +218,7 @@ def test_preempts_takes_the_lock_from_a_live_holder(config: LeaderElectionConfig
 def test_a_released_lock_is_taken_at_once_with_one_transition_more(config: LeaderElectionConfig) -> None:
     store = Store()
     takeovers: list[Takeover] = []
-    a, b = candidate(store, "a", config), candidate(store, "b", config, on_takeover=takeovers.append)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    a, b = held_and_seen(store, config, on_takeover=takeovers.append)
     a.release()
     assert store.record is not None and store.record.holder_identity == ""
     assert b.try_acquire_or_renew()  # released: no need to wait out the duration
@@ -238,9 +229,7 @@ def test_a_released_lock_is_taken_at_once_with_one_transition_more(config: Leade
 
 def test_release_leaves_a_lock_held_by_another_identity_alone(config: LeaderElectionConfig, clock: FakeClock) -> None:
     store = Store()
-    a, b = candidate(store, "a", config), candidate(store, "b", config)
-    assert a.try_acquire_or_renew()
-    assert not b.try_acquire_or_renew()
+    a, b = held_and_seen(store, config)
     clock.now += config.lease_duration + 0.1
     assert b.try_acquire_or_renew()
     a.release()

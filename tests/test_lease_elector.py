@@ -9,7 +9,7 @@ import pytest
 from kube_rendezvous._engine.folder import WRITER_ELECTION
 from kube_rendezvous._kube.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
 from kube_rendezvous._kube.leases import writer_lease_name
-from kube_rendezvous._kube.writer_lease import WriterLease
+from kube_rendezvous._kube.writer_lease import WriterLease, WriterLock
 from kubernetes import client
 
 from tests.testenv import wait_until
@@ -22,7 +22,7 @@ def elector(
     admin_api: client.ApiClient, namespace: str, identity: str, *, preferred: bool, api: KubernetesApi | None = None
 ) -> WriterLease:
     api = api or KubernetesApi(admin_api)
-    return WriterLease(api, namespace, "rdzv", identity, WRITER_ELECTION, preferred=preferred)
+    return WriterLease(WriterLock(api, namespace, "rdzv", identity, preferred=preferred), WRITER_ELECTION)
 
 
 def test_the_holder_renews_with_one_write_and_no_read(admin_api: client.ApiClient, namespace: str) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._kube.election import LeaderElector as LeaderElector
     from ._kube.election import LeaseLock as LeaseLock
     from ._kube.election import ResourceLock as ResourceLock
+    from ._kube.election import Takeover as Takeover
     from ._kube.kubeapi import GROUP as GROUP
     from ._kube.kubeapi import RENDEZVOUS_LABEL as RENDEZVOUS_LABEL
     from ._kube.kubeapi import RENDEZVOUS_PLURAL as RENDEZVOUS_PLURAL
@@ -82,6 +83,7 @@ _EXPORTS = {
     "LeaderElector": "._kube.election",
     "LeaseLock": "._kube.election",
     "ResourceLock": "._kube.election",
+    "Takeover": "._kube.election",
     "ApiError": "._kube.kubeapi",
     "ApiUnavailableError": "._kube.kubeapi",
     "ForbiddenError": "._kube.kubeapi",

@@ -45,7 +45,7 @@ from .._kube.kubeapi import (
 from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, record_of
 from .._kube.status import write_status
 from .._kube.watchcache import WatchCache
-from .._kube.writer_lease import WriterLease, dead_writer_seeds
+from .._kube.writer_lease import WriterLease, WriterLock, dead_writer_seeds
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
 from .._rules.election_rules import LEASE_PLURAL
 from .._rules.folder_rules import (
@@ -146,7 +146,7 @@ class Folder:
         self._decode = decode
         #: The job's training pods, where this folder knows them (the operator's pod watch); None: unknown.
         self.training_pods = training_pods
-        self.elector = WriterLease(api, namespace, rendezvous_name, identity, election, preferred=preferred)
+        self.elector = WriterLease(WriterLock(api, namespace, rendezvous_name, identity, preferred=preferred), election)
         self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
         self.leader = False

@@ -104,24 +104,14 @@ def dead_writer_seeds(holder: StaleHolder, records: list[NodeRecord], prefix: st
 
 
 class WriterLease(LeaderElector):
-    """The election of the one folder of a Rendezvous: a ``LeaderElector`` on its ``WriterLock``.
+    """The election of the one folder of a Rendezvous: a ``LeaderElector`` on its ``WriterLock``, with the
+    writer priority rule (``WriterLock.preempts``).
 
     ``taken_from_stale`` is the holder of the last writer Lease this identity took because it was
     stale (None otherwise, or once its reader took it).
     """
 
-    def __init__(
-        self,
-        api: KubernetesApi,
-        namespace: str,
-        rendezvous_name: str,
-        identity: str,
-        config: LeaderElectionConfig,
-        *,
-        preferred: bool,
-        owner: dict[str, Any] | None = None,
-    ) -> None:
-        lock = WriterLock(api, namespace, rendezvous_name, identity, preferred=preferred, owner=owner)
+    def __init__(self, lock: WriterLock, config: LeaderElectionConfig) -> None:
         super().__init__(lock, config, preempts=lock.preempts, on_takeover=self._keep_stale_holder)
         #: The lock, as its own type (its ``owner`` may be set once the Rendezvous is known).
         self.writer_lock = lock
