@@ -221,8 +221,8 @@ class Takeover:
 
     #: The record as this candidate last read it before its take (``holder_identity`` empty: released).
     previous: LeaderElectionRecord
-    #: Whether that record had expired: unchanged for its duration on this candidate's clock (else: it was
-    #: released, or this candidate preempted its holder).
+    #: Whether that record had expired: unchanged for its duration on this candidate's clock. A take of a
+    #: record that had not was of a released lock, or this candidate preempted its holder (``preempts``).
     expired: bool
     #: When this candidate first saw that record (its version), on ``config.clock``.
     observed_at: float
