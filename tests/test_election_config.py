@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from kube_rendezvous._engine.folder import WRITER_ELECTION
-from kube_rendezvous._kube.election import LeaderElectionConfig, WriterLease
+from kube_rendezvous._kube.election import LeaderElectionConfig
+from kube_rendezvous._kube.writer_lease import WriterLease, WriterLock
 from kube_rendezvous_operator.leadership import OPERATOR_ELECTION
 
 from tests.fakeapi import FakeKubernetesApi
@@ -57,8 +58,8 @@ def test_the_folder_and_the_operator_share_one_kind_of_config() -> None:
 def test_a_candidate_takes_a_lease_only_after_it_stood_unchanged_for_the_duration_on_the_injected_clock() -> None:
     api: Any = FakeKubernetesApi()
     clock = FakeClock()
-    holder = WriterLease(api, "ns", "job", "agent/a", config(clock), preferred=False)
-    candidate = WriterLease(api, "ns", "job", "agent/b", config(clock), preferred=False)
+    holder = WriterLease(WriterLock(api, "ns", "job", "agent/a", preferred=False), config(clock))
+    candidate = WriterLease(WriterLock(api, "ns", "job", "agent/b", preferred=False), config(clock))
     assert holder.try_acquire_or_renew()
     assert not candidate.try_acquire_or_renew()  # first seen now: not stale
     assert candidate.seconds_until_stale() == pytest.approx(WRITER_ELECTION.lease_duration)

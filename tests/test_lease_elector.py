@@ -1,4 +1,5 @@
-"""LeaseElector on the real API server: what one renewal costs, and that a renewal stays a compare-and-swap."""
+"""The writer Lease's election (``WriterLease``: the generic ``LeaderElector`` on a ``WriterLock``) on the real API
+server: what one renewal costs, that a renewal stays a compare-and-swap, and the writer rules above the elector."""
 
 from __future__ import annotations
 
@@ -6,47 +7,56 @@ from typing import Any
 
 import pytest
 from kube_rendezvous._engine.folder import WRITER_ELECTION
-from kube_rendezvous._kube.election import WriterLease
 from kube_rendezvous._kube.kubeapi import ApiError, ApiUnavailableError, KubernetesApi
+from kube_rendezvous._kube.leases import writer_lease_name
+from kube_rendezvous._kube.writer_lease import WriterLease, WriterLock
 from kubernetes import client
 
 from tests.testenv import wait_until
 
+#: The writer Lease of the Rendezvous ``rdzv`` these tests elect on.
+WRITER = writer_lease_name("rdzv")
 
-def elector(admin_api: client.ApiClient, namespace: str, identity: str, *, preferred: bool) -> WriterLease:
-    return WriterLease(KubernetesApi(admin_api), namespace, "rdzv", identity, WRITER_ELECTION, preferred=preferred)
+
+def elector(
+    admin_api: client.ApiClient, namespace: str, identity: str, *, preferred: bool, api: KubernetesApi | None = None
+) -> WriterLease:
+    api = api or KubernetesApi(admin_api)
+    return WriterLease(WriterLock(api, namespace, "rdzv", identity, preferred=preferred), WRITER_ELECTION)
 
 
 def test_the_holder_renews_with_one_write_and_no_read(admin_api: client.ApiClient, namespace: str) -> None:
     # A quorum GET waits behind every write etcd has not applied yet: at N=1024 on 2 cores the
     # operator's GET-then-PUT renewal took 10-25 s and it lost the writer Lease. The holder now
     # writes on the version its own last write returned.
-    holder = elector(admin_api, namespace, "agent-a", preferred=False)
+    api = KubernetesApi(admin_api)
+    holder = elector(admin_api, namespace, "agent-a", preferred=False, api=api)
     assert holder.try_acquire_or_renew()
     for _ in range(3):
-        before = holder._api.stats["requests"]
+        before = api.stats["requests"]
         assert holder.try_acquire_or_renew()
-        assert holder._api.stats["requests"] - before == 1
-    lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(holder.name, namespace)
+        assert api.stats["requests"] - before == 1
+    lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(WRITER, namespace)
     assert lease.spec.holder_identity == "agent-a"
 
 
 def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_renewal(
     admin_api: client.ApiClient, namespace: str
 ) -> None:
-    agent = elector(admin_api, namespace, "agent-a", preferred=False)
+    api = KubernetesApi(admin_api)
+    agent = elector(admin_api, namespace, "agent-a", preferred=False, api=api)
     operator = elector(admin_api, namespace, "operator", preferred=True)
     assert agent.try_acquire_or_renew()
     # The operator preempts an agent as soon as it sees the agent's Lease: its read is from the API server's watch
     # cache (resourceVersion=0), which may lag a fresh create under load (the clean-clone CI run of c1634bf: its
     # create answered 409 and the step said False). Its next step takes the Lease.
     wait_until(operator.try_acquire_or_renew, 10, "the operator to preempt the agent", interval=0.1)
-    before = agent._api.stats["requests"]
+    before = api.stats["requests"]
     assert not agent.try_acquire_or_renew()  # its write on its old version is refused (409)
-    assert agent._api.stats["requests"] - before == 2  # the refused write, then the read that explains it
+    assert api.stats["requests"] - before == 2  # the refused write, then the read that explains it
     assert agent.holder == "operator" and agent.holder_alive
     assert operator.try_acquire_or_renew()
-    lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(operator.name, namespace)
+    lease = client.CoordinationV1Api(admin_api).read_namespaced_lease(WRITER, namespace)
     assert lease.spec.holder_identity == "operator"
 
 
@@ -62,7 +72,7 @@ def test_an_agent_folder_stopped_at_exit_releases_the_writer_lease(admin_api: cl
     leases = client.CoordinationV1Api(admin_api)
 
     def holder() -> str:
-        return str(leases.read_namespaced_lease(folder.elector.name, namespace).spec.holder_identity or "")
+        return str(leases.read_namespaced_lease(WRITER, namespace).spec.holder_identity or "")
 
     wait_until(lambda: holder() == "agent/a", 30, "the agent folder to take the writer Lease")
     release(namespace)
@@ -89,7 +99,7 @@ def test_an_agent_takes_the_lease_of_a_writer_that_died_after_its_duration_and_w
     shared(api, namespace, "rdzv").folder("agent/b", 15.0)
     try:
         wait_until(
-            lambda: leases.read_namespaced_lease(dead.name, namespace).spec.holder_identity == "agent/b",
+            lambda: leases.read_namespaced_lease(WRITER, namespace).spec.holder_identity == "agent/b",
             30,
             "an agent to take the writer Lease over",
         )
@@ -109,7 +119,7 @@ def test_a_candidate_that_takes_a_stale_lease_records_the_dead_holder_and_its_la
 
     dead = elector(admin_api, namespace, "agent/10.0.0.9_7_1", preferred=False)
     assert dead.try_acquire_or_renew()
-    renew_time = client.CoordinationV1Api(admin_api).read_namespaced_lease(dead.name, namespace).spec.renew_time
+    renew_time = client.CoordinationV1Api(admin_api).read_namespaced_lease(WRITER, namespace).spec.renew_time
     candidate = elector(admin_api, namespace, "agent/10.0.0.8_7_1", preferred=False)
     assert not candidate.try_acquire_or_renew()  # alive: first seen now
     first_seen = time.monotonic()

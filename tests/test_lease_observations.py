@@ -6,8 +6,8 @@ import dataclasses
 from datetime import datetime, timedelta, timezone
 
 from kube_rendezvous._engine.folder import AGENT_IDENTITY_PREFIX
-from kube_rendezvous._kube.election import StaleHolder, dead_writer_seeds
 from kube_rendezvous._kube.leases import OBSERVER_GAP_SECONDS, LeaseObservations, NodeRecord
+from kube_rendezvous._kube.writer_lease import StaleHolder, dead_writer_seeds
 from kube_rendezvous._rules.document import NodeId
 from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
 

@@ -43,6 +43,7 @@ PURE = {
     "kube_rendezvous._rules.adder_rules",
     "kube_rendezvous._rules.statecheck",
     "kube_rendezvous._rules.leases_rules",
+    "kube_rendezvous._rules.election_rules",
     "kube_rendezvous._rules.retries",
     "kube_rendezvous._rules.kubectl_rdzv_rules",
     "kube_rendezvous._rules.placement",
@@ -334,3 +335,47 @@ def test_the_operator_imports_the_librarys_public_names_only() -> None:
         if target.startswith("kube_rendezvous.")
     )
     assert found == []
+
+
+#: The generic elector and its pure twin: client-go's ``leaderelection`` and ``resourcelock``, nothing of a rendezvous.
+ELECTOR = ("kube_rendezvous._kube.election", "kube_rendezvous._rules.election_rules")
+#: What the elector may import of the packages (issue #50): the API client (its requests and errors), its pure twin,
+#: and the retry policies (which the client itself uses). No other ``_rules`` module (the rendezvous' Lease formats
+#: are in ``leases_rules``), no ``leases``, no ``writer_lease``: the rendezvous' writer rules use the elector, above it.
+ELECTOR_IMPORTS = {
+    "kube_rendezvous._kube.kubeapi",
+    "kube_rendezvous._rules.election_rules",
+    "kube_rendezvous._rules.retries",
+}
+#: The names the elector may take from ``kubeapi``: the client, its errors and ``resource_path``, not its constants
+#: (the Rendezvous' group, plural and labels).
+ELECTOR_KUBEAPI_NAMES = {"KubernetesApi", "KubernetesApiError", "ConflictError", "NotFoundError", "resource_path"}
+
+
+def test_the_elector_imports_nothing_of_the_rendezvous() -> None:
+    """The generic elector (``election``, ``election_rules``): its imports, direct and through the modules it imports,
+    are ``ELECTOR_IMPORTS`` and the standard library; of ``kubeapi`` only the client, its errors and
+    ``resource_path``; and no string of ours (``kube-rendezvous``: a label, an annotation) appears in its source."""
+    import sys
+
+    for name in ELECTOR:
+        module = MODULES[name]
+        assert set(module.imports) <= ELECTOR_IMPORTS, f"{name} imports {set(module.imports) - ELECTOR_IMPORTS}"
+        assert imported_transitively(name) <= ELECTOR_IMPORTS, f"{name} reaches {imported_transitively(name)}"
+        outside = module.top_levels - set(PACKAGES) - set(sys.stdlib_module_names)
+        assert outside == set(), f"{name} imports {outside}, not of the standard library"
+        taken = {
+            alias.name
+            for node in ast.walk(module.tree)
+            if isinstance(node, ast.ImportFrom) and node.module is not None and node.module.endswith("kubeapi")
+            for alias in node.names
+        }
+        assert taken <= ELECTOR_KUBEAPI_NAMES, f"{name} takes {taken - ELECTOR_KUBEAPI_NAMES} from kubeapi"
+        ours = [
+            (node.lineno, node.value)
+            for node in ast.walk(module.tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "kube-rendezvous" in node.value
+        ]
+        assert ours == [], f"{name} writes our formats: {ours}"
+    # The rendezvous' writer rules sit above it and use it, not the other way round.
+    assert "kube_rendezvous._kube.election" in MODULES["kube_rendezvous._kube.writer_lease"].imports

@@ -20,7 +20,7 @@ from kube_rendezvous._engine.folder import Folder
 from kube_rendezvous._kube.election import ElectorRun, LeaderElectionConfig
 from kube_rendezvous._kube.kubeapi import ApiUnavailableError, resource_path
 from kube_rendezvous._kube.watchcache import WatchCache
-from kube_rendezvous._rules.leases_rules import LEASE_PLURAL
+from kube_rendezvous._rules.election_rules import LEASE_PLURAL
 from kube_rendezvous_operator import leadership
 from kube_rendezvous_operator.leadership import STANDBY_LOG_SECONDS, Leadership
 

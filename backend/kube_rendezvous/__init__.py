@@ -25,7 +25,10 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._engine.folder import Folder as Folder
     from ._kube.election import ElectorRun as ElectorRun
     from ._kube.election import LeaderElectionConfig as LeaderElectionConfig
-    from ._kube.election import LeaseElector as LeaseElector
+    from ._kube.election import LeaderElector as LeaderElector
+    from ._kube.election import LeaseLock as LeaseLock
+    from ._kube.election import ResourceLock as ResourceLock
+    from ._kube.election import Takeover as Takeover
     from ._kube.kubeapi import GROUP as GROUP
     from ._kube.kubeapi import RENDEZVOUS_LABEL as RENDEZVOUS_LABEL
     from ._kube.kubeapi import RENDEZVOUS_PLURAL as RENDEZVOUS_PLURAL
@@ -48,13 +51,14 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._rules.document import RendezvousDocument as RendezvousDocument
     from ._rules.document import StateDocumentError as StateDocumentError
     from ._rules.document import decode_document as decode_document
+    from ._rules.election_rules import LEASE_PLURAL as LEASE_PLURAL
+    from ._rules.election_rules import LeaderElectionRecord as LeaderElectionRecord
+    from ._rules.election_rules import parse_micro_time as parse_micro_time
     from ._rules.folder_rules import PodAddresses as PodAddresses
     from ._rules.folder_rules import TrainingPods as TrainingPods
     from ._rules.intents import with_evicted as with_evicted
     from ._rules.leases_rules import ANNOTATION_NODE as ANNOTATION_NODE
     from ._rules.leases_rules import LABEL_LEASE as LABEL_LEASE
-    from ._rules.leases_rules import LEASE_PLURAL as LEASE_PLURAL
-    from ._rules.leases_rules import parse_micro_time as parse_micro_time
     from ._rules.placement import NodeFacts as NodeFacts
     from ._rules.placement import PlacementSpec as PlacementSpec
     from ._rules.placement import domain_text as domain_text
@@ -76,7 +80,10 @@ _EXPORTS = {
     "Folder": "._engine.folder",
     "ElectorRun": "._kube.election",
     "LeaderElectionConfig": "._kube.election",
-    "LeaseElector": "._kube.election",
+    "LeaderElector": "._kube.election",
+    "LeaseLock": "._kube.election",
+    "ResourceLock": "._kube.election",
+    "Takeover": "._kube.election",
     "ApiError": "._kube.kubeapi",
     "ApiUnavailableError": "._kube.kubeapi",
     "ForbiddenError": "._kube.kubeapi",
@@ -99,6 +106,9 @@ _EXPORTS = {
     "NodeId": "._rules.document",
     "RendezvousDocument": "._rules.document",
     "StateDocumentError": "._rules.document",
+    "LEASE_PLURAL": "._rules.election_rules",
+    "LeaderElectionRecord": "._rules.election_rules",
+    "parse_micro_time": "._rules.election_rules",
     "PodAddresses": "._rules.folder_rules",
     "TrainingPods": "._rules.folder_rules",
     "with_evicted": "._rules.intents",
@@ -109,8 +119,6 @@ _EXPORTS = {
     "placement_of": "._rules.placement",
     "ANNOTATION_NODE": "._rules.leases_rules",
     "LABEL_LEASE": "._rules.leases_rules",
-    "LEASE_PLURAL": "._rules.leases_rules",
-    "parse_micro_time": "._rules.leases_rules",
     "RendezvousTimings": "._rules.settings",
     "departure_line": "._rules.summary",
     "format_time": "._rules.summary",

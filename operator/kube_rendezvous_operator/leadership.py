@@ -2,12 +2,12 @@
 
 The replica holding the Lease ``kube-rendezvous-operator`` in the operator's own namespace runs
 the handlers; the others try again every ``retry_period`` of ``OPERATOR_ELECTION`` (the backend's
-``LeaderElectionConfig`` and run loop ``ElectorRun``, as the folder's writer election). A leader whose
-last successful renewal was sent ``renew_deadline`` ago, or that lost its Lease, exits at once
-(``on_stopped_leading``), before its Lease (``lease_duration``) can look stale to another replica, so
-two replicas never act together; its Deployment restarts it as a standby. A leader stopped with
-SIGTERM (a rollout, a drain) releases the Lease on its way out, so a standby takes over within
-``retry_period``.
+generic ``LeaderElector`` on a ``LeaseLock``, with its ``LeaderElectionConfig`` and run loop
+``ElectorRun``, as the folder's writer election). A leader whose last successful renewal was sent
+``renew_deadline`` ago, or that lost its Lease, exits at once (``on_stopped_leading``), before its
+Lease (``lease_duration``) can look stale to another replica, so two replicas never act together;
+its Deployment restarts it as a standby. A leader stopped with SIGTERM (a rollout, a drain)
+releases the Lease on its way out, so a standby takes over within ``retry_period``.
 
 After a leader dies without releasing (SIGKILL, a lost node), a standby holds the Lease within
 ``lease_duration + retry_period`` of the leader's last renewal, then starts its handlers
@@ -27,7 +27,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from kube_rendezvous import ElectorRun, KubernetesApi, LeaderElectionConfig, LeaseElector
+from kube_rendezvous import ElectorRun, KubernetesApi, LeaderElectionConfig, LeaderElector, LeaseLock
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,8 @@ class Leadership:
         self, api: KubernetesApi, namespace: str, identity: str, config: LeaderElectionConfig = OPERATOR_ELECTION
     ) -> None:
         self.config = config
-        self.elector = LeaseElector(
-            api, namespace, LEASE_NAME, identity, config, labels={"app.kubernetes.io/name": LEASE_NAME}
-        )
+        lock = LeaseLock(api, namespace, LEASE_NAME, identity, labels={"app.kubernetes.io/name": LEASE_NAME})
+        self.elector = LeaderElector(lock, config)
         self.term = ElectorRun(self.elector)
         self._logged = float("-inf")
 

@@ -33,6 +33,7 @@ from .._kube.leases import parse_node
 from .._kube.status import add_evictions
 from .._kube.watchcache import WatchCache, object_watch
 from .._rules.document import node_names
+from .._rules.election_rules import LEASE_PLURAL
 from .._rules.folder_rules import role_of
 from .._rules.kubectl_rdzv_rules import (
     PluginError,
@@ -42,7 +43,6 @@ from .._rules.kubectl_rdzv_rules import (
     render_status,
     summary_line,
 )
-from .._rules.leases_rules import LEASE_PLURAL
 from .._rules.retries import EVICTION_CONFLICT_RETRY
 from .._rules.settings import SERVICE_ACCOUNT_NAMESPACE_FILE
 from .._rules.summary import format_time

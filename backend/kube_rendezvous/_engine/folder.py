@@ -1,6 +1,6 @@
 """The folder: the one writer that folds the nodes' requests into the Rendezvous, and decides expiry.
 
-Whoever holds the writer Lease (``election.WriterLease``) runs ``Folder.run``'s leader loop: it
+Whoever holds the writer Lease (``writer_lease.WriterLease``) runs ``Folder.run``'s leader loop: it
 watches the node Leases and the Rendezvous, and whenever a request changed, a node's Lease
 expired (unchanged for its expiry on this folder's clock), or a last call ended, it folds every
 pending request into the state document (``folding.fold``) and writes it with one
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .._kube.election import ElectorRun, LeaderElectionConfig, WriterLease, dead_writer_seeds
+from .._kube.election import ElectorRun, LeaderElectionConfig
 from .._kube.kubeapi import (
     RENDEZVOUS_LABEL,
     RENDEZVOUS_PLURAL,
@@ -45,7 +45,9 @@ from .._kube.kubeapi import (
 from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, record_of
 from .._kube.status import write_status
 from .._kube.watchcache import WatchCache
+from .._kube.writer_lease import WriterLease, WriterLock, dead_writer_seeds
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
+from .._rules.election_rules import LEASE_PLURAL
 from .._rules.folder_rules import (
     Carry,
     Desire,
@@ -56,7 +58,7 @@ from .._rules.folder_rules import (
     fold_placed,
 )
 from .._rules.intents import EVICTED_HEARTBEAT, close_reason, fold_intents
-from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE, LEASE_PLURAL
+from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE
 from .._rules.placement import STATUS_HELD_LIMIT, Domain, PlacementSpec, RankOrder, domain_ranges, topology_reason
 from .._rules.summary import departure_of, summarize_document
 
@@ -144,7 +146,7 @@ class Folder:
         self._decode = decode
         #: The job's training pods, where this folder knows them (the operator's pod watch); None: unknown.
         self.training_pods = training_pods
-        self.elector = WriterLease(api, namespace, rendezvous_name, identity, election, preferred=preferred)
+        self.elector = WriterLease(WriterLock(api, namespace, rendezvous_name, identity, preferred=preferred), election)
         self.observations = LeaseObservations(self.where)
         self.leases: WatchCache | None = None
         self.leader = False
@@ -502,10 +504,10 @@ class Folder:
 
     def _own_writer_lease(self) -> None:
         """Let a writer Lease this folder creates go with the Rendezvous (its ownerReference), once known."""
-        if self.elector.owner is None:
+        if self.elector.writer_lock.owner is None:
             with contextlib.suppress(KubernetesApiError):
                 if (obj := self._object()) is not None:
-                    self.elector.owner = owner_reference(obj)
+                    self.elector.writer_lock.owner = owner_reference(obj)
 
     def _candidate_pause(self, failed: bool) -> float:
         """Seconds until the next election step of a folder that does not hold the writer Lease."""

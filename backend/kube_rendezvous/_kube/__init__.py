@@ -1,1 +1,1 @@
-"""Kubernetes I/O: the API client, watches, Leases, the election, the status writes."""
+"""Kubernetes I/O: the API client, watches, Leases, the generic elector and the writer Lease, the status writes."""

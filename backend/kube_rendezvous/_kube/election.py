@@ -1,21 +1,27 @@
-"""Leader election on a coordination.k8s.io/v1 Lease (``LeaseElector``), and the writer Lease of a Rendezvous.
+"""Leader election on a lock (client-go's ``leaderelection``), and its one lock: a coordination.k8s.io Lease.
 
-``LeaseElector``'s timings are one validated ``LeaderElectionConfig`` (the folder's writer election
-and the operator's replica election). ``WriterLease`` elects the one folder of a Rendezvous on
-``<rendezvous>-writer`` (the contract is in ``leases``), preferring the operator over agents;
-``dead_writer_seeds`` dates the node of an agent writer that died from its last writer renewal.
-``ElectorRun`` is the one run loop around an elector (client-go's ``LeaderElector.Run``): acquire,
-then renew on a thread until the Lease is lost or the renew deadline passes; the folder and the
-operator's replica election both run it, so both count a renewal alike.
+- ``ResourceLock`` is the seam (client-go's ``resourcelock.Interface``): get, create and update a
+  ``LeaderElectionRecord``, record an event, say who this candidate is and what the lock is.
+  ``LeaseLock`` is its implementation on one coordination.k8s.io/v1 Lease.
+- ``LeaderElectionConfig``: the timings of one election, its clock and its callbacks, validated.
+- ``LeaderElector``: the election steps over any ``ResourceLock`` (acquire or renew, release).
+- ``ElectorRun``: the one run loop around an elector (client-go's ``LeaderElector.Run``): acquire,
+  then renew on a thread until the lock is lost or the renew deadline passes.
+
+This module knows nothing of a rendezvous. Its users add their rules through public seams: their
+lock (its name, labels and annotations), ``LeaderElector``'s ``preempts`` (may this candidate take
+the lock from a live holder) and ``on_takeover`` (the record a take replaced). The writer Lease of a
+Rendezvous (``writer_lease``) and the operator's replica election are its users.
 
 Not guaranteed: that two holders never act at once. That holds only if an old holder stops acting
 within ``renew_deadline`` of its last successful renewal (client-go's renew deadline): ``ElectorRun``
 says when (``holding``, ``on_stopped_leading``), and its caller must stop then; an election step
-only says who holds the Lease now.
+only says who holds the lock now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,19 +30,22 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from .._rules.document import NodeId
-from .._rules.leases_rules import LABEL_LEASE, LEASE_PLURAL, micro_time, parse_micro_time
-from .kubeapi import (
-    RENDEZVOUS_LABEL,
-    ConflictError,
-    KubernetesApi,
-    KubernetesApiError,
-    NotFoundError,
-    resource_path,
+from .._rules.election_rules import (
+    LEASE_PLURAL,
+    LeaderElectionRecord,
+    is_expired,
+    lease_spec,
+    may_take,
+    next_record,
+    observed_duration,
+    record_of_lease,
 )
-from .leases import ANNOTATION_WRITER_PRIORITY, NodeRecord, writer_lease_name
+from .kubeapi import ConflictError, KubernetesApi, KubernetesApiError, NotFoundError, resource_path
 
 logger = logging.getLogger(__name__)
+
+#: The event a candidate records on its lock when it takes it (client-go's).
+BECAME_LEADER = "became leader"
 
 
 @dataclass(frozen=True)
@@ -44,11 +53,12 @@ class LeaderElectionConfig:
     """The timings of one leader election, its clock and its callbacks (client-go's ``LeaderElectionConfig``).
 
     The holder renews every ``retry_period`` and stops acting once ``renew_deadline`` has passed since
-    the start of its last successful renewal; a candidate takes the Lease once it has seen it unchanged
+    the start of its last successful renewal; a candidate takes the lock once it has seen it unchanged
     for ``lease_duration`` on its own ``clock``; each request of a step may take ``request_timeout``.
     The loop that runs the election calls ``on_started_leading`` when it starts acting, and
-    ``on_stopped_leading`` when it must stop: the Lease was lost or the renew deadline passed (not
-    when its caller stops it).
+    ``on_stopped_leading`` when it must stop: the lock was lost or the renew deadline passed (not
+    when its caller stops it). The elector calls ``on_new_leader`` with the holder's identity (empty:
+    released) after a step that saw the holder change, from the step's thread: it must not block.
 
     Raises ``ValueError`` on construction unless 0 < retry_period < renew_deadline < lease_duration
     and 0 < request_timeout < renew_deadline: a holder must stop before a candidate may take over.
@@ -61,6 +71,7 @@ class LeaderElectionConfig:
     clock: Callable[[], float] = time.monotonic
     on_started_leading: Callable[[], None] | None = None
     on_stopped_leading: Callable[[], None] | None = None
+    on_new_leader: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
@@ -76,52 +87,64 @@ class LeaderElectionConfig:
             )
 
 
-@dataclass(frozen=True)
-class StaleHolder:
-    """The holder a candidate took a stale Lease from, as that candidate last saw it."""
+class ResourceLock(Protocol):
+    """The lock an elector takes (client-go's ``resourcelock.Interface``); ``LeaseLock`` is one.
 
-    identity: str
-    #: ``spec.renewTime`` of its last renewal: the old holder's own clock.
-    renewed_at: datetime | None
-    #: When this candidate first saw that renewal, on its own monotonic clock, or, if later, when the
-    #: API server last failed or refused it (the holder may have been cut off by the same outage).
-    seen_at: float
-
-
-def dead_writer_seeds(holder: StaleHolder, records: list[NodeRecord], prefix: str) -> list[tuple[NodeId, str, float]]:
-    """``(node, version, since)`` for the node of a writer that died, dated from its writer Lease.
-
-    An agent writer (identity ``prefix`` + node) renews its node Lease and the writer Lease from one
-    process, so both ``renewTime`` stamps come from one clock. A node Lease renewed ``d`` seconds
-    after the writer Lease's last renewal (``d`` <= 0: before it) has not changed since
-    ``seen_at + max(d, 0)``, where ``seen_at`` is when the candidate saw that writer renewal, on
-    its own clock. Its expiry then runs from there, not from the takeover: a dead writer's node is
-    removed one expiry after its death, not after failover plus an expiry. Never early: ``seen_at``
-    is at or after the writer renewal itself, and ``d`` is measured on the dead process's one clock.
-    ``LeaseObservations.seed`` ignores a date later than the candidate's own observation.
+    ``get`` answers the record with the lock's version as read (a change means somebody wrote the
+    lock: client-go compares the raw record); ``create`` and ``update`` answer the version they
+    wrote. ``update`` is a compare-and-swap on the version this lock last read or wrote. Each
+    request may take ``timeout`` seconds (client-go's context).
     """
-    if holder.renewed_at is None or not holder.identity.startswith(prefix):
-        return []
-    writer_renewed = holder.renewed_at
-    return [
-        (record.node, record.version, holder.seen_at + max(0.0, (record.renewed_at - writer_renewed).total_seconds()))
-        for record in records
-        if f"{prefix}{record.node}" == holder.identity and record.renewed_at is not None
-    ]
+
+    @property
+    def identity(self) -> str:
+        """Who this candidate is: the holder identity it writes."""
+        ...
+
+    def describe(self) -> str:
+        """The lock, for logs."""
+        ...
+
+    def get(self, timeout: float, *, latest: bool = False) -> tuple[LeaderElectionRecord, str]:
+        """The record and version of the lock: the API server's newest if ``latest``, else as its cache shows it.
+
+        Raises:
+            NotFoundError: the lock does not exist.
+            KubernetesApiError: the API server refused or did not answer.
+        """
+        ...
+
+    def create(self, record: LeaderElectionRecord, timeout: float) -> str:
+        """Create the lock holding ``record``; its version.
+
+        Raises:
+            ConflictError: the lock exists (another candidate has just created it).
+            KubernetesApiError: the API server refused or did not answer.
+        """
+        ...
+
+    def update(self, record: LeaderElectionRecord, timeout: float) -> str:
+        """Write ``record`` on the lock as last read or written; its new version.
+
+        Raises:
+            ConflictError: somebody wrote the lock since.
+            NotFoundError: the lock is gone.
+            KubernetesApiError: the API server refused or did not answer.
+        """
+        ...
+
+    def record_event(self, event: str) -> None:
+        """Say that this candidate's ``event`` happened on the lock (``BECAME_LEADER``)."""
+        ...
 
 
-class LeaseElector:
-    """Leader election on one coordination.k8s.io Lease, as client-go's ``leaderelection`` does it.
+class LeaseLock:
+    """A ``ResourceLock`` on one coordination.k8s.io/v1 Lease (client-go's ``resourcelock.LeaseLock``).
 
-    ``try_acquire_or_renew`` is one step of an elector: the holder renews; a candidate takes the
-    Lease when it is absent, released (empty holder), or has not changed for its
-    ``leaseDurationSeconds`` on this observer's clock (so clock skew between candidates does not
-    matter). Every take is a compare-and-swap on the Lease's resourceVersion, so at most one
-    candidate wins a step. Subclasses may also take it from a holder of lower priority
-    (``_may_preempt``).
-
-    Not guaranteed: two holders never act at once only if the old holder stops acting within
-    ``config.renew_deadline`` of its last successful renewal; the caller enforces it.
+    ``labels`` and ``annotations`` go on every write of this identity; ``owner`` (an
+    ownerReference), when set, on the Lease it creates. ``get`` reads from the API server's watch
+    cache (resourceVersion=0) unless ``latest``: candidates look often, and a version the cache
+    shows late only delays a take, whose update is a compare-and-swap on the version read.
     """
 
     def __init__(
@@ -130,7 +153,6 @@ class LeaseElector:
         namespace: str,
         name: str,
         identity: str,
-        config: LeaderElectionConfig,
         *,
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
@@ -139,202 +161,221 @@ class LeaseElector:
         self._api = api
         self.namespace = namespace
         self.name = name
-        self.identity = identity
-        self.config = config
+        self._identity = identity
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.owner = owner
-        self._path = resource_path(LEASE_PLURAL, namespace, self.name)
-        #: The resourceVersion last read or written, when this clock first saw it, and its duration.
-        self._observed: tuple[str, float] | None = None
-        self._observed_duration = config.lease_duration
-        #: The Lease as this identity's last successful write returned it, while it holds it.
-        self._held: dict[str, Any] | None = None
-        #: The identity holding the Lease as last seen, and whether that holder looked alive.
-        self.holder: str | None = None
-        self.holder_alive = False
-        #: The holder of the last Lease this identity took because it was stale (None otherwise).
-        self.taken_from_stale: StaleHolder | None = None
-        #: When an election step last failed or was refused (this clock; -inf: never).
-        self.unreachable_at = float("-inf")
+        self._path = resource_path(LEASE_PLURAL, namespace, name)
+        #: The Lease as last read or written (None: neither yet); ``update`` writes on its resourceVersion.
+        self.lease: dict[str, Any] | None = None
 
     @property
-    def duration(self) -> float:
-        """The duration this identity writes on the Lease (``config.lease_duration``)."""
-        return self.config.lease_duration
+    def identity(self) -> str:
+        return self._identity
 
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
 
-    def _request(self, method: str, path: str | None = None, **kwargs: Any) -> Any:
-        """One request on the Lease (or ``path``) within ``config.request_timeout``."""
-        return self._api.request(method, path or self._path, timeout=self.config.request_timeout, **kwargs)
+    def get(self, timeout: float, *, latest: bool = False) -> tuple[LeaderElectionRecord, str]:
+        query = None if latest else {"resourceVersion": "0"}
+        return self._keep(self._api.request("GET", self._path, query=query, timeout=timeout))
 
-    def _hold(self, lease: dict[str, Any]) -> bool:
-        """Hold ``lease``, the answer to this identity's write; True."""
-        self._held = lease
-        self._observed = (lease["metadata"]["resourceVersion"], self.config.clock())
-        self.holder, self.holder_alive = self.identity, True
-        return True
-
-    def _body(self, lease: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
-        spec = dict((lease or {}).get("spec") or {})
-        transitions = int(spec.get("leaseTransitions") or 0)
-        if spec.get("holderIdentity") != self.identity:
-            spec["acquireTime"] = micro_time(now)
-            transitions += 1 if lease else 0
-        spec.update(
-            holderIdentity=self.identity,
-            leaseDurationSeconds=max(1, round(self.duration)),
-            renewTime=micro_time(now),
-            leaseTransitions=transitions,
-        )
-        metadata: dict[str, Any] = dict((lease or {}).get("metadata") or {"name": self.name})
-        metadata.setdefault("labels", {}).update(self.labels)
-        metadata.setdefault("annotations", {}).update(self.annotations)
-        if self.owner and not lease:
+    def create(self, record: LeaderElectionRecord, timeout: float) -> str:
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+        }
+        if self.owner:
             metadata["ownerReferences"] = [self.owner]
+        body = self._body(metadata, lease_spec(record, {}))
+        return self._keep(
+            self._api.request("POST", resource_path(LEASE_PLURAL, self.namespace), body=body, timeout=timeout)
+        )[1]
+
+    def update(self, record: LeaderElectionRecord, timeout: float) -> str:
+        if self.lease is None:
+            raise RuntimeError(f"LeaseLock.update of {self.describe()} before a get or create: no version to write on")
+        metadata = dict(self.lease["metadata"])
+        metadata["labels"] = {**(metadata.get("labels") or {}), **self.labels}
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **self.annotations}
+        body = self._body(metadata, lease_spec(record, self.lease.get("spec") or {}))
+        return self._keep(self._api.request("PUT", self._path, body=body, timeout=timeout))[1]
+
+    def record_event(self, event: str) -> None:
+        logger.info("%s %s (%s)", self._identity, event, self.describe())
+
+    @staticmethod
+    def _body(metadata: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
 
-    def _may_preempt(self, lease: dict[str, Any]) -> bool:
-        """Whether this candidate takes the Lease from a live holder (never, by default)."""
-        return False
+    def _keep(self, lease: dict[str, Any]) -> tuple[LeaderElectionRecord, str]:
+        """Keep ``lease`` (the next update writes on its version); its record and version."""
+        self.lease = lease
+        return record_of_lease(lease.get("spec") or {}), str(lease["metadata"]["resourceVersion"])
 
-    def _took_over(self) -> None:
-        logger.info("%s now holds %s", self.identity, self.describe())
+
+@dataclass(frozen=True)
+class Takeover:
+    """A candidate's take of a lock another identity held or had released: the record it replaced."""
+
+    #: The record as this candidate last read it before its take (``holder_identity`` empty: released).
+    previous: LeaderElectionRecord
+    #: Whether that record had expired: unchanged for its duration on this candidate's clock. A take of a
+    #: record that had not was of a released lock, or this candidate preempted its holder (``preempts``).
+    expired: bool
+    #: When this candidate first saw that record (its version), on ``config.clock``.
+    observed_at: float
+
+
+class LeaderElector:
+    """Leader election on one ``ResourceLock``, as client-go's ``LeaderElector`` does it.
+
+    ``try_acquire_or_renew`` is one step: the holder renews; a candidate takes the lock when it is
+    absent, released (empty holder), or has not changed for its duration on this observer's clock
+    (so clock skew between candidates does not matter), or when ``preempts`` says this candidate
+    takes it from its live holder (given the record as read; never, by default). Every take is a
+    compare-and-swap on the lock's version, so at most one candidate wins a step. After a take from
+    another identity it calls ``on_takeover`` with the record it replaced, before the step returns.
+
+    Not guaranteed: two holders never act at once only if the old holder stops acting within
+    ``config.renew_deadline`` of its last successful renewal; the caller enforces it.
+    """
+
+    def __init__(
+        self,
+        lock: ResourceLock,
+        config: LeaderElectionConfig,
+        *,
+        preempts: Callable[[LeaderElectionRecord], bool] | None = None,
+        on_takeover: Callable[[Takeover], None] | None = None,
+    ) -> None:
+        self.lock = lock
+        self.config = config
+        self.preempts = preempts
+        self.on_takeover = on_takeover
+        #: The version last read or written, when this clock first saw it, and its duration.
+        self._observed: tuple[str, float] | None = None
+        self._observed_duration = config.lease_duration
+        #: The record this identity's last successful write put on the lock, while it holds it.
+        self._held: LeaderElectionRecord | None = None
+        #: The identity holding the lock as last seen, and whether that holder looked alive.
+        self.holder: str | None = None
+        self.holder_alive = False
+        #: When an election step last failed or was refused (this clock; -inf: never).
+        self.unreachable_at = float("-inf")
+        self._reported: str | None = None  # the holder ``on_new_leader`` was last called with
+
+    @property
+    def identity(self) -> str:
+        return self.lock.identity
+
+    @property
+    def duration(self) -> float:
+        """The duration this identity writes on the lock (``config.lease_duration``)."""
+        return self.config.lease_duration
+
+    def describe(self) -> str:
+        return self.lock.describe()
 
     def try_acquire_or_renew(self) -> bool:
-        """One election step; True when this identity holds the Lease afterwards.
+        """One election step; True when this identity holds the lock afterwards.
 
         Raises:
             KubernetesApiError: the API server refused or did not answer the read.
         """
         try:
-            return self._step()
+            held = self._step()
         except KubernetesApiError:
             # A refusal counts too: an API server that has just started refuses (403) until its
             # authorizer has synced, and the holder's renewals were refused alike.
             self.unreachable_at = self.config.clock()
             raise
+        if self.holder is not None and self.holder != self._reported:
+            self._reported = self.holder
+            if self.config.on_new_leader is not None:
+                self.config.on_new_leader(self.holder)
+        return held
+
+    def _hold(self, record: LeaderElectionRecord, version: str) -> bool:
+        """Hold the lock, on which this identity's write put ``record`` at ``version``; True."""
+        self._held = record
+        self._observed = (version, self.config.clock())
+        self.holder, self.holder_alive = self.identity, True
+        return True
 
     def _step(self) -> bool:
         now = datetime.now(timezone.utc)
+        timeout = self.config.request_timeout
         if self._held is not None:
             # The holder renews on the version its own last write returned: one write, no quorum
             # read (which waits behind every write etcd has not applied yet). A 409 means somebody
-            # else wrote the Lease: read it and decide as a candidate would.
+            # else wrote the lock: read it and decide as a candidate would.
+            renewal = next_record(self._held, self.identity, self.duration, now)
             try:
-                return self._hold(self._request("PUT", body=self._body(self._held, now)))
+                return self._hold(renewal, self.lock.update(renewal, timeout))
             except (ConflictError, NotFoundError):
                 self._held = None
         try:
-            # From the API server's watch cache (resourceVersion=0), not a quorum read: N agents look
-            # every few seconds, and a version the cache shows late only delays a take, whose PUT
-            # is a compare-and-swap on the version it read.
-            lease: dict[str, Any] | None = self._request("GET", query={"resourceVersion": "0"})
+            read: tuple[LeaderElectionRecord, str] | None = self.lock.get(timeout)
         except NotFoundError:
-            lease = None
-        if lease is None:
-            try:
-                created = self._request("POST", resource_path(LEASE_PLURAL, self.namespace), body=self._body(None, now))
-            except ConflictError:
-                self.holder_alive = True  # another candidate has just taken it
-                return False
-            self._took_over()
-            return self._hold(created)
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        version = lease["metadata"]["resourceVersion"]
+            read = None
+        if read is None:
+            return self._create(now)
+        record, version = read
         clock = self.config.clock()
         if self._observed is None or self._observed[0] != version:
             self._observed = (version, clock)
-        self._observed_duration = float(spec.get("leaseDurationSeconds") or self.duration)
-        stale = clock - self._observed[1] > self._observed_duration
-        mine = holder == self.identity
-        take = mine or not holder or stale or self._may_preempt(lease)
-        self.holder, self.holder_alive = holder, bool(holder) and not stale
-        if not take:
+        observed_at = self._observed[1]
+        self._observed_duration = observed_duration(record, self.duration)
+        expired = is_expired(observed_at, self._observed_duration, clock)
+        mine = record.holder_identity == self.identity
+        preempts = self.preempts is not None and self.preempts(record)
+        self.holder, self.holder_alive = record.holder_identity, bool(record.holder_identity) and not expired
+        if not may_take(record, self.identity, expired=expired, preempts=preempts):
             self._held = None
             return False
+        claim = next_record(record, self.identity, self.duration, now)
         try:
-            updated = self._request("PUT", body=self._body(lease, now))
+            version = self.lock.update(claim, timeout)
         except (ConflictError, NotFoundError):
             return False
-        if stale and holder and not mine:
-            renew_time = spec.get("renewTime")
-            # A holder that did not renew while this candidate could not reach the API server either may
-            # have failed for the same reason: its silence counts only from when this candidate got through.
-            try:
-                renewed_at = parse_micro_time(renew_time) if renew_time else None
-            except ValueError:  # not a MicroTime: as if it never renewed
-                renewed_at = None
-            self.taken_from_stale = StaleHolder(holder, renewed_at, max(self._observed[1], self.unreachable_at))
         if not mine:
-            self._took_over()
-        return self._hold(updated)
+            if self.on_takeover is not None:
+                self.on_takeover(Takeover(record, expired, observed_at))
+            self.lock.record_event(BECAME_LEADER)
+        return self._hold(claim, version)
+
+    def _create(self, now: datetime) -> bool:
+        """The step on a lock that does not exist: create it holding this identity."""
+        first = next_record(None, self.identity, self.duration, now)
+        try:
+            version = self.lock.create(first, self.config.request_timeout)
+        except ConflictError:
+            self.holder_alive = True  # another candidate has just taken it
+            return False
+        self.lock.record_event(BECAME_LEADER)
+        return self._hold(first, version)
 
     def seconds_until_stale(self) -> float | None:
-        """Seconds until the Lease as last seen turns stale on this clock if nobody writes it (None: never seen)."""
+        """Seconds until the lock as last seen turns stale on this clock if nobody writes it (None: never seen)."""
         if self._observed is None:
             return None
         return self._observed[1] + self._observed_duration - self.config.clock()
 
     def release(self) -> None:
-        """Give the Lease up (empty holder) if this identity holds it, so another candidate takes over at once."""
+        """Give the lock up (empty holder) if this identity holds it, so another candidate takes over at once."""
         self._held = None
         try:
-            lease = self._request("GET")
-            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                lease["spec"]["holderIdentity"] = ""
-                self._request("PUT", body=lease)
+            record, _ = self.lock.get(self.config.request_timeout, latest=True)
+            if record.holder_identity == self.identity:
+                self.lock.update(dataclasses.replace(record, holder_identity=""), self.config.request_timeout)
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.info("could not release %s: %s", self.describe(), exc)
 
 
-class WriterLease(LeaseElector):
-    """The writer Lease of one Rendezvous: ``LeaseElector`` with the operator preferred over agents.
-
-    The operator (``preferred``) takes the Lease from an agent at once; agents take it only when
-    it is absent, released or stale.
-    """
-
-    def __init__(
-        self,
-        api: KubernetesApi,
-        namespace: str,
-        rendezvous_name: str,
-        identity: str,
-        config: LeaderElectionConfig,
-        *,
-        preferred: bool,
-        owner: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(
-            api,
-            namespace,
-            writer_lease_name(rendezvous_name),
-            identity,
-            config,
-            labels={RENDEZVOUS_LABEL: rendezvous_name, LABEL_LEASE: "writer"},
-            annotations={ANNOTATION_WRITER_PRIORITY: "operator" if preferred else "agent"},
-            owner=owner,
-        )
-        self.rendezvous_name = rendezvous_name
-        self.preferred = preferred
-
-    def describe(self) -> str:
-        return f"writer Lease {self.namespace}/{self.name}"
-
-    def _may_preempt(self, lease: dict[str, Any]) -> bool:
-        priority = (lease["metadata"].get("annotations") or {}).get(ANNOTATION_WRITER_PRIORITY)
-        return self.preferred and priority != "operator"
-
-    def _took_over(self) -> None:
-        logger.info("%s now folds requests for %s/%s", self.identity, self.namespace, self.rendezvous_name)
-
-
 class Elector(Protocol):
-    """What ``ElectorRun`` needs of an elector: ``LeaseElector`` (tests pass stand-ins)."""
+    """What ``ElectorRun`` needs of an elector: ``LeaderElector`` (tests pass stand-ins)."""
 
     @property
     def config(self) -> LeaderElectionConfig: ...
@@ -353,10 +394,10 @@ class Elector(Protocol):
 class ElectorRun:
     """One term of one elector, as client-go's ``LeaderElector.Run``: acquire, then renew until it ends.
 
-    ``acquire`` takes election steps until this identity holds the Lease (then calls
+    ``acquire`` takes election steps until this identity holds the lock (then calls
     ``config.on_started_leading``); ``start`` renews it every ``config.retry_period`` on a thread of
     its own, so a renewal that waits on a slow API server holds back nothing of the holder's work.
-    The term ends when a renewal step answers that this identity no longer holds the Lease
+    The term ends when a renewal step answers that this identity no longer holds the lock
     (``lost``: another identity holds it, or this one's compare-and-swap lost), or when
     ``config.renew_deadline`` has passed since ``renewed_at``; then ``holding`` is False, and
     ``config.on_stopped_leading`` is called at once (from a thread of its own, even while a renewal
@@ -368,9 +409,9 @@ class ElectorRun:
 
     When a renewal counts: ``renewed_at`` is when the last successful step (the acquiring one, then
     each renewal) was *sent*, on ``config.clock``, not when its answer came. That is the
-    conservative choice: the API server wrote the Lease after the request was sent, and a candidate
+    conservative choice: the API server wrote the lock after the request was sent, and a candidate
     first sees that write no earlier, then waits ``lease_duration`` on its own clock before taking the
-    Lease; a holder that stops ``renew_deadline`` (< ``lease_duration``) after the *send* therefore
+    lock; a holder that stops ``renew_deadline`` (< ``lease_duration``) after the *send* therefore
     stops before any candidate may take over, however long the answer took to come back. Counted
     from the answer, a slow answer would stretch the holder's term by its own latency, up to
     ``request_timeout`` per request of the step, past the point a candidate may take over.
@@ -381,7 +422,7 @@ class ElectorRun:
         self.config = elector.config
         #: When the last successful step was sent (``config.clock``); -inf until ``acquire`` succeeded.
         self.renewed_at = float("-inf")
-        #: True once a renewal step answered that this identity does not hold the Lease.
+        #: True once a renewal step answered that this identity does not hold the lock.
         self.lost = False
         self._over = False  # the deadline was seen passed: no later answer revives the term
         self._lock = threading.Lock()  # orders a renewal's answer against the deadline's judgement
@@ -397,7 +438,7 @@ class ElectorRun:
         return self.elector.describe()
 
     def step(self) -> bool | None:
-        """One election step: True when this identity holds the Lease (``renewed_at`` is when it was sent),
+        """One election step: True when this identity holds the lock (``renewed_at`` is when it was sent),
         False when not, None when the API server refused or did not answer (logged)."""
         held, sent = self._try()
         if held:
@@ -405,7 +446,7 @@ class ElectorRun:
         return held
 
     def acquire(self, stopped: threading.Event, pause: Callable[[bool], float]) -> bool:
-        """Take election steps until this identity holds the Lease (True) or ``stopped`` is set (False).
+        """Take election steps until this identity holds the lock (True) or ``stopped`` is set (False).
 
         After a step that did not take it, waits ``pause(failed)`` seconds (``failed``: the API server
         refused or did not answer it) unless ``stopped``. On taking it, calls ``on_started_leading``.

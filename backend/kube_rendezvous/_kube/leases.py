@@ -14,7 +14,7 @@ Node Lease contract (also read by the operator and ``kubectl rdzv``):
 
 The writer Lease ``<rendezvous>-writer`` (label ``kube-rendezvous.io/lease=writer``, annotation
 ``kube-rendezvous.io/writer-priority`` ``operator`` or ``agent``) elects the one folder;
-``spec.holderIdentity`` is ``operator/<pod>`` or ``agent/<node>``. Its election is in ``election``.
+``spec.holderIdentity`` is ``operator/<pod>`` or ``agent/<node>``. Its election is in ``writer_lease``.
 
 Not guaranteed: expiry is judged by an observer's own clock, from when it saw a Lease change
 (``LeaseObservations``), never by comparing ``renewTime`` with the local clock, so a Lease
@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .._rules.document import NodeId
+from .._rules.election_rules import LEASE_PLURAL, micro_time, parse_micro_time
 from .._rules.folder_rules import Desire, JoinSettings, Request
 from .._rules.leases_rules import (
     ANNOTATION_DESIRE,
@@ -43,9 +44,6 @@ from .._rules.leases_rules import (
     ANNOTATION_RUN_ID,
     ANNOTATION_SETTINGS,
     LABEL_LEASE,
-    LEASE_PLURAL,
-    micro_time,
-    parse_micro_time,
 )
 from .kubeapi import (
     MERGE_PATCH,
@@ -58,7 +56,6 @@ from .kubeapi import (
 
 logger = logging.getLogger(__name__)
 
-ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
 #: Longest object name Kubernetes accepts.
 MAX_NAME = 253
 #: Seconds without a look after which a ``LeaseObservations`` starts every clock again.

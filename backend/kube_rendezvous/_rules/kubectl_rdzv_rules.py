@@ -9,8 +9,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .document import CLEAR_HINT, RendezvousDocument, StateDocumentError, decode_document
+from .election_rules import micro_time, parse_micro_time
 from .folder_rules import role_of
-from .leases_rules import ANNOTATION_NODE, LABEL_LEASE, micro_time, parse_micro_time
+from .leases_rules import ANNOTATION_NODE, LABEL_LEASE
 from .settings import RendezvousTimings
 from .summary import completed_by_text, departure_line, format_time, rendezvous_phase
 
