@@ -5,7 +5,7 @@ named by a hash of the Rendezvous UID and the key. So independent keys never con
 store traffic never writes the Rendezvous object (its resourceVersion, the state's
 compare-and-swap token, stays untouched).
 
-Blocking reads wait on one watch of the Rendezvous's keys per process (``shared.KeyWatch``), listed
+Blocking reads wait on one watch of the Rendezvous's keys per process (``keywatch.KeyWatch``), listed
 when the store is made: ``wait`` costs no request, ``get`` a GET, and a second one once the watch
 shows a key that was missing (so its value is current). Keys written once and never changed (a
 round's bootstrap address and rank assignment) are read from the watch alone and may be written
@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .._engine.shared import KeyWatch, shared
 from .._kube.kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -71,6 +70,7 @@ from .._rules.adder_rules import (
 from .._rules.retries import KEY_CONFLICT_RETRY
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
+from .keywatch import KeyWatch, key_watch
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class KubernetesStore:
         self.timeout_error: type[Exception] = StoreTimeoutError
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
-        #: The process's watch of this Rendezvous's keys (``shared.KeyWatch``), made on first use.
+        #: The process's watch of this Rendezvous's keys (``keywatch.KeyWatch``), made on first use.
         self._keys: KeyWatch | None = None
         #: Counters for tests and benchmarks (``shared_waits``: blocking calls that waited on the shared watch).
         counters = ("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
@@ -376,7 +376,7 @@ class KubernetesStore:
     def _key_cache(self) -> WatchCache | None:
         """The process's watch of this Rendezvous's keys, started on first use; None when the server refused it."""
         if self._keys is None:
-            self._keys = shared(self._api, self.namespace, self.rendezvous_name).keys(self.rendezvous_uid)
+            self._keys = key_watch(self._api, self.namespace, self.rendezvous_name, self.rendezvous_uid)
         return self._keys.cache if self._keys.cache.supported else None
 
     def start_watch(self) -> None:
