@@ -263,6 +263,7 @@ def imported_transitively(name: str) -> set[str]:
         "kube_rendezvous._engine.connection",
         "kube_rendezvous._engine.native",
         "kube_rendezvous._adapters.handler",
+        "kube_rendezvous._adapters.tensorplay",
         "kube_rendezvous._adapters.torchrun",
     ],
 )
@@ -284,6 +285,8 @@ def test_the_connection_module_imports_neither_creator() -> None:
 
 #: The library's layers, lowest first: a module imports its own layer's modules and lower ones only.
 LAYER_ORDER = ("_rules", "_kube", "_store", "_engine", "_adapters", "_cli")
+
+
 def layer_of(name: str) -> int | None:
     parts = name.split(".")
     return LAYER_ORDER.index(parts[1]) if len(parts) > 2 and parts[1] in LAYER_ORDER else None
@@ -300,9 +303,7 @@ def test_no_module_imports_from_a_higher_layer() -> None:
         (name, target)
         for name, module in MODULES.items()
         for target in module.imports
-        if (mine := layer_of(name)) is not None
-        and (theirs := layer_of(target)) is not None
-        and theirs > mine
+        if (mine := layer_of(name)) is not None and (theirs := layer_of(target)) is not None and theirs > mine
     )
     assert found == []  # no allow-list: the store's key watch lives in the store's layer (``_store.keywatch``)
 
@@ -324,6 +325,37 @@ def test_importing_the_store_loads_no_higher_layer(name: str) -> None:
     higher = ("kube_rendezvous._engine", "kube_rendezvous._adapters", "kube_rendezvous._cli")
     assert name in loaded
     assert [key for key in loaded if key.startswith(higher)] == []
+
+
+#: The elastic frameworks: each adapter owns what the library knows of its own; the engine speaks ``Framework``.
+FRAMEWORKS = {"tensorplay", "torch"}
+
+
+def test_only_the_adapters_import_a_framework() -> None:
+    """No module outside ``_adapters/`` imports tensorplay or torch (an import inside a function counts), nor
+    names one of their modules to ``importlib`` (a string that starts with ``tensorplay.`` or ``torch.``)."""
+    adapters = LAYER_ORDER.index("_adapters")
+    found = sorted(
+        f"{name}: {framework}"
+        for name, module in MODULES.items()
+        if layer_of(name) != adapters
+        for framework in module.top_levels & FRAMEWORKS
+    )
+    named = sorted(
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for name, module in MODULES.items()
+        if layer_of(name) != adapters
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("import_module")
+        and node.args
+        and any(
+            isinstance(part, ast.Constant) and str(part.value).startswith(("tensorplay", "torch"))
+            for part in ast.walk(node.args[0])
+        )
+    )
+    assert found == [] and named == []
+    assert any(MODULES[name].top_levels & FRAMEWORKS for name in MODULES if layer_of(name) == adapters)
 
 
 def test_the_pure_modules_are_the_rules_layer() -> None:

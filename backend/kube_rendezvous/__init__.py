@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; at run time each is imported on first use
+    from ._adapters.backend import create_backend as create_backend
     from ._adapters.handler import KubernetesRendezvousHandler as KubernetesRendezvousHandler
     from ._adapters.handler import create_k8s_handler as create_k8s_handler
     from ._adapters.handler import register as register
     from ._engine.backend import KubernetesRendezvousBackend as KubernetesRendezvousBackend
-    from ._engine.backend import create_backend as create_backend
     from ._engine.folder import Folder as Folder
     from ._kube.election import ElectorRun as ElectorRun
     from ._kube.election import LeaderElectionConfig as LeaderElectionConfig
@@ -71,7 +71,7 @@ _EXPORTS = {
     "create_k8s_handler": "._adapters.handler",
     "KubernetesRendezvousHandler": "._adapters.handler",
     "register": "._adapters.handler",
-    "create_backend": "._engine.backend",
+    "create_backend": "._adapters.backend",
     "KubernetesRendezvousBackend": "._engine.backend",
     "Folder": "._engine.folder",
     "ElectorRun": "._kube.election",

@@ -70,7 +70,6 @@ from .._rules.summary import summarize_document
 from .._store.store import KubernetesStore
 from .connection import connect
 from .frameworks import Framework
-from .frameworks import tensorplay as tensorplay_framework
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,8 @@ class KubernetesRendezvousBackend:
             job's max nodes); None checks only the document's own limit.
         heartbeat_expiry: seconds without a heartbeat after which a node counts as dead; also
             how long heartbeats are moved forward after an outage (module docstring).
-        framework: the elastic framework whose state classes and errors to use (tensorplay's
-            by default; ``frameworks.torch()`` for torch).
+        framework: the elastic framework whose state classes and errors to use (its adapter's:
+            ``_adapters.tensorplay.tensorplay_framework()``, ``_adapters.torchrun.torch_framework()``).
         min_participants: the launcher's min nodes; with ``max_participants``, written as ``status.minNodes`` and
             ``status.maxNodes`` (what ``kubectl get rdzv`` shows as MIN/MAX).
     """
@@ -116,7 +115,7 @@ class KubernetesRendezvousBackend:
         max_conflict_backoff: float = STATE_CONFLICT_RETRY.max_delay,
         max_participants: int | None = None,
         heartbeat_expiry: float = 15.0,
-        framework: Framework | None = None,
+        framework: Framework,
         min_participants: int | None = None,
     ) -> None:
         if not run_id:
@@ -132,7 +131,7 @@ class KubernetesRendezvousBackend:
         self._conflict_retry = dataclasses.replace(
             STATE_CONFLICT_RETRY, first_delay=conflict_backoff, max_delay=max_conflict_backoff
         )
-        self.framework = framework or tensorplay_framework()
+        self.framework = framework
         self._api = api
         self.namespace = namespace
         self.rendezvous_name = rendezvous_name
@@ -332,20 +331,18 @@ class KubernetesRendezvousBackend:
         return None if current is None else (current[0], current[1], committed)
 
 
-def create_backend(
-    params: Any, framework: Framework | None = None
-) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
-    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``.
+def create_backend(params: Any, framework: Framework) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
+    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``
+    (the public ``create_backend`` is the tensorplay adapter's, with tensorplay's ``Framework`` by default).
 
     Args:
         params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
-        framework: whose state classes and errors to use; tensorplay's by default.
+        framework: whose state classes and errors to use (its adapter's).
 
     Raises:
         ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
         RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
     """
-    framework = framework or tensorplay_framework()
     connection = connect(params, framework)
     backend = KubernetesRendezvousBackend(
         connection.api,
