@@ -358,6 +358,88 @@ def test_only_the_adapters_import_a_framework() -> None:
     assert any(MODULES[name].top_levels & FRAMEWORKS for name in MODULES if layer_of(name) == adapters)
 
 
+#: The module of the retry policies, the one retry loop and the named pauses.
+RETRIES = "kube_rendezvous._rules.retries"
+#: The calls that pause a thread or a task.
+SLEEPS = {"time.sleep", "asyncio.sleep", "sleep"}
+
+
+def own_nodes(nodes: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes of ``nodes``, not entering a function, lambda or class defined among them (run another time)."""
+    pending: list[ast.AST] = list(nodes)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def is_sleep(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in SLEEPS
+
+
+def seconds_written_in_place(expr: ast.AST) -> bool:
+    """Whether ``expr``, a pause's seconds, holds a number other than 0 written in place: in it, or in a ``min`` or
+    ``max`` of it (a call's other arguments, such as a policy's attempt number in ``delay(1)``, are not seconds)."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool) and expr.value != 0
+    if isinstance(expr, ast.Call):
+        return ast.unparse(expr.func) in ("min", "max") and any(seconds_written_in_place(arg) for arg in expr.args)
+    return any(seconds_written_in_place(child) for child in ast.iter_child_nodes(expr))
+
+
+def hand_written_retries(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) for each pause by a number written in place (``time.sleep(0.5)``; 0 and named constants are
+    fine), each loop that sleeps in an ``except`` clause and goes round again (a retry loop of its own), and each
+    ``for ... in range(...)`` around a ``try`` (attempts counted by hand)."""
+    for node in ast.walk(tree):
+        if is_sleep(node):
+            assert isinstance(node, ast.Call)
+            if any(seconds_written_in_place(argument) for argument in node.args):
+                yield node.lineno, f"{ast.unparse(node)}: a pause by a number written in place"
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            tries = [inner for inner in own_nodes(node.body) if isinstance(inner, ast.Try)]
+            for attempt in tries:
+                for handler in attempt.handlers:
+                    if any(is_sleep(inner) for inner in own_nodes(handler.body)):
+                        yield handler.lineno, "a loop that sleeps after a failure and tries again"
+            if isinstance(node, ast.For) and ast.unparse(node.iter).startswith("range(") and tries:
+                yield node.lineno, f"for ... in {ast.unparse(node.iter)} around a try: attempts counted by hand"
+
+
+def test_every_retry_goes_through_the_named_policies() -> None:
+    """Outside ``_rules/retries.py`` the library retries through its ``retry`` and policies, and pauses by named
+    constants, each with its reason (``*_PAUSE``, the policies' delays), never by a number written in place."""
+    found = sorted(
+        f"{name}:{line}: {what}"
+        for name, module in MODULES.items()
+        if name.startswith("kube_rendezvous.") and name != RETRIES
+        for line, what in hand_written_retries(module.tree)
+    )
+    assert found == []
+
+
+def test_the_retry_check_sees_what_it_looks_for() -> None:
+    source = (
+        "import time\n"
+        "def f(call):\n"
+        "    time.sleep(0.5)\n"
+        "    time.sleep(PAUSE)\n"
+        "    time.sleep(min(POLICY.delay(1), max(0.0, LEFT)))\n"
+        "    while True:\n"
+        "        try:\n"
+        "            return call()\n"
+        "        except OSError:\n"
+        "            time.sleep(DELAY)\n"
+        "    for attempt in range(3):\n"
+        "        try:\n"
+        "            return call()\n"
+        "        except OSError:\n"
+        "            pass\n"
+    )
+    assert sorted(line for line, _ in hand_written_retries(ast.parse(source))) == [3, 9, 11]
+
+
 def test_the_pure_modules_are_the_rules_layer() -> None:
     """The pure layer holds the pure modules, and a pure twin is named for its I/O twin: ``<twin>_rules``."""
     library_pure = {name for name in PURE if name.startswith("kube_rendezvous.")}

@@ -64,7 +64,7 @@ from .._rules.document import (
     state_from_document,
 )
 from .._rules.intents import read_rendezvous
-from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY
+from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY, retry
 from .._rules.statecheck import load_own_state
 from .._rules.summary import summarize_document
 from .._store.store import KubernetesStore
@@ -273,10 +273,16 @@ class KubernetesRendezvousBackend:
             token = obj["metadata"]["resourceVersion"]
         write_id = uuid.uuid4().hex[:8]
         status = self._status_for(document, encoded, write_id, token)
-        deadline = time.monotonic() + self._retry_timeout
-        unclear = False
-        attempt = 0
-        while True:
+        #: Whether the last write had no clear answer, and whether a write was sent again after one.
+        unanswered = unclear = False
+
+        def attempt() -> tuple[bytes, Token, bool] | None:
+            nonlocal unanswered, unclear
+            if unanswered:  # no clear answer to the last write: what is stored says whether it committed
+                obj = self._read_object()
+                if obj["metadata"]["resourceVersion"] != token:
+                    return self._settled(obj, write_id)  # committed, or the token is stale: it never can
+                unclear = True  # not committed (yet): send the same compare-and-swap again
             try:
                 written = write_status(self._api, self.namespace, self.rendezvous_name, status, token=token)
             except ConflictError:
@@ -302,24 +308,25 @@ class KubernetesRendezvousBackend:
                     raise self.framework.connection_error(
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
-                # No clear answer: read what is stored to learn the outcome.
-                attempt += 1
-                delay = OUTAGE_RETRY.delay(attempt)
-                if time.monotonic() + delay > deadline:
-                    raise self.framework.connection_error(
-                        "The Kubernetes API server gave no clear answer to a state write for "
-                        f"{self._retry_timeout:.0f} s. See the inner exception for details."
-                    ) from exc
-                logger.info("state write had no clear answer (%s); reading the outcome", exc)
-                time.sleep(delay)
-                obj = self._read_object()
-                if obj["metadata"]["resourceVersion"] != token:
-                    return self._settled(obj, write_id)  # committed, or the token is stale: it never can
-                unclear = True  # not committed (yet): send the same compare-and-swap again
-            else:
-                self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
-                self._conflict_streak = 0
-                return state, written["metadata"]["resourceVersion"], True
+                unanswered = True  # no clear answer: the next attempt reads what is stored first
+                raise
+            self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
+            self._conflict_streak = 0
+            return state, written["metadata"]["resourceVersion"], True
+
+        try:
+            return retry(
+                OUTAGE_RETRY,
+                attempt,
+                retryable=lambda exc: isinstance(exc, KubernetesApiError),  # only an unclear answer escapes
+                deadline=time.monotonic() + self._retry_timeout,
+                what=f"a state write to {self._where} (no clear answer; reading the outcome next)",
+            )
+        except KubernetesApiError as exc:
+            raise self.framework.connection_error(
+                "The Kubernetes API server gave no clear answer to a state write for "
+                f"{self._retry_timeout:.0f} s. See the inner exception for details."
+            ) from exc
 
     def _settled(self, obj: dict[str, Any], write_id: str | None = None) -> tuple[bytes, Token, bool] | None:
         """The outcome ``obj`` shows: ``(state, token, True)`` as stored now if write ``write_id``

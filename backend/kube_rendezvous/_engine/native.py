@@ -51,6 +51,7 @@ from .._kube.leases import LeaseNodeLock
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
+from .._rules.retries import CLOSE_RETRY, retry
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
 from .connection import Connection, connect, incarnation_node
@@ -581,7 +582,9 @@ class NativeHandler:
     def _close(self, deadline: float) -> bool:
         """Fold a close into the state (with whatever is pending); False when not written by ``deadline``."""
         self._renewer.remove(self._lease)
-        while time.monotonic() < deadline:
+
+        def closed() -> bool:
+            """One look, and one fold of the close if it is not closed yet: whether the rendezvous is closed."""
             try:
                 reading = self._read(deadline)
                 if reading.document is not None and reading.document.closed:
@@ -590,9 +593,21 @@ class NativeHandler:
                     self._changed_since(reading.version, 1.0)
             except self.framework.closed_error:
                 return True
-            except (KubernetesApiError, self.framework.rendezvous_error) as exc:
-                logger.info("closing the rendezvous %s failed this time: %s", self.run_id, exc)
-                time.sleep(0.5)
+            return False
+
+        failed = (KubernetesApiError, self.framework.rendezvous_error)
+        try:
+            while time.monotonic() < deadline:
+                if retry(
+                    CLOSE_RETRY,
+                    closed,
+                    retryable=lambda exc: isinstance(exc, failed),
+                    deadline=deadline,
+                    what=f"closing the rendezvous {self.run_id}",
+                ):
+                    return True
+        except failed as exc:
+            logger.info("closing the rendezvous %s failed: %s", self.run_id, exc)
         logger.warning("could not close the rendezvous %s in time", self.run_id)
         return False
 

@@ -67,7 +67,7 @@ from .._rules.adder_rules import (
     counter_digest,
     fold,
 )
-from .._rules.retries import KEY_CONFLICT_RETRY
+from .._rules.retries import KEY_CONFLICT_RETRY, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
 from .keywatch import KeyWatch, key_watch
@@ -253,7 +253,7 @@ class KubernetesStore:
                 raise self._failure(exc, "create" if obj is None else "update") from exc
         except ApiUnavailableError:
             pass
-        time.sleep(0.2)
+        time.sleep(UNCLEAR_WRITE_PAUSE)
         return True
 
     def delete_object(self, name: str) -> None:
@@ -355,7 +355,7 @@ class KubernetesStore:
             if obj is not None:
                 return self.value_of(obj)
             if shown:  # the watch showed a key deleted since: let it catch up instead of spinning
-                time.sleep(0.05)
+                time.sleep(WATCH_CATCH_UP_PAUSE)
             if self._key_cache() is not None:
                 bundled = self._bundled(key)
                 if bundled is not None:  # written once (``write_once``): its only value
