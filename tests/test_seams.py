@@ -47,6 +47,7 @@ PURE = {
     "kube_rendezvous._rules.statecheck",
     "kube_rendezvous._rules.leases_rules",
     "kube_rendezvous._rules.retries",
+    "kube_rendezvous._rules.counters",
     "kube_rendezvous._rules.kubectl_rdzv_rules",
     "kube_rendezvous._rules.placement",
     "kube_rendezvous_operator.handlers_rules",

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._kube.status import write_status as write_status
     from ._kube.watchcache import WatchCache as WatchCache
     from ._kube.watchcache import object_watch as object_watch
+    from ._rules.counters import Counters as Counters
     from ._rules.document import NodeId as NodeId
     from ._rules.document import RendezvousDocument as RendezvousDocument
     from ._rules.document import StateDocumentError as StateDocumentError
@@ -95,6 +96,7 @@ _EXPORTS = {
     "write_status": "._kube.status",
     "object_watch": "._kube.watchcache",
     "WatchCache": "._kube.watchcache",
+    "Counters": "._rules.counters",
     "decode_document": "._rules.document",
     "NodeId": "._rules.document",
     "RendezvousDocument": "._rules.document",

@@ -151,6 +151,11 @@ class KubernetesRendezvousBackend:
         return "k8s"
 
     @property
+    def api(self) -> KubernetesApi:
+        """The API client this backend sends its requests on (its ``stats``: requests, conflicts, bytes)."""
+        return self._api
+
+    @property
     def _where(self) -> str:
         return f"{self.namespace}/{self.rendezvous_name}"
 

@@ -67,6 +67,7 @@ from .._rules.adder_rules import (
     counter_digest,
     fold,
 )
+from .._rules.counters import Counters
 from .._rules.retries import KEY_CONFLICT_RETRY, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
@@ -146,9 +147,9 @@ class KubernetesStore:
         self.writer_id = uuid.uuid4().hex[:12]
         #: The process's watch of this Rendezvous's keys (``keywatch.KeyWatch``), made on first use.
         self._keys: KeyWatch | None = None
-        #: Counters for tests and benchmarks (``shared_waits``: blocking calls that waited on the shared watch).
-        counters = ("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
-        self.stats = dict.fromkeys(counters, 0)
+        #: What this store did, for tests and benchmarks (``shared_waits``: blocking calls that waited on the
+        #: shared watch).
+        self.stats = Counters("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
 
     @property
     def timeout(self) -> timedelta:
@@ -172,7 +173,7 @@ class KubernetesStore:
         return key if isinstance(key, str) else key.decode("utf-8")
 
     def _call(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
-        self.stats["requests"] += 1
+        self.stats.add("requests")
         if not retry:
             return self._api.request(method, path, **kwargs)
         return call_with_retries(
@@ -261,6 +262,12 @@ class KubernetesStore:
         self._call("DELETE", f"{self._collection}/{name}")
 
     @property
+    def key_watch(self) -> KeyWatch | None:
+        """The process's watch of this Rendezvous's keys (``key_watch.cache.stats``: its lists, restarts and events),
+        None until the first blocking call (or ``start_watch``) made it. Reading it starts nothing."""
+        return self._keys
+
+    @property
     def adds(self) -> AddIndex:
         """The process's index of the add requests and fold results of these keys, kept by its key watch."""
         self._key_cache()  # makes the key watch on first use
@@ -319,7 +326,7 @@ class KubernetesStore:
             result = self.write_key(key, obj, desired, attempt, round_number)
             if isinstance(result, dict):
                 return previous, desired
-            self.stats["conflicts"] += 1
+            self.stats.add("conflicts")
             conflicts += 1 if obj is not None else 0  # a create that lost to another create reads at once
             lost_on = version if result is False else None
 
@@ -420,12 +427,12 @@ class KubernetesStore:
         if advance():
             return got
         assert self._keys is not None
-        self.stats["shared_waits"] += 1
+        self.stats.add("shared_waits")
         with self._keys.waiting([self.key_text(key) for key in keys]) as event:
             while True:
                 event.clear()
                 if advance():
-                    self.stats["watch_wakeups"] += 1
+                    self.stats.add("watch_wakeups")
                     return got
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not cache.supported:
