@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import KubernetesRendezvousBackend, create_backend
+from kube_rendezvous import KubernetesRendezvousBackend, create_backend
 from kube_rendezvous._kube.kubeapi import KubernetesApi
 from kube_rendezvous._rules.document import MAX_NODES, RendezvousDocument, document_from_state
 from kubernetes import client, config
@@ -178,6 +178,7 @@ class TestBackendContract:
             backend.rendezvous_name,
             backend.run_id,
             retry_timeout=1,
+            framework=backend.framework,
         )
         with pytest.raises(RendezvousConnectionError, match="could not be reached") as raised:
             unreachable.get_state()
@@ -222,6 +223,7 @@ class TestBackendContract:
                 backend.rendezvous_name,
                 backend.run_id,
                 retry_timeout=retry_timeout,
+                framework=backend.framework,
             )
             started = time.monotonic()
             with pytest.raises(RendezvousConnectionError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kube_rendezvous._store import bundles
 from kube_rendezvous._store.bundles import BUNDLE_KEYS, BUNDLED_VALUE_BYTES, BundledKeys, split
 from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
@@ -27,7 +27,7 @@ from tensorplay.distributed import StoreTimeoutError
 from tests.helpers import REPO, rendezvous_parameters
 
 GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
-#: The prefixes ``frameworks`` declares written once, as each framework spells them: its bootstrap address
+#: The prefixes the adapters declare written once, as each framework spells them: its bootstrap address
 #: (``RendezvousStoreInfo.build``, in rendezvous/api.py) and its rank assignment (``_assign_worker_ranks``).
 WRITTEN_ONCE = {
     "tensorplay": ("tp_elastic/rdzv/master_", "tp_elastic/role_info/", "tp_elastic/assigned_ranks/"),
@@ -89,8 +89,10 @@ class TestBundledKeys:
 
 
 def test_the_written_once_prefixes_are_the_keys_each_framework_writes_once_per_round() -> None:
-    """``frameworks`` names them (the frameworks keep most as locals): read from the installed sources."""
-    frameworks_source = (REPO / "backend/kube_rendezvous/_engine/frameworks.py").read_text()
+    """Each adapter names them (the frameworks keep most as locals): read from the installed sources."""
+    frameworks_source = "".join(
+        (REPO / "backend/kube_rendezvous/_adapters" / name).read_text() for name in ("tensorplay.py", "torchrun.py")
+    )
     for package, prefixes in WRITTEN_ONCE.items():
         spec = importlib.util.find_spec(package)  # not the submodules: that would import the package
         assert spec is not None and spec.submodule_search_locations
@@ -152,7 +154,7 @@ class TestOnTheServer:
     ) -> None:
         script = (
             "import sys\n"
-            "from kube_rendezvous._engine.backend import create_backend\n"
+            "from kube_rendezvous import create_backend\n"
             "from tests.helpers import rendezvous_parameters\n"
             f"_, store = create_backend(rendezvous_parameters({namespace + '/rdzv'!r}, {str(agent_kubeconfig)!r}))\n"
             "store.start_watch()\n"

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState

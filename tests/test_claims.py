@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from kube_rendezvous._adapters.tensorplay import tensorplay_framework
 from kube_rendezvous._engine.backend import KubernetesRendezvousBackend
 from kube_rendezvous._engine.folder import Folder
 from kube_rendezvous._engine.shared import release, shared
@@ -154,7 +155,15 @@ def meaning(data: bytes) -> RendezvousDocument:
 
 @pytest.fixture
 def backend(server: Server) -> KubernetesRendezvousBackend:
-    return KubernetesRendezvousBackend(server.api, server.namespace, NAME, RUN_ID, retry_timeout=10, conflict_backoff=0)
+    return KubernetesRendezvousBackend(
+        server.api,
+        server.namespace,
+        NAME,
+        RUN_ID,
+        retry_timeout=10,
+        conflict_backoff=0,
+        framework=tensorplay_framework(),
+    )
 
 
 class TestBackend:

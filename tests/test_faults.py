@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import KubernetesRendezvousBackend, create_backend
+from kube_rendezvous import KubernetesRendezvousBackend, create_backend
 from kube_rendezvous._kube.kubeapi import (
     RENDEZVOUS_LABEL,
     KubernetesApi,

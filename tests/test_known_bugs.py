@@ -18,8 +18,9 @@ from typing import Any
 import kopf
 import pytest
 from kube_rendezvous._adapters.handler import KubernetesRendezvousHandler
+from kube_rendezvous._adapters.tensorplay import tensorplay_framework
 from kube_rendezvous._cli import kubectl_rdzv
-from kube_rendezvous._engine import frameworks, native
+from kube_rendezvous._engine import native
 from kube_rendezvous._engine.backend import KubernetesRendezvousBackend
 from kube_rendezvous._engine.connection import Connection
 from kube_rendezvous._engine.shared import release, shared
@@ -210,7 +211,9 @@ def test_a_malformed_token_is_refused_promptly_and_is_no_outage(
     outage (``last_outage`` set, the state write retried after a back-off)."""
     create_rendezvous(objects, namespace, "rdzv", minNodes=2, maxNodes=2)
     api = KubernetesApi(kubeapi.load_api_client(str(agent_kubeconfig), None)[0])
-    backend = KubernetesRendezvousBackend(api, namespace, "rdzv", "run-1", retry_timeout=10, conflict_backoff=0)
+    backend = KubernetesRendezvousBackend(
+        api, namespace, "rdzv", "run-1", retry_timeout=10, conflict_backoff=0, framework=tensorplay_framework()
+    )
     written = backend.set_state(pickled_state(1))
     assert written is not None and written[2] is True
     for token in ("not-a-version", "12abc", "-1", "1.5", " 5", "5 ", "0x10", "99999999999999999999999"):
@@ -353,7 +356,7 @@ def exit_handler(api: DownableApi, pid: int) -> KubernetesRendezvousHandler:
     obj = api.request("GET", resource_path(RENDEZVOUS_PLURAL, "exit", "rdzv"))
     config = KubernetesRendezvousConfig(name="rdzv", namespace="exit", retry_timeout=5)
     connection = Connection(api, "exit", "rdzv", obj, "job-1", RendezvousTimings(last_call=0.2), config)  # type: ignore[arg-type]
-    handler = KubernetesRendezvousHandler(connection, NodeId("127.0.0.1", pid, 0), 1, 1, frameworks.tensorplay())
+    handler = KubernetesRendezvousHandler(connection, NodeId("127.0.0.1", pid, 0), 1, 1, tensorplay_framework())
     handler.next_rendezvous()  # registers the leave at exit
     return handler
 

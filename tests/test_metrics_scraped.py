@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kube_rendezvous._rules.document import decode_document
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_rendezvous import create_backend
 from kube_rendezvous._adapters.handler import KubernetesRendezvousHandler, create_k8s_handler
-from kube_rendezvous._engine.backend import create_backend
 from kube_rendezvous._kube.leases import ANNOTATION_DESIRE, ANNOTATION_ROUND
 from kube_rendezvous._rules.document import RendezvousDocument, encode_document
 from kubernetes import client

@@ -1,9 +1,9 @@
 """Every public path resolves: the package's lazy names, the entry points and the console scripts.
 
-The modules behind them are internal and may move (``factory`` became ``connection``, and
-``create_backend`` moved beside the backend it builds); these names may not. tensorplay and torch
-cannot share a process (each registers the same C++ types), and the pure suite loads tensorplay, so
-the torch entry point is checked here by reading its module, and loaded for real in a process of its own.
+The modules behind them are internal and may move (``factory`` became ``connection``, and ``create_backend``
+moved to the adapters, which know tensorplay's classes); these names may not. tensorplay and torch cannot share
+a process (each registers the same C++ types), and the pure suite loads tensorplay, so the torch entry point is
+checked here by reading its module, and loaded for real in a process of its own.
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def test_each_public_name_resolves(name: str) -> None:
     assert callable(getattr(kube_rendezvous, name))
 
 
-def test_create_backend_is_the_backend_modules() -> None:
-    from kube_rendezvous._engine import backend
+def test_create_backend_is_the_adapters() -> None:
+    """The engine's ``create_backend`` takes a ``Framework``; the public one defaults to tensorplay's."""
+    from kube_rendezvous._adapters import backend
 
     assert kube_rendezvous.create_backend is backend.create_backend
 

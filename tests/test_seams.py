@@ -13,12 +13,15 @@
 packages and not in this one (a name both define is not caught). The allow-lists below are empty: every
 finding of issue #40 was fixed (``adder`` uses the store's public ``KeyObjects`` interface, ``nodes`` the
 cache's ``apply_event``, the operator's shared memory is ``memory``, ``AddIndex`` left ``adder_rules`` for ``adder``).
-An entry added there must say why it cannot be fixed.
+An entry added there must say why it cannot be fixed. The layer rule has no allow-list at all: the store's key
+watch lives in the store's layer (``_store.keywatch``), and importing the store loads no higher layer.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,7 @@ PURE = {
     "kube_rendezvous._rules.leases_rules",
     "kube_rendezvous._rules.election_rules",
     "kube_rendezvous._rules.retries",
+    "kube_rendezvous._rules.counters",
     "kube_rendezvous._rules.kubectl_rdzv_rules",
     "kube_rendezvous._rules.placement",
     "kube_rendezvous_operator.handlers_rules",
@@ -261,6 +265,7 @@ def imported_transitively(name: str) -> set[str]:
         "kube_rendezvous._engine.connection",
         "kube_rendezvous._engine.native",
         "kube_rendezvous._adapters.handler",
+        "kube_rendezvous._adapters.tensorplay",
         "kube_rendezvous._adapters.torchrun",
     ],
 )
@@ -282,12 +287,6 @@ def test_the_connection_module_imports_neither_creator() -> None:
 
 #: The library's layers, lowest first: a module imports its own layer's modules and lower ones only.
 LAYER_ORDER = ("_rules", "_kube", "_store", "_engine", "_adapters", "_cli")
-#: Imports up the layers left in place (importer, imported), each with its reason.
-UPWARD_ALLOWED = {
-    # The store's keys watch, bundle index and add index are the process's one registry (``shared``), which also
-    # holds the process's folder: the store reaches the registry, not the folder.
-    ("kube_rendezvous._store.store", "kube_rendezvous._engine.shared"),
-}
 
 
 def layer_of(name: str) -> int | None:
@@ -306,12 +305,141 @@ def test_no_module_imports_from_a_higher_layer() -> None:
         (name, target)
         for name, module in MODULES.items()
         for target in module.imports
-        if (mine := layer_of(name)) is not None
-        and (theirs := layer_of(target)) is not None
-        and theirs > mine
-        and (name, target) not in UPWARD_ALLOWED
+        if (mine := layer_of(name)) is not None and (theirs := layer_of(target)) is not None and theirs > mine
+    )
+    assert found == []  # no allow-list: the store's key watch lives in the store's layer (``_store.keywatch``)
+
+
+@pytest.mark.parametrize("name", ["kube_rendezvous._store.store", "kube_rendezvous._store.prefixstore"])
+def test_importing_the_store_loads_no_higher_layer(name: str) -> None:
+    """At run time too: importing the store loads neither the engine (the folder, the election) nor an adapter.
+    The package is imported afresh (its modules set aside and put back after), as a new process would."""
+    kept = {key: module for key, module in sys.modules.items() if key.split(".")[0] == "kube_rendezvous"}
+    for key in kept:
+        del sys.modules[key]
+    try:
+        importlib.import_module(name)
+        loaded = sorted(key for key in sys.modules if key.split(".")[0] == "kube_rendezvous")
+    finally:
+        for key in [key for key in sys.modules if key.split(".")[0] == "kube_rendezvous"]:
+            del sys.modules[key]
+        sys.modules.update(kept)
+    higher = ("kube_rendezvous._engine", "kube_rendezvous._adapters", "kube_rendezvous._cli")
+    assert name in loaded
+    assert [key for key in loaded if key.startswith(higher)] == []
+
+
+#: The elastic frameworks: each adapter owns what the library knows of its own; the engine speaks ``Framework``.
+FRAMEWORKS = {"tensorplay", "torch"}
+
+
+def test_only_the_adapters_import_a_framework() -> None:
+    """No module outside ``_adapters/`` imports tensorplay or torch (an import inside a function counts), nor
+    names one of their modules to ``importlib`` (a string that starts with ``tensorplay.`` or ``torch.``)."""
+    adapters = LAYER_ORDER.index("_adapters")
+    found = sorted(
+        f"{name}: {framework}"
+        for name, module in MODULES.items()
+        if layer_of(name) != adapters
+        for framework in module.top_levels & FRAMEWORKS
+    )
+    named = sorted(
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for name, module in MODULES.items()
+        if layer_of(name) != adapters
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("import_module")
+        and node.args
+        and any(
+            isinstance(part, ast.Constant) and str(part.value).startswith(("tensorplay", "torch"))
+            for part in ast.walk(node.args[0])
+        )
+    )
+    assert found == [] and named == []
+    assert any(MODULES[name].top_levels & FRAMEWORKS for name in MODULES if layer_of(name) == adapters)
+
+
+#: The module of the retry policies, the one retry loop and the named pauses.
+RETRIES = "kube_rendezvous._rules.retries"
+#: The calls that pause a thread or a task.
+SLEEPS = {"time.sleep", "asyncio.sleep", "sleep"}
+
+
+def own_nodes(nodes: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes of ``nodes``, not entering a function, lambda or class defined among them (run another time)."""
+    pending: list[ast.AST] = list(nodes)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def is_sleep(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in SLEEPS
+
+
+def seconds_written_in_place(expr: ast.AST) -> bool:
+    """Whether ``expr``, a pause's seconds, holds a number other than 0 written in place: in it, or in a ``min`` or
+    ``max`` of it (a call's other arguments, such as a policy's attempt number in ``delay(1)``, are not seconds)."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool) and expr.value != 0
+    if isinstance(expr, ast.Call):
+        return ast.unparse(expr.func) in ("min", "max") and any(seconds_written_in_place(arg) for arg in expr.args)
+    return any(seconds_written_in_place(child) for child in ast.iter_child_nodes(expr))
+
+
+def hand_written_retries(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) for each pause by a number written in place (``time.sleep(0.5)``; 0 and named constants are
+    fine), each loop that sleeps in an ``except`` clause and goes round again (a retry loop of its own), and each
+    ``for ... in range(...)`` around a ``try`` (attempts counted by hand)."""
+    for node in ast.walk(tree):
+        if is_sleep(node):
+            assert isinstance(node, ast.Call)
+            if any(seconds_written_in_place(argument) for argument in node.args):
+                yield node.lineno, f"{ast.unparse(node)}: a pause by a number written in place"
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            tries = [inner for inner in own_nodes(node.body) if isinstance(inner, ast.Try)]
+            for attempt in tries:
+                for handler in attempt.handlers:
+                    if any(is_sleep(inner) for inner in own_nodes(handler.body)):
+                        yield handler.lineno, "a loop that sleeps after a failure and tries again"
+            if isinstance(node, ast.For) and ast.unparse(node.iter).startswith("range(") and tries:
+                yield node.lineno, f"for ... in {ast.unparse(node.iter)} around a try: attempts counted by hand"
+
+
+def test_every_retry_goes_through_the_named_policies() -> None:
+    """Outside ``_rules/retries.py`` the library retries through its ``retry`` and policies, and pauses by named
+    constants, each with its reason (``*_PAUSE``, the policies' delays), never by a number written in place."""
+    found = sorted(
+        f"{name}:{line}: {what}"
+        for name, module in MODULES.items()
+        if name.startswith("kube_rendezvous.") and name != RETRIES
+        for line, what in hand_written_retries(module.tree)
     )
     assert found == []
+
+
+def test_the_retry_check_sees_what_it_looks_for() -> None:
+    source = (
+        "import time\n"
+        "def f(call):\n"
+        "    time.sleep(0.5)\n"
+        "    time.sleep(PAUSE)\n"
+        "    time.sleep(min(POLICY.delay(1), max(0.0, LEFT)))\n"
+        "    while True:\n"
+        "        try:\n"
+        "            return call()\n"
+        "        except OSError:\n"
+        "            time.sleep(DELAY)\n"
+        "    for attempt in range(3):\n"
+        "        try:\n"
+        "            return call()\n"
+        "        except OSError:\n"
+        "            pass\n"
+    )
+    assert sorted(line for line, _ in hand_written_retries(ast.parse(source))) == [3, 9, 11]
 
 
 def test_the_pure_modules_are_the_rules_layer() -> None:
@@ -346,6 +474,7 @@ ELECTOR_IMPORTS = {
     "kube_rendezvous._kube.kubeapi",
     "kube_rendezvous._rules.election_rules",
     "kube_rendezvous._rules.retries",
+    "kube_rendezvous._rules.counters",  # the client's request counters: generic, nothing of the rendezvous
 }
 #: The names the elector may take from ``kubeapi``: the client, its errors and ``resource_path``, not its constants
 #: (the Rendezvous' group, plural and labels).

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import (

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from kube_rendezvous._kube.kubeapi import KubernetesApi, load_api_client
 from kube_rendezvous._rules.adder_rules import ADDS_TO_LABEL, CounterValueError, counter_digest, request_name
 from kube_rendezvous._store.prefixstore import KubernetesPrefixStore

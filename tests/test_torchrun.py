@@ -173,8 +173,7 @@ def test_the_torch_adapter_never_loads_tensorplay() -> None:
     probe = (
         "import sys, torch.distributed\n"
         "import kube_rendezvous._adapters.torchrun\n"
-        "from kube_rendezvous._engine import frameworks\n"
-        "frameworks.torch()\n"
+        "kube_rendezvous._adapters.torchrun.torch_framework()\n"
         "loaded = sorted(name for name in sys.modules if name.split('.')[0] == 'tensorplay')\n"
         "print(loaded)\n"
     )

@@ -10,7 +10,7 @@ import pickle
 import sys
 import time
 
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.helpers import rendezvous_parameters

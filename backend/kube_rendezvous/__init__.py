@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; at run time each is imported on first use
+    from ._adapters.backend import create_backend as create_backend
     from ._adapters.handler import KubernetesRendezvousHandler as KubernetesRendezvousHandler
     from ._adapters.handler import create_k8s_handler as create_k8s_handler
     from ._adapters.handler import register as register
     from ._engine.backend import KubernetesRendezvousBackend as KubernetesRendezvousBackend
-    from ._engine.backend import create_backend as create_backend
     from ._engine.folder import Folder as Folder
     from ._kube.election import ElectorRun as ElectorRun
     from ._kube.election import LeaderElectionConfig as LeaderElectionConfig
@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._kube.status import write_status as write_status
     from ._kube.watchcache import WatchCache as WatchCache
     from ._kube.watchcache import object_watch as object_watch
+    from ._rules.counters import Counters as Counters
     from ._rules.document import NodeId as NodeId
     from ._rules.document import RendezvousDocument as RendezvousDocument
     from ._rules.document import StateDocumentError as StateDocumentError
@@ -75,7 +76,7 @@ _EXPORTS = {
     "create_k8s_handler": "._adapters.handler",
     "KubernetesRendezvousHandler": "._adapters.handler",
     "register": "._adapters.handler",
-    "create_backend": "._engine.backend",
+    "create_backend": "._adapters.backend",
     "KubernetesRendezvousBackend": "._engine.backend",
     "Folder": "._engine.folder",
     "ElectorRun": "._kube.election",
@@ -102,6 +103,7 @@ _EXPORTS = {
     "write_status": "._kube.status",
     "object_watch": "._kube.watchcache",
     "WatchCache": "._kube.watchcache",
+    "Counters": "._rules.counters",
     "decode_document": "._rules.document",
     "NodeId": "._rules.document",
     "RendezvousDocument": "._rules.document",

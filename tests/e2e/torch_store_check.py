@@ -12,14 +12,13 @@ import sys
 from datetime import timedelta
 
 import torch.distributed as dist
-from kube_rendezvous._adapters.torchrun import TorchKubernetesStore
-from kube_rendezvous._engine import frameworks
+from kube_rendezvous._adapters.torchrun import TorchKubernetesStore, torch_framework
 from kube_rendezvous._engine.backend import create_backend
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 endpoint, kubeconfig = sys.argv[1], sys.argv[2]
 params = RendezvousParameters("k8s", endpoint, "job-1", 1, 4, kubeconfig=kubeconfig)
-_, kv = create_backend(params, frameworks.torch())
+_, kv = create_backend(params, torch_framework())
 # Keep the Python store alive while C++ uses it (pybind11 finds the overrides through it), as the
 # elastic agent does by holding RendezvousInfo.store.
 inner = TorchKubernetesStore(kv)

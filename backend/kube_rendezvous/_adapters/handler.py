@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters, get_registry
 
-from .._engine import frameworks
 from .._engine.native import BACKEND_NAME, NativeHandler
+from .tensorplay import tensorplay_framework
 
 
 class KubernetesRendezvousHandler(NativeHandler, RendezvousHandler):
@@ -18,7 +18,7 @@ class KubernetesRendezvousHandler(NativeHandler, RendezvousHandler):
 
 def create_k8s_handler(params: RendezvousParameters) -> KubernetesRendezvousHandler:
     """Create the ``k8s`` handler from the launcher's parameters (the registry's creator)."""
-    return KubernetesRendezvousHandler.from_parameters(params, frameworks.tensorplay())
+    return KubernetesRendezvousHandler.from_parameters(params, tensorplay_framework())
 
 
 def register() -> None:

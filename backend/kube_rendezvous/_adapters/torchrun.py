@@ -17,6 +17,7 @@ must stay referenced while C++ uses it (the agent holds ``RendezvousInfo.store``
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -35,12 +36,31 @@ def handler_creator() -> Callable[[Any], Any]:
 import torch.distributed as dist  # noqa: E402 - after handler_creator (its docstring)
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler, RendezvousParameters  # noqa: E402
 
-from .._engine import frameworks  # noqa: E402
+from .._engine.frameworks import Framework  # noqa: E402
 from .._engine.native import NativeHandler  # noqa: E402
 from .._store.prefixstore import KubernetesPrefixStore  # noqa: E402
 from .._store.store import KubernetesStore  # noqa: E402
+from .elastic import elastic_framework  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def torch_framework() -> Framework:
+    """torch's elastic package (``kube-rendezvous[torch]``), as the engine sees it."""
+
+    def server(addr: str) -> Any:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            host_name=addr, port=0, is_master=True, multi_tenant=True
+        )
+
+    return elastic_framework(
+        "torch",
+        store_timeout_error=dist.DistStoreError,
+        round_prefix="torch.rendezvous/{run_id}/{round}",
+        written_once=("MASTER_ADDR", "MASTER_PORT", "torchelastic/role_info/", "torchelastic/assigned_ranks/"),
+        create_store_server=server,
+    )
 
 
 class TorchKubernetesStore(dist.Store):  # type: ignore[misc,name-defined]
@@ -169,4 +189,4 @@ def _log_like_torchrun() -> None:
 def create_torch_handler(params: RendezvousParameters) -> TorchKubernetesRendezvousHandler:
     """Create the ``k8s`` handler for torchrun from its parameters (the creator torch's registry calls)."""
     _log_like_torchrun()
-    return TorchKubernetesRendezvousHandler.from_parameters(params, frameworks.torch())
+    return TorchKubernetesRendezvousHandler.from_parameters(params, torch_framework())

@@ -64,13 +64,12 @@ from .._rules.document import (
     state_from_document,
 )
 from .._rules.intents import read_rendezvous
-from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY
+from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY, retry
 from .._rules.statecheck import load_own_state
 from .._rules.summary import summarize_document
 from .._store.store import KubernetesStore
 from .connection import connect
 from .frameworks import Framework
-from .frameworks import tensorplay as tensorplay_framework
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,8 @@ class KubernetesRendezvousBackend:
             job's max nodes); None checks only the document's own limit.
         heartbeat_expiry: seconds without a heartbeat after which a node counts as dead; also
             how long heartbeats are moved forward after an outage (module docstring).
-        framework: the elastic framework whose state classes and errors to use (tensorplay's
-            by default; ``frameworks.torch()`` for torch).
+        framework: the elastic framework whose state classes and errors to use (its adapter's:
+            ``_adapters.tensorplay.tensorplay_framework()``, ``_adapters.torchrun.torch_framework()``).
         min_participants: the launcher's min nodes; with ``max_participants``, written as ``status.minNodes`` and
             ``status.maxNodes`` (what ``kubectl get rdzv`` shows as MIN/MAX).
     """
@@ -116,7 +115,7 @@ class KubernetesRendezvousBackend:
         max_conflict_backoff: float = STATE_CONFLICT_RETRY.max_delay,
         max_participants: int | None = None,
         heartbeat_expiry: float = 15.0,
-        framework: Framework | None = None,
+        framework: Framework,
         min_participants: int | None = None,
     ) -> None:
         if not run_id:
@@ -132,7 +131,7 @@ class KubernetesRendezvousBackend:
         self._conflict_retry = dataclasses.replace(
             STATE_CONFLICT_RETRY, first_delay=conflict_backoff, max_delay=max_conflict_backoff
         )
-        self.framework = framework or tensorplay_framework()
+        self.framework = framework
         self._api = api
         self.namespace = namespace
         self.rendezvous_name = rendezvous_name
@@ -150,6 +149,11 @@ class KubernetesRendezvousBackend:
     @property
     def name(self) -> str:
         return "k8s"
+
+    @property
+    def api(self) -> KubernetesApi:
+        """The API client this backend sends its requests on (its ``stats``: requests, conflicts, bytes)."""
+        return self._api
 
     @property
     def _where(self) -> str:
@@ -274,10 +278,16 @@ class KubernetesRendezvousBackend:
             token = obj["metadata"]["resourceVersion"]
         write_id = uuid.uuid4().hex[:8]
         status = self._status_for(document, encoded, write_id, token)
-        deadline = time.monotonic() + self._retry_timeout
-        unclear = False
-        attempt = 0
-        while True:
+        #: Whether the last write had no clear answer, and whether a write was sent again after one.
+        unanswered = unclear = False
+
+        def attempt() -> tuple[bytes, Token, bool] | None:
+            nonlocal unanswered, unclear
+            if unanswered:  # no clear answer to the last write: what is stored says whether it committed
+                obj = self._read_object()
+                if obj["metadata"]["resourceVersion"] != token:
+                    return self._settled(obj, write_id)  # committed, or the token is stale: it never can
+                unclear = True  # not committed (yet): send the same compare-and-swap again
             try:
                 written = write_status(self._api, self.namespace, self.rendezvous_name, status, token=token)
             except ConflictError:
@@ -303,24 +313,25 @@ class KubernetesRendezvousBackend:
                     raise self.framework.connection_error(
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
-                # No clear answer: read what is stored to learn the outcome.
-                attempt += 1
-                delay = OUTAGE_RETRY.delay(attempt)
-                if time.monotonic() + delay > deadline:
-                    raise self.framework.connection_error(
-                        "The Kubernetes API server gave no clear answer to a state write for "
-                        f"{self._retry_timeout:.0f} s. See the inner exception for details."
-                    ) from exc
-                logger.info("state write had no clear answer (%s); reading the outcome", exc)
-                time.sleep(delay)
-                obj = self._read_object()
-                if obj["metadata"]["resourceVersion"] != token:
-                    return self._settled(obj, write_id)  # committed, or the token is stale: it never can
-                unclear = True  # not committed (yet): send the same compare-and-swap again
-            else:
-                self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
-                self._conflict_streak = 0
-                return state, written["metadata"]["resourceVersion"], True
+                unanswered = True  # no clear answer: the next attempt reads what is stored first
+                raise
+            self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
+            self._conflict_streak = 0
+            return state, written["metadata"]["resourceVersion"], True
+
+        try:
+            return retry(
+                OUTAGE_RETRY,
+                attempt,
+                retryable=lambda exc: isinstance(exc, KubernetesApiError),  # only an unclear answer escapes
+                deadline=time.monotonic() + self._retry_timeout,
+                what=f"a state write to {self._where} (no clear answer; reading the outcome next)",
+            )
+        except KubernetesApiError as exc:
+            raise self.framework.connection_error(
+                "The Kubernetes API server gave no clear answer to a state write for "
+                f"{self._retry_timeout:.0f} s. See the inner exception for details."
+            ) from exc
 
     def _settled(self, obj: dict[str, Any], write_id: str | None = None) -> tuple[bytes, Token, bool] | None:
         """The outcome ``obj`` shows: ``(state, token, True)`` as stored now if write ``write_id``
@@ -332,20 +343,18 @@ class KubernetesRendezvousBackend:
         return None if current is None else (current[0], current[1], committed)
 
 
-def create_backend(
-    params: Any, framework: Framework | None = None
-) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
-    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``.
+def create_backend(params: Any, framework: Framework) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
+    """The seed's compare-and-swap backend and its store, for the framework's stock ``DynamicRendezvousHandler``
+    (the public ``create_backend`` is the tensorplay adapter's, with tensorplay's ``Framework`` by default).
 
     Args:
         params: the launcher's ``RendezvousParameters`` (tensorplay's or torch's).
-        framework: whose state classes and errors to use; tensorplay's by default.
+        framework: whose state classes and errors to use (its adapter's).
 
     Raises:
         ValueError: bad parameters (endpoint, rdzv-conf values, missing object with create=false).
         RendezvousConnectionError: the API server is unreachable or refuses (403, naming the permission).
     """
-    framework = framework or tensorplay_framework()
     connection = connect(params, framework)
     backend = KubernetesRendezvousBackend(
         connection.api,

@@ -46,6 +46,7 @@ from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, rec
 from .._kube.status import write_status
 from .._kube.watchcache import WatchCache
 from .._kube.writer_lease import WriterLease, WriterLock, dead_writer_seeds
+from .._rules.counters import Counters
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError, decode_document, encode_document
 from .._rules.election_rules import LEASE_PLURAL
 from .._rules.folder_rules import (
@@ -166,7 +167,7 @@ class Folder:
         self._wake = threading.Event()
         self._fold_lock = threading.Lock()
         #: Counters for tests and benchmarks.
-        self.stats = {"folds": 0, "writes": 0, "conflicts": 0, "expired": 0, "quiet_refreshes": 0}
+        self.stats = Counters("folds", "writes", "conflicts", "expired", "quiet_refreshes")
         self.rendezvous.add_listener(lambda _: self._wake.set())
 
     @property
@@ -232,7 +233,7 @@ class Folder:
         close: bool,
         keep_held: bool = False,
     ) -> bool:
-        self.stats["folds"] += 1
+        self.stats.add("folds")
         status = obj.get("status") or {}
         spec = obj.get("spec") or {}
         now = datetime.now(timezone.utc)
@@ -268,7 +269,7 @@ class Folder:
             named = document.nodes() if document is not None and current else []
             expired = self.observations.expired(current, named, self.default_expiry)
             if expired & set(named):
-                self.stats["expired"] += len(expired & set(named))
+                self.stats.add("expired", len(expired & set(named)))
                 logger.warning(
                     "%s: removing nodes whose Lease was not renewed within its expiry: %s",
                     self.where,
@@ -465,11 +466,11 @@ class Folder:
                 self._api, self.namespace, self.rendezvous_name, status, token=obj["metadata"]["resourceVersion"]
             )
         except ConflictError:
-            self.stats["conflicts"] += 1
+            self.stats.add("conflicts")
             return False
         except NotFoundError:
             return False
-        self.stats["writes"] += 1
+        self.stats.add("writes")
         self.rendezvous.install(written)
         return True
 
@@ -594,7 +595,7 @@ class Folder:
             return False
         expiries = [record.expiry_seconds for record in records or []] or [self.default_expiry]
         if leases.quiet_for() > min(expiries) * QUIET_FRACTION:
-            self.stats["quiet_refreshes"] += 1
+            self.stats.add("quiet_refreshes")
             leases.refresh()
             return False
         return True

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from .._kube.kubeapi import (
     RENDEZVOUS_PLURAL,
+    KubernetesApi,
     KubernetesApiError,
     NotFoundError,
     call_with_retries,
@@ -48,11 +49,14 @@ from .._kube.kubeapi import (
     resource_path,
 )
 from .._kube.leases import LeaseNodeLock
+from .._rules.counters import Counters
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
+from .._rules.retries import CLOSE_RETRY, retry
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
+from .._store.store import KubernetesStore
 from .connection import Connection, connect, incarnation_node
 from .folder import AGENT_IDENTITY_PREFIX, owner_reference
 from .frameworks import Framework
@@ -121,8 +125,8 @@ class NativeHandler:
         #: The last round's bootstrap step, in seconds: ``server`` (rank 0's TCPStore), ``address``
         #: (publishing or reading it), and the store's ``requests`` and ``retries`` in it.
         self.bootstrap_seconds: dict[str, float] | None = None
-        #: Counters for tests and benchmarks.
-        self.stats = {"requests": 0, "self_folds": 0, "overtaken": 0, "carried": 0, "waiting_answers": 0, "fenced": 0}
+        #: What this handler did, for tests and benchmarks.
+        self.stats = Counters("requests", "self_folds", "overtaken", "carried", "waiting_answers", "fenced")
 
     def _lease_of(self, node: NodeId) -> LeaseNodeLock:
         """The Lease on which ``node`` asks to join or leave and heartbeats."""
@@ -151,7 +155,7 @@ class NativeHandler:
         self.node = incarnation_node(old.addr)
         self._lease = self._lease_of(self.node)
         self._round = None
-        self.stats["fenced"] += 1
+        self.stats.add("fenced")
         logger.warning(
             "node %s was evicted from Rendezvous %s while alive (status.evictedNodes); it joins again as node %s",
             old,
@@ -172,6 +176,18 @@ class NativeHandler:
         node = incarnation_node(params.local_addr)
         logger.info("this agent is rendezvous node %s", node)
         return cls(connection, node, params.min_nodes, params.max_nodes, framework)
+
+    @property
+    def api(self) -> KubernetesApi:
+        """The API client this handler sends its requests on (its ``stats``: the requests, conflicts and bytes of
+        every store, watch and Lease of this handler's process that share it)."""
+        return self._api
+
+    @property
+    def rendezvous_store(self) -> KubernetesStore:
+        """The Rendezvous's key/value store, whose views are the rounds' stores (``RendezvousInfo.store``); its
+        ``stats``, what it did."""
+        return self._store
 
     @property
     def _where(self) -> str:
@@ -213,7 +229,7 @@ class NativeHandler:
             last_members = previous[1] if previous else None
             if previous is not None and document is not None and carried(document, self.node, previous[0]):
                 # The fold opened the next round with this node in it (its round broke): nothing to ask.
-                self.stats["carried"] += 1
+                self.stats.add("carried")
                 logger.info("node %s was carried into round %d", self.node, document.round)
                 reading = self._settle(Desire.JOIN, deadline, last_members, ask=False)
             else:
@@ -243,7 +259,7 @@ class NativeHandler:
         obj = self._own(self._watch.get(self.rendezvous_name))
         if obj is None:
             return 1 if self._watch.healthy else 0  # deleted: the next rendezvous exits cleanly
-        self.stats["waiting_answers"] += 1
+        self.stats.add("waiting_answers")
         version = obj["metadata"]["resourceVersion"]
         if self._waiting[0] == version:  # the monitor loop asks far more often than the object changes
             return self._waiting[1]
@@ -368,7 +384,7 @@ class NativeHandler:
             self._renewer.add(lease)
         else:
             self._renewer.remove(lease)
-        self.stats["requests"] += 1
+        self.stats.add("requests")
         logger.info("node %s asks to %s (round %d)", self.node, desire.value, round_number)
         self._folder.wake()
 
@@ -404,7 +420,7 @@ class NativeHandler:
                     return reading
                 if role_of(document, self.node) is None and join_scope(document) != asked:
                     # Overtaken: the round it asked for formed or ended before a fold took the join in.
-                    self.stats["overtaken"] += 1
+                    self.stats.add("overtaken")
                     asked = join_scope(document)
                     self._ask(desire, asked, deadline)
                     last_change = time.monotonic()
@@ -476,7 +492,7 @@ class NativeHandler:
     def _fold_myself(self) -> None:
         try:
             if self._folder.fold_pending():
-                self.stats["self_folds"] += 1
+                self.stats.add("self_folds")
         except KubernetesApiError as exc:
             logger.info("folding the pending requests of %s failed this time: %s", self._where, exc)
 
@@ -581,7 +597,9 @@ class NativeHandler:
     def _close(self, deadline: float) -> bool:
         """Fold a close into the state (with whatever is pending); False when not written by ``deadline``."""
         self._renewer.remove(self._lease)
-        while time.monotonic() < deadline:
+
+        def closed() -> bool:
+            """One look, and one fold of the close if it is not closed yet: whether the rendezvous is closed."""
             try:
                 reading = self._read(deadline)
                 if reading.document is not None and reading.document.closed:
@@ -590,9 +608,21 @@ class NativeHandler:
                     self._changed_since(reading.version, 1.0)
             except self.framework.closed_error:
                 return True
-            except (KubernetesApiError, self.framework.rendezvous_error) as exc:
-                logger.info("closing the rendezvous %s failed this time: %s", self.run_id, exc)
-                time.sleep(0.5)
+            return False
+
+        failed = (KubernetesApiError, self.framework.rendezvous_error)
+        try:
+            while time.monotonic() < deadline:
+                if retry(
+                    CLOSE_RETRY,
+                    closed,
+                    retryable=lambda exc: isinstance(exc, failed),
+                    deadline=deadline,
+                    what=f"closing the rendezvous {self.run_id}",
+                ):
+                    return True
+        except failed as exc:
+            logger.info("closing the rendezvous %s failed: %s", self.run_id, exc)
         logger.warning("could not close the rendezvous %s in time", self.run_id)
         return False
 

@@ -21,6 +21,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from .._rules.counters import Counters
 from .._rules.retries import OUTAGE_RETRY, retry
 
 logger = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class KubernetesApi:
         self.api_client = api_client
         self.request_timeout = request_timeout
         #: Counters for benchmarks: requests by method, 409s, request and response body bytes.
-        self.stats = dict.fromkeys(("requests", "conflicts", "bytes_sent", "bytes_received", "pool_drops"), 0)
+        self.stats = Counters("requests", "conflicts", "bytes_sent", "bytes_received", "pool_drops")
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
         #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure since.
@@ -254,9 +255,9 @@ class KubernetesApi:
         """
         url, headers = self._serialize(method, path, query, content_type)
         limit = timeout or self.request_timeout
-        self.stats["requests"] += 1
+        self.stats.add("requests")
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        self.stats["bytes_sent"] += len(payload or b"")
+        self.stats.add("bytes_sent", len(payload or b""))
         try:
             response = self.api_client.rest_client.pool_manager.request(
                 method,
@@ -274,9 +275,9 @@ class KubernetesApi:
             self._unavailable()
             self._drop_connections(exc)
             raise ApiUnavailableError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        self.stats["bytes_received"] += len(data)
+        self.stats.add("bytes_received", len(data))
         if response.status == 409:
-            self.stats["conflicts"] += 1
+            self.stats.add("conflicts")
         if response.status == 429 or response.status >= 500:
             self._unavailable()
         else:
@@ -298,7 +299,7 @@ class KubernetesApi:
         so may the other pooled connections to the same server (client-go closes them all too).
         """
         if isinstance(failure, (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError, TimeoutError)):
-            self.stats["pool_drops"] += 1
+            self.stats.add("pool_drops")
             self.api_client.rest_client.pool_manager.clear()
 
     def _refusal(self, response: Any, message: str, method: str, path: str) -> ApiError:
@@ -333,7 +334,7 @@ class KubernetesApi:
             ApiUnavailableError: the connection failed or dropped.
         """
         watch_query = dict(query, watch="true", allowWatchBookmarks="true", timeoutSeconds=timeout_seconds)
-        self.stats["requests"] += 1
+        self.stats.add("requests")
         url, headers = self._serialize("GET", path, watch_query, "application/json")
         try:
             response = self.api_client.rest_client.pool_manager.request(

@@ -11,12 +11,12 @@ folder's next fold, the operator's retry).
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable
 from typing import Any
 
 from .._rules.intents import with_evicted
-from .._rules.retries import EVICTION_CONFLICT_RETRY, OUTAGE_RETRY
+from .._rules.retries import EVICTION_CONFLICT_RETRY, OUTAGE_RETRY, retry
 from .kubeapi import (
     MERGE_PATCH,
     RENDEZVOUS_PLURAL,
@@ -73,10 +73,11 @@ def add_evictions(
         KubernetesApiError: refused, or no answer by ``deadline``.
     """
     path = resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous_name)
-    conflicts = unclear = 0
-    while True:
+    where = f"{namespace}/{rendezvous_name}"
+
+    def attempt() -> tuple[dict[str, Any], list[str] | None]:
         obj: dict[str, Any] = call_with_retries(
-            lambda: api.request("GET", path), deadline=deadline, what=f"GET rendezvous {namespace}/{rendezvous_name}"
+            lambda: api.request("GET", path), deadline=deadline, what=f"GET rendezvous {where}"
         )
         evicted = with_evicted(obj.get("status") or {}, nodes)
         if evicted is None:
@@ -85,19 +86,31 @@ def add_evictions(
             written = write_status(
                 api, namespace, rendezvous_name, {"evictedNodes": evicted}, token=obj["metadata"]["resourceVersion"]
             )
-            return written, evicted
         except ConflictError:
-            conflicts += 1
             if on_conflict is not None:
                 on_conflict()
-            if EVICTION_CONFLICT_RETRY.exhausted(conflicts):
-                raise
-            time.sleep(EVICTION_CONFLICT_RETRY.delay(conflicts))
-        except KubernetesApiError as exc:
-            unclear += 1
-            if not exc.transient or time.monotonic() > deadline:
-                raise
-            time.sleep(OUTAGE_RETRY.delay(unclear))
+            raise
+        return written, evicted
+
+    def answered() -> tuple[dict[str, Any], list[str] | None]:
+        """``attempt``, sent again (read first) while the server gives no clear answer, until ``deadline``."""
+        return retry(
+            OUTAGE_RETRY,
+            attempt,
+            retryable=lambda exc: (
+                isinstance(exc, KubernetesApiError) and not isinstance(exc, ConflictError) and exc.transient
+            ),
+            deadline=deadline,
+            what=f"an eviction write to {where}",
+        )
+
+    return retry(
+        EVICTION_CONFLICT_RETRY,
+        answered,
+        retryable=lambda exc: isinstance(exc, ConflictError),
+        deadline=math.inf,  # the policy's attempts bound it
+        what=f"an eviction compare-and-swap on {where}",
+    )
 
 
 __all__ = ["add_evictions", "write_status"]

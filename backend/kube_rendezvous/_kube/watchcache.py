@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._rules.counters import Counters
 from .._rules.retries import WATCH_RETRY
 from .kubeapi import (
     RENDEZVOUS_PLURAL,
@@ -93,7 +94,8 @@ class WatchCache:
         self.heard_at: float | None = None
         self._response: Any = None
         self._refreshing = False
-        self.stats = {"lists": 0, "watches": 0, "events": 0}
+        #: Lists, watch (re)starts and events applied, for tests and benchmarks.
+        self.stats = Counters("lists", "watches", "events")
 
     def start(self) -> WatchCache:
         with self._condition:
@@ -207,7 +209,7 @@ class WatchCache:
         unless the list shows that very version, and the objects are listed again at once (a
         ``refresh``), which then replaces it.
         """
-        self.stats["lists"] += 1
+        self.stats.add("lists")
         with self._condition:
             installs_before = self._installs
         listed = self._api.request("GET", self._collection, query=dict(self._query))
@@ -253,7 +255,7 @@ class WatchCache:
                 if resource_version is None or self._refreshing:
                     refreshing, self._refreshing = self._refreshing and resource_version is not None, False
                     resource_version = self._list(interrupted=not refreshing)
-                self.stats["watches"] += 1
+                self.stats.add("watches")
                 for event in self._api.watch(
                     self._collection,
                     query=dict(self._query, resourceVersion=resource_version),
@@ -264,7 +266,7 @@ class WatchCache:
                     obj = event.get("object") or {}
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        self.stats["events"] += 1
+                        self.stats.add("events")
                         self.apply_event(str(event["type"]), obj)
                     if self._stopped.is_set() or self._refreshing:
                         break

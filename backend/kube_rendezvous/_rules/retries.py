@@ -5,7 +5,9 @@ Every retry of a request (an unanswered call, a lost compare-and-swap, a watch t
 between ``jitter_floor`` (a fraction) and 1 of that. Full jitter (floor 0) spreads N writers that lost
 one compare-and-swap at once; half jitter (floor 0.5) is for retries of a server that did not answer,
 which should not come back at once. The policies below are the only parameters the library uses; each
-says what it is for.
+says what it is for, and so does each of the few fixed pauses that are not retries (``*_PAUSE``).
+``tests/test_seams.py`` checks that no other module sleeps for a number written in place or retries a
+failed call in a loop of its own.
 
 Pure: the clock, the sleep and the random draw are arguments (the real ones by default), so the
 loop is tested without waiting. ``retry`` does no I/O itself; the ``call`` it repeats may.
@@ -85,6 +87,19 @@ KEY_CONFLICT_RETRY = RetryPolicy(first_delay=0.01, max_delay=2.0)
 #: writers at most, so it gives up after 20 losses in a row (a bug, not contention) with a cap of 1 s,
 #: which keeps those 20 within the operator's eviction time (``memory.EVICT_SECONDS``).
 EVICTION_CONFLICT_RETRY = RetryPolicy(first_delay=0.02, max_delay=1.0, attempts=20)
+#: A close of the rendezvous (``shutdown`` of a handler whose workers succeeded) whose read or fold failed (no
+#: answer, a refusal for now): tried again every 0.5 s, no jitter (one agent closes, not N at once), until the
+#: shutdown's deadline.
+CLOSE_RETRY = RetryPolicy(first_delay=0.5, max_delay=0.5, jitter_floor=1.0)
+
+# The pauses that are not retries of a failed call, each with its reason.
+
+#: Seconds a store write waits after an answer that does not say whether it committed (none, a 5xx) before it
+#: reads the key to learn the outcome: time for the API server to finish (or drop) the write it may still hold.
+UNCLEAR_WRITE_PAUSE = 0.2
+#: Seconds a blocking ``get`` waits when its watch showed the key but the GET that followed found none (the key was
+#: deleted since): the watch catches up on the deletion meanwhile, instead of the get spinning on GETs.
+WATCH_CATCH_UP_PAUSE = 0.05
 
 
 def retry(
@@ -119,10 +134,13 @@ def retry(
 
 
 __all__ = [
+    "CLOSE_RETRY",
     "EVICTION_CONFLICT_RETRY",
     "KEY_CONFLICT_RETRY",
     "OUTAGE_RETRY",
     "STATE_CONFLICT_RETRY",
+    "UNCLEAR_WRITE_PAUSE",
+    "WATCH_CATCH_UP_PAUSE",
     "WATCH_RETRY",
     "RetryPolicy",
     "Uniform",

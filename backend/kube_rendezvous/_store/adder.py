@@ -39,6 +39,7 @@ from .._rules.adder_rules import (
     request_name,
     request_of,
 )
+from .._rules.counters import Counters
 from .._rules.retries import KEY_CONFLICT_RETRY
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class KeyObjects(Protocol):
     def timeout(self) -> timedelta: ...
 
     timeout_error: type[Exception]
-    stats: dict[str, int]
+    stats: Counters
 
     @property
     def adds(self) -> AddIndex:
@@ -262,7 +263,7 @@ class CombinedAdd:
             shown = cache.get(self.counter)
             shown_version = None if shown is None else str(shown["metadata"].get("resourceVersion"))
             if lost_on is not None and lost_on[0] == shown_version and now - lost_on[1] >= STALE_COUNTER_SECONDS:
-                store.stats["stale_refreshes"] += 1  # folding on it again can only lose: list afresh
+                store.stats.add("stale_refreshes")  # folding on it again can only lose: list afresh
                 logger.info(
                     "the watch of %s still shows the counter a fold lost on; listing again", store.key_text(self.key)
                 )
@@ -272,7 +273,7 @@ class CombinedAdd:
                 outcome = self._fold()
                 if outcome is False:  # another fold came first: wait for the watch to show it
                     lost += 1
-                    store.stats["conflicts"] += 1
+                    store.stats.add("conflicts")
                     patience = now + KEY_CONFLICT_RETRY.delay(lost)
                     if lost_on is None or lost_on[0] != shown_version:
                         lost_on = (shown_version, now)
@@ -292,7 +293,7 @@ class CombinedAdd:
             return None
         current = None if counter is None else self.store.value_of(counter)
         value, done = fold(self.store.key_text(self.key), current, done, pending, present)
-        self.store.stats["folds"] += 1
+        self.store.stats.add("folds")
         attempt = uuid.uuid4().hex[:12]
         extra = {ADDS_ANNOTATION: encode(done)}
         written = self.store.write_key(self.key, counter, str(value).encode(), attempt, self.round_number, extra)

@@ -5,7 +5,7 @@ named by a hash of the Rendezvous UID and the key. So independent keys never con
 store traffic never writes the Rendezvous object (its resourceVersion, the state's
 compare-and-swap token, stays untouched).
 
-Blocking reads wait on one watch of the Rendezvous's keys per process (``shared.KeyWatch``), listed
+Blocking reads wait on one watch of the Rendezvous's keys per process (``keywatch.KeyWatch``), listed
 when the store is made: ``wait`` costs no request, ``get`` a GET, and a second one once the watch
 shows a key that was missing (so its value is current). Keys written once and never changed (a
 round's bootstrap address and rank assignment) are read from the watch alone and may be written
@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from .._engine.shared import KeyWatch, shared
 from .._kube.kubeapi import (
     API_VERSION,
     KEY_PLURAL,
@@ -68,9 +67,11 @@ from .._rules.adder_rules import (
     counter_digest,
     fold,
 )
-from .._rules.retries import KEY_CONFLICT_RETRY
+from .._rules.counters import Counters
+from .._rules.retries import KEY_CONFLICT_RETRY, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
+from .keywatch import KeyWatch, key_watch
 
 logger = logging.getLogger(__name__)
 
@@ -144,11 +145,11 @@ class KubernetesStore:
         self.timeout_error: type[Exception] = StoreTimeoutError
         #: This store's slot in a key's ops annotation: unique per store (per agent incarnation).
         self.writer_id = uuid.uuid4().hex[:12]
-        #: The process's watch of this Rendezvous's keys (``shared.KeyWatch``), made on first use.
+        #: The process's watch of this Rendezvous's keys (``keywatch.KeyWatch``), made on first use.
         self._keys: KeyWatch | None = None
-        #: Counters for tests and benchmarks (``shared_waits``: blocking calls that waited on the shared watch).
-        counters = ("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
-        self.stats = dict.fromkeys(counters, 0)
+        #: What this store did, for tests and benchmarks (``shared_waits``: blocking calls that waited on the
+        #: shared watch).
+        self.stats = Counters("requests", "conflicts", "watch_wakeups", "shared_waits", "folds", "stale_refreshes")
 
     @property
     def timeout(self) -> timedelta:
@@ -172,7 +173,7 @@ class KubernetesStore:
         return key if isinstance(key, str) else key.decode("utf-8")
 
     def _call(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
-        self.stats["requests"] += 1
+        self.stats.add("requests")
         if not retry:
             return self._api.request(method, path, **kwargs)
         return call_with_retries(
@@ -253,12 +254,18 @@ class KubernetesStore:
                 raise self._failure(exc, "create" if obj is None else "update") from exc
         except ApiUnavailableError:
             pass
-        time.sleep(0.2)
+        time.sleep(UNCLEAR_WRITE_PAUSE)
         return True
 
     def delete_object(self, name: str) -> None:
         """Delete the key object ``name``, retried while the API server is unreachable (``NotFoundError``: gone)."""
         self._call("DELETE", f"{self._collection}/{name}")
+
+    @property
+    def key_watch(self) -> KeyWatch | None:
+        """The process's watch of this Rendezvous's keys (``key_watch.cache.stats``: its lists, restarts and events),
+        None until the first blocking call (or ``start_watch``) made it. Reading it starts nothing."""
+        return self._keys
 
     @property
     def adds(self) -> AddIndex:
@@ -319,7 +326,7 @@ class KubernetesStore:
             result = self.write_key(key, obj, desired, attempt, round_number)
             if isinstance(result, dict):
                 return previous, desired
-            self.stats["conflicts"] += 1
+            self.stats.add("conflicts")
             conflicts += 1 if obj is not None else 0  # a create that lost to another create reads at once
             lost_on = version if result is False else None
 
@@ -355,7 +362,7 @@ class KubernetesStore:
             if obj is not None:
                 return self.value_of(obj)
             if shown:  # the watch showed a key deleted since: let it catch up instead of spinning
-                time.sleep(0.05)
+                time.sleep(WATCH_CATCH_UP_PAUSE)
             if self._key_cache() is not None:
                 bundled = self._bundled(key)
                 if bundled is not None:  # written once (``write_once``): its only value
@@ -376,7 +383,7 @@ class KubernetesStore:
     def _key_cache(self) -> WatchCache | None:
         """The process's watch of this Rendezvous's keys, started on first use; None when the server refused it."""
         if self._keys is None:
-            self._keys = shared(self._api, self.namespace, self.rendezvous_name).keys(self.rendezvous_uid)
+            self._keys = key_watch(self._api, self.namespace, self.rendezvous_name, self.rendezvous_uid)
         return self._keys.cache if self._keys.cache.supported else None
 
     def start_watch(self) -> None:
@@ -420,12 +427,12 @@ class KubernetesStore:
         if advance():
             return got
         assert self._keys is not None
-        self.stats["shared_waits"] += 1
+        self.stats.add("shared_waits")
         with self._keys.waiting([self.key_text(key) for key in keys]) as event:
             while True:
                 event.clear()
                 if advance():
-                    self.stats["watch_wakeups"] += 1
+                    self.stats.add("watch_wakeups")
                     return got
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not cache.supported:
