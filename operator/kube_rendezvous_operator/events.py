@@ -1,7 +1,7 @@
 """The Events rule: observe each state change of a Rendezvous and tell it as Kubernetes Events and metrics.
 
 Its decisions are ``events_rules``'s (the story of the rounds) and ``conditions_rules``'s (the state check).
-``observe_rendezvous`` runs for every watch event of a live Rendezvous (``handlers.rendezvous_event``) and keeps
+``observe_rendezvous`` runs for every watch event of a Rendezvous but its last (``handlers.rendezvous_event``); it keeps
 what the other rules read of it in its record: the observed status and document, its keep-alive, its
 placement and its pod selector. It writes only on a change: an invalid state's Ready condition, the Closed
 condition (``conditions.update_condition``), and the Events.

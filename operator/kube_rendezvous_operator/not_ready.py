@@ -142,7 +142,7 @@ async def evict_on_not_ready_nodes(memo: OperatorMemo, key: Key, stopped: asynci
     """When the grace of a Node that runs ``key``'s pods ends, judge them at once (a task, until ``stopped``).
 
     Wakes when a Node's readiness changes and when the next grace ends, at least every resync
-    interval; the resyncs judge the Nodes again (``pods.resync_pods``).
+    interval; the resyncs judge the Nodes again (``resync.resync_pods``).
     """
     record = memo.get(key)
     if record is None:
