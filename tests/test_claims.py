@@ -48,13 +48,17 @@ class TestLayering:
 
     def test_the_operators_pure_decisions_load_no_kopf(self) -> None:
         loaded = modules_loaded_by(
-            "import kube_rendezvous_operator.handlers_rules, kube_rendezvous_operator.not_ready_rules"
+            "import kube_rendezvous_operator.conditions_rules, kube_rendezvous_operator.events_rules, "
+            "kube_rendezvous_operator.pods_rules, kube_rendezvous_operator.gone_pods_rules, "
+            "kube_rendezvous_operator.restarts_rules, kube_rendezvous_operator.resync_rules, "
+            "kube_rendezvous_operator.writer_rules, kube_rendezvous_operator.ttl_rules, "
+            "kube_rendezvous_operator.not_ready_rules"
         )
         assert "kube_rendezvous_operator" in loaded
         assert not loaded & {"kopf", "tensorplay", "torch"}
 
     def test_the_operator_knows_no_framework(self) -> None:
-        loaded = modules_loaded_by("import kube_rendezvous_operator.handlers, kube_rendezvous_operator.handlers_rules")
+        loaded = modules_loaded_by("import kube_rendezvous_operator.handlers, kube_rendezvous_operator.pods_rules")
         assert "kopf" in loaded
         assert not loaded & {"tensorplay", "torch"}
 

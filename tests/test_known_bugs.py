@@ -44,10 +44,10 @@ from kube_rendezvous._kube.leases import (
 from kube_rendezvous._kube.watchcache import WatchCache
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
 from kube_rendezvous._rules.settings import KubernetesRendezvousConfig, RendezvousTimings
-from kube_rendezvous_operator import handlers_rules, memory
+from kube_rendezvous_operator import events, pods_rules
 from kube_rendezvous_operator.config import OperatorConfig
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
-from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
+from kube_rendezvous_operator.restarts import judge_restarts
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.fakeapi import FakeKubernetesApi
@@ -279,12 +279,12 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
         }
         api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease)
     posted: list[str] = []
-    monkeypatch.setattr(memory, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
     memo = OperatorMemo(OperatorConfig(), api)  # type: ignore[arg-type]
     key = (namespace, "job")
     stored = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]
-    memo.observed[key] = Observed(dict(stored), stored_state(memo, key, stored["state"]).document)
-    memo.selectors[key] = handlers_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+    memo.record(key).observed = Observed(dict(stored), stored_state(memo, key, stored["state"]).document)
+    memo.record(key).selector = pods_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
     pod = kopf.Body(
         {
             "metadata": {"name": "trainer-0", "namespace": namespace, "uid": "uid-0", "labels": {}},
@@ -304,7 +304,7 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
     )
     api.seen.clear()
     for _ in range(6):  # the restarted pod's status updates: one judgement, then nothing
-        evict_nodes_of_gone_pods("MODIFIED", pod, {RENDEZVOUS_LABEL: "job"}, namespace, memo)
+        judge_restarts("MODIFIED", pod, {RENDEZVOUS_LABEL: "job"}, namespace, memo)
     lease_reads = [path for method, path in api.seen if method == "GET" and path.endswith("/leases")]
     assert len(lease_reads) == 1, api.seen
     after = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]

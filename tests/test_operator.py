@@ -272,13 +272,13 @@ class TestEvictionWrites:
         from concurrent.futures import ThreadPoolExecutor
 
         from kube_rendezvous._kube.kubeapi import KubernetesApi, load_api_client
-        from kube_rendezvous_operator import memory
+        from kube_rendezvous_operator import evictions
 
         create_rendezvous(objects, namespace)
         api = KubernetesApi(load_api_client(str(control_plane.admin_kubeconfig), None)[0])
         nodes = [f"10.0.0.{index}_1_{index}" for index in range(8)]
         with ThreadPoolExecutor(len(nodes)) as pool:
-            written = list(pool.map(lambda node: memory.add_evictions(api, namespace, "job", [node]), nodes))
+            written = list(pool.map(lambda node: evictions.add_evictions(api, namespace, "job", [node]), nodes))
         assert all(item is not None and node in item for node, item in zip(nodes, written, strict=True))
         assert sorted(read(objects, namespace)["status"]["evictedNodes"]) == sorted(nodes)
 

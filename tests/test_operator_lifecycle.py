@@ -10,6 +10,8 @@ are the operator's own functions run in this process, against the real API serve
 from __future__ import annotations
 
 import asyncio
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,13 @@ from kube_rendezvous._kube.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, load_
 from kube_rendezvous._kube.leases import LEASE_PLURAL
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
 from kube_rendezvous._rules.summary import parse_time
-from kube_rendezvous_operator import handlers, handlers_rules, memory
+from kube_rendezvous_operator import events, pods_rules, ttl
 from kube_rendezvous_operator.config import OperatorConfig
+from kube_rendezvous_operator.gone_pods import evict_nodes_of_gone_pods
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
-from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
 from kubernetes import client
 
-from tests.e2e.operator_process import create_training_pod
+from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.helpers import create_rendezvous
 from tests.test_operator import GROUP, PLURAL, VERSION, condition, read, running_operator
 from tests.test_restart_rule import lease
@@ -108,12 +110,14 @@ def test_the_ttl_deletes_only_the_object_it_counted_for(
     counted = objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)["metadata"]["uid"]
     memo = OperatorMemo(OperatorConfig(), KubernetesApi(load_api_client(str(control_plane.admin_kubeconfig), None)[0]))
     # Closed long ago, as the operator last saw it; then deleted and created anew under the same name.
-    memo.observed[(namespace, "job")] = Observed({"closed": True, "lastChangeTime": "2026-01-01T00:00:00Z"}, None)
+    memo.record((namespace, "job")).observed = Observed(
+        {"closed": True, "lastChangeTime": "2026-01-01T00:00:00Z"}, None
+    )
     delete(objects, namespace, "job")
     newer = objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)["metadata"]["uid"]
 
     def ttl_delete(uid: str) -> None:
-        task = handlers.delete_after_ttl(
+        task = ttl.delete_after_ttl(
             spec=spec, namespace=namespace, name="job", uid=uid, stopped=NotStopped(), memo=memo
         )
         asyncio.run(asyncio.wait_for(task, 20))
@@ -164,12 +168,12 @@ def test_a_newer_pod_on_the_address_of_a_pod_in_its_grace_period_keeps_its_node(
     for node, renewed in ((dead, requested - timedelta(seconds=5)), (newer, requested + timedelta(seconds=30))):
         api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease(namespace, node, renewed))
     posted: list[str] = []
-    monkeypatch.setattr(memory, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
     memo = OperatorMemo(OperatorConfig(), api)
     key = (namespace, "job")
     status = read(objects, namespace)["status"]
-    memo.observed[key] = Observed(dict(status), stored_state(memo, key, status["state"]).document)
-    memo.selectors[key] = handlers_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+    memo.record(key).observed = Observed(dict(status), stored_state(memo, key, status["state"]).document)
+    memo.record(key).selector = pods_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
 
     evict_nodes_of_gone_pods("MODIFIED", kopf.Body(pod), {RENDEZVOUS_LABEL: "job"}, namespace, memo)
     assert read(objects, namespace)["status"]["evictedNodes"] == [str(dead)]
@@ -205,3 +209,83 @@ def test_the_operator_keeps_nothing_of_a_deleted_rendezvous(
         wait_until(
             lambda: held() == (0, 0), 10, "the operator to forget the deleted Rendezvous", explain=lambda: str(held())
         )
+
+
+#: Rendezvous created and deleted by the memory test (issue 50: one record per Rendezvous, dropped whole).
+MANY = 1000
+#: Of those, the ones that live (with their tasks, a folder each, and a training pod) until they are deleted.
+LIVE = 10
+#: A finalizer of the test's own: it holds the others while they are deleted (their deletion started).
+TEST_HOLD = "tests.kube-rendezvous.io/hold"
+
+
+def per_rendezvous_series(operator: OperatorProcess, namespace: str) -> list[str]:
+    """The operator's metric series labelled with a Rendezvous of ``namespace`` (its other public memory)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as answer:
+        lines = answer.read().decode().splitlines()
+    return [line for line in lines if not line.startswith("#") and f'namespace="{namespace}"' in line]
+
+
+def test_the_operator_holds_nothing_of_a_thousand_deleted_rendezvous(
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    admin_api: client.ApiClient,
+    namespace: str,
+    crds: None,
+    tmp_path: Path,
+) -> None:
+    """1,000 Rendezvous, tracked by the operator process, then deleted: its memory, seen through its metrics
+    (the records it keeps, the pods it indexes, every series labelled with a Rendezvous), holds nothing of them.
+
+    ``LIVE`` of them live, each with a training pod, their tasks and a folder; the others are tracked while
+    their deletion has started (held by ``TEST_HOLD``: what the operator keeps of them is their record, which
+    its Rendezvous watch fills, and no task), then go when the hold is released. A thousand live ones would
+    run a thousand folders, each renewing its writer Lease every 2 s: beyond the test's API server.
+    """
+    core = client.CoreV1Api(admin_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "trainer"}})
+    live, held_names = [f"live-{index}" for index in range(LIVE)], [f"held-{index}" for index in range(MANY - LIVE)]
+
+    def create_deleted(name: str) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Rendezvous",
+            "metadata": {"name": name, "finalizers": [TEST_HOLD]},
+            "spec": {"minNodes": 1, "maxNodes": 2},
+        }
+        objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        delete(objects, namespace, name)
+
+    def release(name: str) -> None:
+        objects.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": None}}
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(create_deleted, held_names))
+        for index, name in enumerate(live):
+            create_rendezvous(objects, namespace, name)
+            create_training_pod(core, namespace, f"{name}-0", name, f"10.9.{index}.1")
+        with running_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
+
+            def held() -> tuple[float, float]:
+                return (
+                    operator.metric("kube_rendezvous_operator_tracked_rendezvous"),
+                    operator.metric("kube_rendezvous_operator_training_pods"),
+                )
+
+            wait_until(
+                lambda: held() == (MANY, LIVE),
+                60,
+                f"the operator to track {MANY} Rendezvous and list the {LIVE} pods of the live ones",
+                explain=lambda: str(held()),
+            )
+            assert len(per_rendezvous_series(operator, namespace)) >= MANY
+            list(pool.map(lambda name: delete(objects, namespace, name), live))
+            list(pool.map(release, held_names))
+            wait_until(
+                lambda: held() == (0, 0) and not per_rendezvous_series(operator, namespace),
+                60,
+                f"the operator to forget the {MANY} deleted Rendezvous",
+                explain=lambda: f"{held()}, {len(per_rendezvous_series(operator, namespace))} series left",
+            )

@@ -15,7 +15,7 @@ import pytest
 from kube_rendezvous._kube.kubeapi import KubernetesApi
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument
 from kube_rendezvous._rules.placement import PlacementSpec
-from kube_rendezvous_operator import handlers_rules, lifecycle, metrics
+from kube_rendezvous_operator import conditions_rules, lifecycle, metrics, pods_rules, resync_rules
 from kube_rendezvous_operator.config import OperatorConfig
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, RendezvousTasks
 from kubernetes import client
@@ -46,11 +46,11 @@ class TestADeletedPodEndsWhenItsDeletionIsRequested:
 
     def test_its_end_is_the_deletion_timestamp_minus_its_grace_period(self) -> None:
         later = REQUESTED + timedelta(hours=1)
-        assert handlers_rules.pod_gone_at(terminating_pod(300), later) == REQUESTED
-        assert handlers_rules.pod_gone_at(terminating_pod(0), later) == REQUESTED  # force-deleted
+        assert pods_rules.pod_gone_at(terminating_pod(300), later) == REQUESTED
+        assert pods_rules.pod_gone_at(terminating_pod(0), later) == REQUESTED  # force-deleted
         no_grace = terminating_pod(30)
         del no_grace["metadata"]["deletionGracePeriodSeconds"]  # not set: the timestamp itself
-        assert handlers_rules.pod_gone_at(no_grace, later) == REQUESTED + timedelta(seconds=30)
+        assert pods_rules.pod_gone_at(no_grace, later) == REQUESTED + timedelta(seconds=30)
 
     def test_a_newer_pod_heartbeating_during_the_old_pods_grace_period_keeps_its_node(self) -> None:
         # The old pod's agent went silent at its deletion; its containers exited at once and a new
@@ -62,60 +62,66 @@ class TestADeletedPodEndsWhenItsDeletionIsRequested:
         )
         now = REQUESTED + timedelta(seconds=90)
         pod = terminating_pod(300)
-        assert handlers_rules.nodes_to_evict_on_resync(document, [pod], now) == [dead]
-        gone_at = handlers_rules.pod_gone_at(pod, now)
-        assert handlers_rules.nodes_of_pod(pod, document.nodes(), document=document, gone_at=gone_at) == [dead]
-
-
-def collections_of(holder: object) -> list[tuple[str, object]]:
-    """Every dict and set field of the dataclass ``holder`` and of the dataclasses it holds, by path."""
-    found: list[tuple[str, object]] = []
-    for field in dataclasses.fields(holder):  # type: ignore[arg-type]
-        value = getattr(holder, field.name)
-        if isinstance(value, (dict, set)):
-            found.append((field.name, value))
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            found.extend((f"{field.name}.{path}", inner) for path, inner in collections_of(value))
-    return found
+        assert resync_rules.nodes_to_evict_on_resync(document, [pod], now) == [dead]
+        gone_at = pods_rules.pod_gone_at(pod, now)
+        assert pods_rules.nodes_of_pod(pod, document.nodes(), document=document, gone_at=gone_at) == [dead]
 
 
 def filled_memo() -> OperatorMemo:
-    """A memo holding something of ``KEY`` and of ``OTHER`` in every per-Rendezvous collection."""
+    """A memo holding something of ``KEY`` and of ``OTHER`` in every field of their records."""
     memo = OperatorMemo(OperatorConfig(), KubernetesApi(client.ApiClient()))
     since = REQUESTED
     for key in (KEY, OTHER):
-        memo.states[key] = handlers_rules.read_state(None, None)
-        memo.observed[key] = Observed({}, None)
-        memo.selectors[key] = handlers_rules.PodSelector({"kube-rendezvous.io/rendezvous": key[1]}, "default")
-        memo.pods[key] = {"uid-1": {"metadata": {"uid": "uid-1"}}}
-        memo.wake_folder[key] = lambda: None
-        memo.keep_alive[key] = 5.0
-        memo.placement[key] = PlacementSpec()
-        memo.judged_restarts[(key, "uid-1")] = since
-        memo.node_rule.judged.add((key, "node-a", since))
-        memo.node_rule.spared.add((key, "node-a", since))
-        memo.node_rule.wakes[key] = asyncio.Event()
-        memo.running[key] = RendezvousTasks(f"uid-{key[1]}")
+        record = memo.record(key)
+        record.state = conditions_rules.read_state(None, None)
+        record.observed = Observed({}, None)
+        record.selector = pods_rules.PodSelector({"kube-rendezvous.io/rendezvous": key[1]}, "default")
+        record.pods = {"uid-1": {"metadata": {"uid": "uid-1"}}}
+        record.wake_folder = lambda: None
+        record.keep_alive = 5.0
+        record.placement = PlacementSpec()
+        record.judged_restarts["uid-1"] = since
+        record.not_ready_judged.add(("node-a", since))
+        record.not_ready_spared.add(("node-a", since))
+        record.not_ready_wake = asyncio.Event()
+        record.tasks = RendezvousTasks(f"uid-{key[1]}")
     return memo
 
 
 class TestTheMemoForgetsADeletedRendezvous:
-    def test_every_collection_of_the_memo_is_one_forget_clears(self) -> None:
-        """A new dict or set in the memo must be listed in ``per_rendezvous`` (or it would never be forgotten)."""
+    def test_the_memo_keeps_nothing_of_a_rendezvous_outside_its_record(self) -> None:
+        """Every field of the memo is shared by all Rendezvous or is the records' dict: nothing of one
+        Rendezvous can be kept where ``forget`` (which drops its record) would not reach."""
         memo = OperatorMemo(OperatorConfig(), KubernetesApi(client.ApiClient()))
-        listed = [id(held) for held in memo.per_rendezvous()]
-        missing = [path for path, held in collections_of(memo) if id(held) not in listed]
-        assert not missing, f"OperatorMemo.per_rendezvous() does not list {missing}: add them there"
+        collections = [
+            field.name for field in dataclasses.fields(memo) if isinstance(getattr(memo, field.name), (dict, set, list))
+        ]
+        assert collections == ["records"]
+        assert [field.name for field in dataclasses.fields(memo.node_rule)] == ["readiness", "judging"]
+
+    def test_every_field_of_a_filled_record_is_filled(self) -> None:
+        """``filled_memo`` fills every field of a record (a new field must be filled there too, so the tests
+        below cover it)."""
+        record = filled_memo().records[KEY]
+        empty = [field.name for field in dataclasses.fields(record) if getattr(record, field.name) in (None, {}, set())]
+        assert empty == []
 
     def test_forget_removes_everything_of_that_rendezvous_and_nothing_of_the_others(self) -> None:
         memo = filled_memo()
+        kept = repr(memo.records[OTHER])
         assert memo.tracked() == {KEY, OTHER}
         memo.forget(KEY)
-        assert memo.tracked() == {OTHER}
-        for path, held in collections_of(memo):
-            entries = list(held) if isinstance(held, (dict, set)) else []
-            assert all(KEY not in (entry, entry[0]) for entry in entries), f"{path} still holds {KEY}"
-            assert entries, f"{path} lost what it held of {OTHER}"
+        assert memo.tracked() == {OTHER} and list(memo.records) == [OTHER]
+        for key, record in memo.records.items():
+            assert key != KEY and KEY[1] not in repr(record.selector), f"{key} holds something of {KEY}"
+        assert repr(memo.records[OTHER]) == kept, "forget changed the record of another Rendezvous"
+        assert memo.indexed_pods() == 1 and memo.pods_of(KEY) is None and memo.get(KEY) is None
+
+
+def tasks_of(memo: OperatorMemo, key: tuple[str, str]) -> RendezvousTasks:
+    record = memo.get(key)
+    assert record is not None and record.tasks is not None, f"{key} has no tasks"
+    return record.tasks
 
 
 class TestEachRendezvousHasItsTasksForItsObject:
@@ -137,14 +143,14 @@ class TestEachRendezvousHasItsTasksForItsObject:
             await lifecycle.start(memo, KEY, "uid-1", {"folder": self.work(started, "folder-1")})  # a later event
             await asyncio.sleep(0)
             assert started == ["folder-1"]
-            ((first, _),) = memo.running[KEY].tasks.values()
+            ((first, _),) = tasks_of(memo, KEY).tasks.values()
             # Created anew under the same name before the DELETED event of the first was handled:
             await lifecycle.start(memo, KEY, "uid-2", {"folder": self.work(started, "folder-2")})
             await asyncio.sleep(0)
             assert first.done() and started == ["folder-1", "folder-2"]
-            memo.observed[KEY] = Observed({"round": 2}, None)  # the newer object's
+            memo.record(KEY).observed = Observed({"round": 2}, None)  # the newer object's
             await lifecycle.forget(memo, KEY, "uid-1")  # the late DELETED event of the first: nothing of the newer goes
-            assert memo.running[KEY].uid == "uid-2" and memo.observed[KEY].status == {"round": 2}
+            assert tasks_of(memo, KEY).uid == "uid-2" and memo.records[KEY].observed == Observed({"round": 2}, None)
             await lifecycle.forget(memo, KEY, "uid-2")
             assert memo.tracked() == {OTHER}
 
@@ -178,7 +184,7 @@ class TestEachRendezvousHasItsTasksForItsObject:
             await asyncio.sleep(0.01)
             assert runs.count("flaky") == 2 and runs.count("once") == 1
             await lifecycle.stop(memo, KEY)  # its deletion started: the tasks end, the memory stays until DELETED
-            assert KEY not in memo.running and KEY in memo.observed
+            assert memo.records[KEY].tasks is None and memo.records[KEY].observed is not None
 
         asyncio.run(scenario())
 
@@ -193,7 +199,7 @@ class TestEachRendezvousHasItsTasksForItsObject:
 
             wanted = {"folder": finds_it_gone, "resync": self.work([], "resync")}
             await lifecycle.start(memo, KEY, "uid-job", wanted)
-            await asyncio.wait_for(asyncio.gather(*(task for task, _ in memo.running[KEY].tasks.values())), 2)
+            await asyncio.wait_for(asyncio.gather(*(task for task, _ in tasks_of(memo, KEY).tasks.values())), 2)
             assert memo.tracked() == {OTHER}
 
         asyncio.run(scenario())

@@ -30,7 +30,7 @@ from kube_rendezvous._rules.placement import (
     topology_reason,
     unlabelled_keys,
 )
-from kube_rendezvous_operator import handlers_rules
+from kube_rendezvous_operator import conditions_rules, events_rules, writer_rules
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
 KEYS = ("zone", "block")
@@ -205,8 +205,10 @@ class TestPlacementSpec:
     def test_a_bad_list_names_the_field_and_the_fix(self, spec: dict[str, object], field: str) -> None:
         with pytest.raises(ValueError, match=field):
             PlacementSpec.from_spec(spec)
-        assert any(field in problem for problem in handlers_rules.spec_problems({"minNodes": 1, "maxNodes": 2, **spec}))
-        assert handlers_rules.placement_spec(spec) == PlacementSpec()
+        assert any(
+            field in problem for problem in conditions_rules.spec_problems({"minNodes": 1, "maxNodes": 2, **spec})
+        )
+        assert conditions_rules.placement_spec(spec) == PlacementSpec()
 
 
 SETTINGS = JoinSettings(2, 3, timedelta(seconds=30))
@@ -303,14 +305,14 @@ class TestTrainingPodsPlacement:
         nodes = {"gpu": NodeFacts("gpu", {}, ready="True", no_execute=("pool",), no_execute_values={"pool": "gpu"})}
         tolerant = self.pod("p1", "10.0.0.1", "gpu")
         tolerant["spec"] = {"nodeName": "gpu", "tolerations": [{"key": "pool", "value": "gpu", "effect": "NoExecute"}]}
-        census = handlers_rules.training_pods([tolerant, self.pod("p2", "10.0.0.2", "gpu")], nodes, PlacementSpec())
+        census = writer_rules.training_pods([tolerant, self.pod("p2", "10.0.0.2", "gpu")], nodes, PlacementSpec())
         holds = {min(pod.addresses): pod.placement.hold for pod in census.live if pod.placement is not None}
         assert holds == {"10.0.0.1": None, "10.0.0.2": "NodeTainted: Kubernetes node gpu has the NoExecute taint pool"}
 
     def test_min_and_max_come_from_the_spec_only_until_a_fold_wrote_them(self) -> None:
         spec = {"minNodes": 2, "maxNodes": 4}
-        assert handlers_rules.nodes_until_folded(spec, {}) == {"minNodes": 2, "maxNodes": 4}
-        assert handlers_rules.nodes_until_folded(spec, {"minNodes": 3, "maxNodes": 3}) == {}
+        assert conditions_rules.nodes_until_folded(spec, {}) == {"minNodes": 2, "maxNodes": 4}
+        assert conditions_rules.nodes_until_folded(spec, {"minNodes": 3, "maxNodes": 3}) == {}
 
     def test_the_census_carries_each_live_pods_placement_and_a_held_pod_is_not_waited_for(self) -> None:
         nodes = {
@@ -319,13 +321,13 @@ class TestTrainingPodsPlacement:
         }
         spec = PlacementSpec(("zone",))
         pods = [self.pod("p1", "10.0.0.1", "n1"), self.pod("p2", "10.0.0.2", "n2"), self.pod("p3", "10.0.0.3", "n9")]
-        census = handlers_rules.training_pods(pods, nodes, spec)
+        census = writer_rules.training_pods(pods, nodes, spec)
         where = census.placement_of()
         assert census.placed and where(node("10.0.0.1")) == placement_of(nodes["n1"], spec)
         assert where(node("10.0.0.2")).hold.startswith("NodeCordoned")  # type: ignore[union-attr]
         assert where(node("10.0.0.3")) is None and where(node("p1.job.ns.svc")) == where(node("10.0.0.1"))
         assert census.all_joined([node("10.0.0.1"), node("10.0.0.3")]), "the held pod on n2 is not waited for"
-        assert not handlers_rules.training_pods(pods).placed, "no Nodes read: no placement"
+        assert not writer_rules.training_pods(pods).placed, "no Nodes read: no placement"
         gone = census.without_gone_agents([node("10.0.0.3")], [])
         assert gone.placed and len(gone.live) == 2
 
@@ -341,20 +343,20 @@ class TestEvents:
             round=0, complete=True, participants={a: 0, b: 1}, redundancy_list=frozenset({spare})
         )
         after = RendezvousDocument(round=1, complete=True, participants={b: 0, spare: 1})
-        events = handlers_rules.state_events(before, after, last_formed=frozenset({a, b}))
+        events = events_rules.state_events(before, after, last_formed=frozenset({a, b}))
         assert [(event.reason, event.message) for event in events if event.reason == "SparePromoted"] == [
             ("SparePromoted", f"spare node {spare} was promoted into round 1")
         ]
         held = {"heldNodes": [{"node": str(spare), "reason": "NodeCordoned: Kubernetes node n3 is cordoned"}]}
-        event = handlers_rules.held_event({}, held)
+        event = events_rules.held_event({}, held)
         assert event is not None and event.type == "Warning" and event.reason == "NodeHeld"
         assert (
             event.message
             == f"node {spare} waits, not admitted to a new round: NodeCordoned: Kubernetes node n3 is cordoned"
         )
-        assert handlers_rules.held_event(held, held) is None
+        assert events_rules.held_event(held, held) is None
         forming = RendezvousDocument(round=1, participants={b: 0}, wait_list=frozenset({spare}))
-        via_wait_list = handlers_rules.state_events(
+        via_wait_list = events_rules.state_events(
             forming, after, last_formed=frozenset({a, b}), spares=frozenset({spare})
         )
         assert [event.message for event in via_wait_list if event.reason == "SparePromoted"] == [
@@ -362,6 +364,6 @@ class TestEvents:
         ], "a spare that passed the wait list on its way in is promoted too"
         assert not [
             e
-            for e in handlers_rules.state_events(forming, after, last_formed=frozenset({a, b}))
+            for e in events_rules.state_events(forming, after, last_formed=frozenset({a, b}))
             if e.reason == "SparePromoted"
         ]

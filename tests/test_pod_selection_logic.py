@@ -1,4 +1,4 @@
-"""Which pods are a Rendezvous's training pods (``handlers_rules.pod_selector``): pure, no API server."""
+"""Which pods are a Rendezvous's training pods (``pods_rules.pod_selector``): pure, no API server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous._kube.kubeapi import RENDEZVOUS_LABEL
-from kube_rendezvous_operator import handlers_rules
+from kube_rendezvous_operator import pods_rules
 
 
 def owner(
@@ -29,16 +29,14 @@ def owner(
     ids=["Job", "JobSet", "PyTorchJob", "TrainJob"],
 )
 def test_the_owners_workload_kind_gives_the_default_selector(reference: dict[str, Any], labels: dict[str, str]) -> None:
-    selector = handlers_rules.pod_selector("job", {}, {"ownerReferences": [reference]}, RENDEZVOUS_LABEL)
+    selector = pods_rules.pod_selector("job", {}, {"ownerReferences": [reference]}, RENDEZVOUS_LABEL)
     assert selector.match_labels == labels
     assert selector.source == f"owner {reference['kind']} train"
 
 
 def test_spec_pod_selector_wins_over_the_owner() -> None:
     spec = {"podSelector": {"matchLabels": {"app": "trainer"}}}
-    selector = handlers_rules.pod_selector(
-        "job", spec, {"ownerReferences": [owner("batch/v1", "Job")]}, RENDEZVOUS_LABEL
-    )
+    selector = pods_rules.pod_selector("job", spec, {"ownerReferences": [owner("batch/v1", "Job")]}, RENDEZVOUS_LABEL)
     assert (selector.match_labels, selector.source) == ({"app": "trainer"}, "spec.podSelector")
 
 
@@ -48,39 +46,36 @@ def test_without_a_selector_or_a_known_owner_the_pods_are_those_labelled_with_th
         {"ownerReferences": [owner("apps/v1", "StatefulSet")]},
         {"ownerReferences": [owner("batch/v1", "Job", uid="")]},
     ):
-        selector = handlers_rules.pod_selector("job", {"podSelector": {"matchLabels": {}}}, metadata, RENDEZVOUS_LABEL)
+        selector = pods_rules.pod_selector("job", {"podSelector": {"matchLabels": {}}}, metadata, RENDEZVOUS_LABEL)
         assert (selector.match_labels, selector.source) == ({RENDEZVOUS_LABEL: "job"}, "default")
 
 
 def test_a_known_workload_owner_counts_even_when_another_owner_is_listed_first_without_controller() -> None:
     references = [owner("v1", "ConfigMap", controller=False), owner("batch/v1", "Job", controller=False)]
-    selector = handlers_rules.pod_selector("job", {}, {"ownerReferences": references}, RENDEZVOUS_LABEL)
+    selector = pods_rules.pod_selector("job", {}, {"ownerReferences": references}, RENDEZVOUS_LABEL)
     assert selector.match_labels == {"batch.kubernetes.io/controller-uid": "u-1"}
 
 
 def test_a_pod_belongs_to_every_rendezvous_that_selects_it_and_to_the_one_it_names() -> None:
     selectors = {
-        "a": handlers_rules.PodSelector({"batch.kubernetes.io/controller-uid": "u-1"}, "owner Job a"),
-        "b": handlers_rules.PodSelector({"app": "trainer", "team": "x"}, "spec.podSelector"),
-        "c": handlers_rules.PodSelector({RENDEZVOUS_LABEL: "c"}, "default"),
+        "a": pods_rules.PodSelector({"batch.kubernetes.io/controller-uid": "u-1"}, "owner Job a"),
+        "b": pods_rules.PodSelector({"app": "trainer", "team": "x"}, "spec.podSelector"),
+        "c": pods_rules.PodSelector({RENDEZVOUS_LABEL: "c"}, "default"),
     }
-    assert handlers_rules.rendezvouses_of_pod(
+    assert pods_rules.rendezvouses_of_pod(
         {"batch.kubernetes.io/controller-uid": "u-1"}, selectors, RENDEZVOUS_LABEL
     ) == ["a"]
     assert (
-        handlers_rules.rendezvouses_of_pod({"app": "trainer"}, selectors, RENDEZVOUS_LABEL) == []
+        pods_rules.rendezvouses_of_pod({"app": "trainer"}, selectors, RENDEZVOUS_LABEL) == []
     )  # every label must match
-    assert handlers_rules.rendezvouses_of_pod({"app": "trainer", "team": "x"}, selectors, RENDEZVOUS_LABEL) == ["b"]
-    assert handlers_rules.rendezvouses_of_pod({RENDEZVOUS_LABEL: "d"}, selectors, RENDEZVOUS_LABEL) == [
-        "d"
-    ]  # not seen yet
+    assert pods_rules.rendezvouses_of_pod({"app": "trainer", "team": "x"}, selectors, RENDEZVOUS_LABEL) == ["b"]
+    assert pods_rules.rendezvouses_of_pod({RENDEZVOUS_LABEL: "d"}, selectors, RENDEZVOUS_LABEL) == ["d"]  # not seen yet
     assert (
-        handlers_rules.rendezvouses_of_pod({"batch.kubernetes.io/controller-uid": "u-2"}, selectors, RENDEZVOUS_LABEL)
-        == []
+        pods_rules.rendezvouses_of_pod({"batch.kubernetes.io/controller-uid": "u-2"}, selectors, RENDEZVOUS_LABEL) == []
     )
-    assert handlers_rules.rendezvouses_of_pod(None, selectors, RENDEZVOUS_LABEL) == []
+    assert pods_rules.rendezvouses_of_pod(None, selectors, RENDEZVOUS_LABEL) == []
 
 
 def test_describe_is_a_kubectl_label_selector() -> None:
-    selector = handlers_rules.PodSelector({"b": "2", "a": "1"}, "spec.podSelector")
+    selector = pods_rules.PodSelector({"b": "2", "a": "1"}, "spec.podSelector")
     assert selector.describe() == "a=1,b=2"

@@ -1,6 +1,6 @@
 """The operator's container-restart rule reads the Leases once per restart, not at every event of the pod.
 
-Real control plane (RBAC on), the operator's own handler (``pods.evict_nodes_of_gone_pods``) run in
+Real control plane (RBAC on), the operator's own handler (``restarts.judge_restarts``) run in
 this process as the operator's ServiceAccount, every request through ``tests.faultproxy`` (which
 counts them, and refuses the first Lease list with a 500). The pod events are the bodies the pod
 watch hands the handler; the kubelet's real restart of a container is ``test_real_node``'s.
@@ -17,10 +17,10 @@ import pytest
 from kube_rendezvous._kube.kubeapi import RENDEZVOUS_LABEL, KubernetesApi, load_api_client, resource_path
 from kube_rendezvous._kube.leases import ANNOTATION_NODE, LABEL_LEASE, LEASE_PLURAL, micro_time, node_lease_name
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
-from kube_rendezvous_operator import handlers_rules, memory
+from kube_rendezvous_operator import events, pods_rules
 from kube_rendezvous_operator.config import OperatorConfig
 from kube_rendezvous_operator.memory import Observed, OperatorMemo, stored_state
-from kube_rendezvous_operator.pods import evict_nodes_of_gone_pods
+from kube_rendezvous_operator.restarts import judge_restarts
 from kubernetes import client
 
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
@@ -99,27 +99,27 @@ def test_a_restart_is_judged_once_with_the_leases_and_again_only_after_a_failed_
 
     posted: list[str] = []
     # Kopf posts Events from its own engine, which does not run here: record what would be posted.
-    monkeypatch.setattr(memory, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
     with operator_account(control_plane, namespace) as kubeconfig:
         proxied = proxy_kubeconfig(kubeconfig, fault_proxy.url, tmp_path / "proxied.kubeconfig")
         memo = OperatorMemo(OperatorConfig(), KubernetesApi(load_api_client(str(proxied), None)[0], 5.0))
         key = (namespace, "job")
         status = read(objects, namespace)["status"]
-        memo.observed[key] = Observed(dict(status), stored_state(memo, key, status["state"]).document)
-        memo.selectors[key] = handlers_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
+        memo.record(key).observed = Observed(dict(status), stored_state(memo, key, status["state"]).document)
+        memo.record(key).selector = pods_rules.PodSelector({RENDEZVOUS_LABEL: "job"}, "default")
 
         def lease_lists() -> int:
             return sum(1 for event in fault_proxy.events if event.method == "GET" and event.path.endswith("/leases"))
 
         def pod_event(finished_at: datetime = finished) -> None:
-            evict_nodes_of_gone_pods("MODIFIED", restarted_pod(finished_at), {RENDEZVOUS_LABEL: "job"}, namespace, memo)
+            judge_restarts("MODIFIED", restarted_pod(finished_at), {RENDEZVOUS_LABEL: "job"}, namespace, memo)
 
         # 1. The Lease list fails: nothing is judged, nothing evicted, and the restart stays to judge.
         fault_proxy.inject("status", status=500, count=1, methods={"GET"}, path=r"/leases$")
         pod_event()
         assert lease_lists() == 1 and fault_proxy.stats()["faults"]["status"] == 1
         assert "evictedNodes" not in read(objects, namespace)["status"]
-        assert memo.judged_restarts == {}
+        assert memo.records[key].judged_restarts == {}
 
         # 2. The pod's next event judges it: the earlier agent (silent since before the restart) is
         # evicted; the other pod's node is not, nor the new agent waiting to join (no heartbeat on record).

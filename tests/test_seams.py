@@ -51,7 +51,14 @@ PURE = {
     "kube_rendezvous._rules.counters",
     "kube_rendezvous._rules.kubectl_rdzv_rules",
     "kube_rendezvous._rules.placement",
-    "kube_rendezvous_operator.handlers_rules",
+    "kube_rendezvous_operator.conditions_rules",
+    "kube_rendezvous_operator.events_rules",
+    "kube_rendezvous_operator.pods_rules",
+    "kube_rendezvous_operator.gone_pods_rules",
+    "kube_rendezvous_operator.restarts_rules",
+    "kube_rendezvous_operator.resync_rules",
+    "kube_rendezvous_operator.writer_rules",
+    "kube_rendezvous_operator.ttl_rules",
     "kube_rendezvous_operator.not_ready_rules",
 }
 #: Modules outside the packages that do I/O (or run threads): no pure module imports them.
@@ -508,3 +515,11 @@ def test_the_elector_imports_nothing_of_the_rendezvous() -> None:
         assert ours == [], f"{name} writes our formats: {ours}"
     # The rendezvous' writer rules sit above it and use it, not the other way round.
     assert "kube_rendezvous._kube.election" in MODULES["kube_rendezvous._kube.writer_lease"].imports
+
+
+def test_every_pure_twin_of_the_operator_is_checked_as_pure() -> None:
+    """A new rule's ``<name>_rules`` module is pure as the others are: listed in ``PURE``, so the checks above hold."""
+    operator_rules = {
+        name for name in MODULES if name.startswith("kube_rendezvous_operator.") and name.endswith("_rules")
+    }
+    assert operator_rules <= PURE, sorted(operator_rules - PURE)

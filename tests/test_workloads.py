@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_rendezvous_operator.handlers_rules import pod_selector
+from kube_rendezvous_operator.pods_rules import pod_selector
 from kubernetes import client
 
 from tests.e2e.real_pods import RENDEZVOUS, rendezvous_status

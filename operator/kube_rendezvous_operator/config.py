@@ -17,7 +17,7 @@ from dataclasses import dataclass
 #: long, so a Ready condition that flips for a moment (a kubelet restart, one missed status update)
 #: evicts nothing. The node-lifecycle controller itself marks a silent node Unknown only after its
 #: --node-monitor-grace-period (40-50 s upstream); a kubelet that reports Ready=False is alive and
-#: says so at once. Either way an agent that still heartbeats is never evicted (``handlers_rules.nodes_of_pod``).
+#: says so at once. Either way an agent that still heartbeats is never evicted (``pods_rules.nodes_of_pod``).
 NODE_NOT_READY_SECONDS = 10.0
 
 

@@ -4,12 +4,12 @@ Kopf holds every object its daemons and timers serve with a finalizer until they
 the operator stopped or uninstalled a Rendezvous could not be deleted, nor its namespace, nor the CRD.
 Its tasks (the folder, the resync, the NotReady-node rule, the TTL deletion: ``handlers.rendezvous_tasks``)
 are plain asyncio tasks instead: started when a live Rendezvous is seen, stopped when its deletion starts,
-and stopped and forgotten with everything the memo keeps of it (``OperatorMemo.forget``) when its DELETED
-event arrives; all stop when the operator exits. A Rendezvous deleted while the operator is down is simply
-absent when it starts. The agents take the object's disappearance as the close of their run.
+and stopped and forgotten with its whole record (``OperatorMemo.forget``) when its DELETED event arrives;
+all stop when the operator exits. A Rendezvous deleted while the operator is down is simply absent when
+it starts. The agents take the object's disappearance as the close of their run.
 
 The tasks record the uid of the object they work for: an object created anew under the same name (a new
-uid) gets new tasks and a fresh memory, and the late DELETED event of the older one does not touch them.
+uid) gets new tasks and a fresh record, and the late DELETED event of the older one does not touch them.
 """
 
 from __future__ import annotations
@@ -77,17 +77,18 @@ async def start(memo: OperatorMemo, key: Key, uid: str, wanted: dict[str, Work])
 
     A task that ended by itself (its work done) is not started again; one stopped is, once wanted again.
     Tasks of another object of that name (deleted, its DELETED event missed or not handled yet) are
-    stopped first, and everything kept of that object is forgotten.
+    stopped first, and the record of that object is forgotten.
     """
-    running = memo.running.get(key)
+    record = memo.get(key)
+    running = record.tasks if record is not None else None
     if running is not None and running.uid != uid:
-        memo.running.pop(key, None)
         memo.forget(key)
         await _stop(running)
         memo.forget(key)  # what its tasks wrote while they ended
-        running = None
-    if running is None:
-        running = memo.running[key] = RendezvousTasks(uid)
+    record = memo.record(key)
+    if record.tasks is None:
+        record.tasks = RendezvousTasks(uid)
+    running = record.tasks
     for name, (task, stopped) in list(running.tasks.items()):
         if name not in wanted:
             stopped.set()
@@ -100,28 +101,38 @@ async def start(memo: OperatorMemo, key: Key, uid: str, wanted: dict[str, Work])
             running.tasks[name] = (task, stopped)
 
 
+def _take_tasks(memo: OperatorMemo, key: Key) -> RendezvousTasks | None:
+    """Take the tasks out of ``key``'s record (None when it has none)."""
+    record = memo.get(key)
+    if record is None:
+        return None
+    running, record.tasks = record.tasks, None
+    return running
+
+
 async def stop(memo: OperatorMemo, key: Key) -> None:
-    """Stop the tasks of Rendezvous ``key`` (its deletion started); what the memo keeps of it stays."""
-    await _stop(memo.running.pop(key, None))
+    """Stop the tasks of Rendezvous ``key`` (its deletion started); the rest of its record stays."""
+    await _stop(_take_tasks(memo, key))
 
 
 async def forget(memo: OperatorMemo, key: Key, uid: str) -> None:
-    """Rendezvous ``key`` (object ``uid``) was deleted: stop its tasks and forget everything of it.
+    """Rendezvous ``key`` (object ``uid``) was deleted: stop its tasks and forget its record whole.
 
     Nothing happens when the tasks work for another object of that name: created since, it owns the name.
     One of its own tasks may call it, having found the object gone (a deletion whose event was missed).
     """
-    running = memo.running.get(key)
+    record = memo.get(key)
+    running = record.tasks if record is not None else None
     if running is not None and running.uid != uid:
         return
-    memo.running.pop(key, None)
     memo.forget(key)
     await _stop(running)
-    if key not in memo.running:
+    after = memo.get(key)
+    if after is None or after.tasks is None:
         memo.forget(key)  # what its tasks wrote while they ended
 
 
 async def stop_all(memo: OperatorMemo) -> None:
     """Stop every Rendezvous's tasks (the operator exits): each folder releases its writer Lease."""
-    everything = [memo.running.pop(key) for key in list(memo.running)]
+    everything = [_take_tasks(memo, key) for key in memo.tracked()]
     await asyncio.gather(*(_stop(running) for running in everything))

@@ -2,7 +2,7 @@
 
 Its decisions are ``not_ready_rules``'s; ``nodes`` tells which Nodes are NotReady. A task per
 Rendezvous (``lifecycle``) judges a Node's pods as soon as its wait ends; every resync judges them again
-(``pods.resync_pods``), so the rule holds after a restart or a missed Node event too. Nodes whose
+(``resync.resync_pods``), so the rule holds after a restart or a missed Node event too. Nodes whose
 agents still heartbeat are spared.
 """
 
@@ -16,10 +16,12 @@ from typing import Any
 
 from kube_rendezvous import KubernetesApiError, RendezvousDocument, format_time
 
-from . import handlers_rules, not_ready_rules
-from .memory import Key, OperatorMemo, evict_and_report
+from . import conditions_rules, not_ready_rules
+from .evictions import evict_and_report
+from .memory import Key, OperatorMemo
 from .nodes import NodeReadiness, NotReady
-from .writer import heartbeats, merge_heartbeats
+from .writer import heartbeats
+from .writer_rules import merge_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +32,10 @@ def not_ready_wait(memo: OperatorMemo, key: Key) -> timedelta:
     ``not_ready_rules.not_ready_wait`` of the operator's grace and ``key``'s keep-alive interval.
     """
     grace = timedelta(seconds=memo.config.node_not_ready_seconds)
+    record = memo.get(key)
+    keep_alive = record.keep_alive if record is not None else None
     return not_ready_rules.not_ready_wait(
-        grace, memo.keep_alive.get(key, handlers_rules.timings({}).keep_alive_interval)
+        grace, conditions_rules.timings({}).keep_alive_interval if keep_alive is None else keep_alive
     )
 
 
@@ -55,7 +59,10 @@ def evict_on_not_ready(
     (``not_ready_rules.nodes_on_not_ready_node``).
     """
     namespace, name = key
-    observed = memo.observed.get(key)
+    record = memo.get(key)
+    if record is None:
+        return  # forgotten: deleted
+    observed = record.observed
     if document.closed or (observed is not None and observed.status.get("closed")):
         return
     states = not_ready_nodes(memo)
@@ -65,16 +72,15 @@ def evict_on_not_ready(
     on_nodes = not_ready_rules.pods_on_not_ready_nodes(
         pods, {node: state.since for node, state in states.items()}, now, not_ready_wait(memo, key)
     )
-    rule = memo.node_rule
     for node, on_node in sorted(on_nodes.items()):
         state = states[node]
-        judged = (key, node, state.since)
+        judged = (node, state.since)
         evict, alive = not_ready_rules.nodes_on_not_ready_node(on_node, document, state.since)
-        with rule.lock:
-            rule.judged.add(judged)
-            spare = bool(alive) and judged not in rule.spared
+        with memo.lock:
+            record.not_ready_judged.add(judged)
+            spare = bool(alive) and judged not in record.not_ready_spared
             if spare:
-                rule.spared.add(judged)
+                record.not_ready_spared.add(judged)
         if spare:
             logger.info(
                 "Kubernetes node %s is NotReady since %s, but nodes %s of rendezvous %s/%s on it heartbeat "
@@ -86,7 +92,7 @@ def evict_on_not_ready(
                 name,
             )
         whose = "its" if len(evict) == 1 else "their"
-        with rule.judging:
+        with memo.node_rule.judging:
             evict_and_report(
                 memo,
                 namespace,
@@ -98,11 +104,11 @@ def evict_on_not_ready(
 
 def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
     """Judge ``key``'s pods on Node ``node`` now that its grace ended: read heartbeats, evict the silent."""
-    stored = memo.states.get(key)
+    record = memo.get(key)
+    stored = record.state if record is not None else None
     if stored is None or stored.document is None:
         return
-    with memo.pods_lock:
-        pods = list((memo.pods.get(key) or {}).values())
+    pods = memo.pods_of(key) or []
 
     try:
         beats = heartbeats(memo.api, *key)
@@ -115,16 +121,17 @@ def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
 def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str], datetime | None]:
     """The Nodes whose grace ended for ``key``'s pods and that were not judged yet; when the next grace ends."""
     states = not_ready_nodes(memo)
-    rule = memo.node_rule
-    with rule.lock:  # forget what was judged of Nodes that are Ready again (or NotReady anew)
+    record = memo.get(key)
+    if record is None:
+        return [], None  # forgotten: deleted
+    with memo.lock:  # forget what was judged of Nodes that are Ready again (or NotReady anew)
         current = {(node, state.since) for node, state in states.items()}
-        rule.judged = {item for item in rule.judged if (item[1], item[2]) in current}
-        rule.spared = {item for item in rule.spared if (item[1], item[2]) in current}
-        judged = {item[1] for item in rule.judged if item[0] == key}
+        record.not_ready_judged = {item for item in record.not_ready_judged if item in current}
+        record.not_ready_spared = {item for item in record.not_ready_spared if item in current}
+        judged = {node for node, _ in record.not_ready_judged}
     if not states:
         return [], None
-    with memo.pods_lock:
-        pods = list((memo.pods.get(key) or {}).values())
+    pods = memo.pods_of(key) or []
     wait = not_ready_wait(memo, key)
     since = {node: state.since for node, state in states.items()}
     due = [node for node in not_ready_rules.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
@@ -135,10 +142,13 @@ async def evict_on_not_ready_nodes(memo: OperatorMemo, key: Key, stopped: asynci
     """When the grace of a Node that runs ``key``'s pods ends, judge them at once (a task, until ``stopped``).
 
     Wakes when a Node's readiness changes and when the next grace ends, at least every resync
-    interval; the resyncs judge the Nodes again (``pods.resync_pods``).
+    interval; the resyncs judge the Nodes again (``resync.resync_pods``).
     """
+    record = memo.get(key)
+    if record is None:
+        return  # forgotten before it started: deleted
     wake = asyncio.Event()
-    memo.node_rule.wakes[key] = wake
+    record.not_ready_wake = wake
     try:
         while not stopped.is_set():
             wake.clear()
@@ -156,21 +166,19 @@ async def evict_on_not_ready_nodes(memo: OperatorMemo, key: Key, stopped: asynci
                 for waiter in waiters:
                     waiter.cancel()
     finally:
-        if memo.node_rule.wakes.get(key) is wake:
-            del memo.node_rule.wakes[key]
+        if record.not_ready_wake is wake:
+            record.not_ready_wake = None
 
 
 async def start_node_rule(memo: OperatorMemo, **_: Any) -> None:
     """Watch the Kubernetes Nodes for the NotReady-node rule (Kopf's startup)."""
     loop = asyncio.get_running_loop()
-    rule = memo.node_rule
 
     def changed() -> None:
-        loop.call_soon_threadsafe(rule.wake_all)
-        for wake in list(memo.wake_folder.values()):  # a Node's labels or admission changed: fold again
-            wake()
+        loop.call_soon_threadsafe(memo.wake_all)
+        memo.wake_folders()  # a Node's labels or admission changed: fold again
 
-    rule.readiness = NodeReadiness(memo.api, on_change=changed).start()
+    memo.node_rule.readiness = NodeReadiness(memo.api, on_change=changed).start()
 
 
 async def stop_node_rule(memo: OperatorMemo, **_: Any) -> None:

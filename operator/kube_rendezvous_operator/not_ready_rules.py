@@ -2,7 +2,7 @@
 when, how long the rule waits, and which rendezvous nodes of the pods on such a Node it evicts.
 
 Nothing here does I/O: ``nodes`` feeds it Node objects and ``not_ready`` the training pods and the
-state document; they act on the answers. How pods and heartbeats are matched is ``handlers_rules``'s.
+state document; they act on the answers. How pods and heartbeats are matched is ``pods_rules``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from kube_rendezvous import NodeId, RendezvousDocument, parse_time
 
-from .handlers_rules import HEARTBEAT_SLACK, known_nodes, nodes_of_pod, pod_is_gone
+from .pods_rules import HEARTBEAT_SLACK, known_nodes, nodes_of_pod, pod_is_gone
 
 #: How late after its previous one a live agent's Lease renewal may still be stamped, beyond its
 #: keep-alive interval (the renewer polls every 0.5 s at most; a renewal takes a round trip).

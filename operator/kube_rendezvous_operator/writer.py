@@ -5,7 +5,7 @@ it takes the writer Lease (from an agent at once), folds the nodes' join and lea
 into the state in batches, and expires nodes whose Lease stops changing, by its own clock.
 With the operator stopped, an agent takes the writer Lease within its duration (10 s).
 
-``heartbeats`` gives the operator's other handlers (pod-gone eviction, the NotReady-node rule) each
+``heartbeats`` gives the operator's other rules (``gone_pods``, ``restarts``, ``resync``, ``not_ready``) each
 node's last heartbeat from its Lease: the state document no longer carries heartbeats.
 
 Each folder runs in a thread of its own, never in Kopf's executor: that pool has a few threads
@@ -20,7 +20,6 @@ first release already compared agents' heartbeats with pod and deletion times (w
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 from datetime import datetime
@@ -34,15 +33,18 @@ from kube_rendezvous import (
     KubernetesApi,
     KubernetesApiError,
     NodeId,
+    PlacementSpec,
     RendezvousDocument,
+    TrainingPods,
     object_watch,
     parse_micro_time,
     parse_node,
     resource_path,
 )
 
+from . import writer_rules
 from .lifecycle import TASK_END_SECONDS, forget, stopped_within
-from .memory import Key, OperatorMemo, training_pods
+from .memory import Key, OperatorMemo
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ async def fold_requests(memo: OperatorMemo, key: Key, uid: str, stopped: asyncio
         rendezvous=watch,
         training_pods=lambda: training_pods(memo, key),
     )
-    memo.wake_folder[key] = folder.wake
+    record = memo.record(key)
+    record.wake_folder = folder.wake
     thread = threading.Thread(target=folder.run, args=(done,), name=f"folder {namespace}/{name}", daemon=True)
     thread.start()
     gone = False
@@ -82,11 +85,23 @@ async def fold_requests(memo: OperatorMemo, key: Key, uid: str, stopped: asyncio
         while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)
         watch.stop()
-        if memo.wake_folder.get(key) == folder.wake:
-            del memo.wake_folder[key]
+        if record.wake_folder == folder.wake:
+            record.wake_folder = None
     if gone:
         logger.info("rendezvous %s/%s was deleted (its event missed): the operator forgets it", namespace, name)
         await forget(memo, key, uid)
+
+
+def training_pods(memo: OperatorMemo, key: Key) -> TrainingPods | None:
+    """The census of ``key``'s training pods for its folder; None until they were listed once."""
+    listed = memo.pods_of(key)
+    if listed is None:
+        return None
+    record = memo.get(key)
+    placement = record.placement if record is not None else None
+    readiness = memo.node_rule.readiness
+    nodes = readiness.facts() if readiness is not None and readiness.readable else None
+    return writer_rules.training_pods(listed, nodes, placement or PlacementSpec())
 
 
 def heartbeats(client: KubernetesApi, namespace: str, rendezvous_name: str) -> dict[NodeId, datetime]:
@@ -116,23 +131,7 @@ def with_lease_heartbeats(
         beats = heartbeats(client, namespace, rendezvous_name)
     except KubernetesApiError:
         return document
-    return merge_heartbeats(document, beats)
+    return writer_rules.merge_heartbeats(document, beats)
 
 
-def merge_heartbeats(
-    document: RendezvousDocument, beats: dict[NodeId, datetime], *, every_node: bool = False
-) -> RendezvousDocument:
-    """``document`` with the heartbeats of ``beats`` (from ``heartbeats``).
-
-    For the participants and the nodes the document has a heartbeat of; with ``every_node``, for
-    every node the document names (waiting ones included), so that none is taken for silent.
-    """
-    if not beats:
-        return document
-    merged = dict(document.last_heartbeats)
-    wanted = set(document.nodes()) if every_node else set(merged) | set(document.participants)
-    merged.update({node: beat for node, beat in beats.items() if node in wanted})
-    return dataclasses.replace(document, last_heartbeats=merged)
-
-
-__all__ = ["GONE_CHECK_SECONDS", "fold_requests", "heartbeats", "merge_heartbeats", "with_lease_heartbeats"]
+__all__ = ["GONE_CHECK_SECONDS", "fold_requests", "heartbeats", "training_pods", "with_lease_heartbeats"]

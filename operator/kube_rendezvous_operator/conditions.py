@@ -1,0 +1,120 @@
+"""The conditions rule: keep a Rendezvous's ``status.conditions`` (Ready, Closed) and ``observedGeneration``
+current, writing only when one changes. Its decisions are ``conditions_rules``'s.
+
+``reconcile_spec`` is Kopf's handler for a Rendezvous's spec (created, resumed, changed); ``update_condition``
+and ``patch_status`` are this rule's writes, which ``events.observe_rendezvous`` uses for the state check
+and the Closed condition.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+from kube_rendezvous import (
+    ForbiddenError,
+    InvalidError,
+    KubernetesApi,
+    KubernetesApiError,
+    NotFoundError,
+    write_status,
+)
+
+from . import conditions_rules, metrics
+from .memory import OperatorMemo, stored_state
+
+logger = logging.getLogger(__name__)
+
+
+def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
+    """Merge-patch the Rendezvous status (no resourceVersion: the server applies it at the latest).
+
+    Returns False when the Rendezvous is gone (nothing to write to).
+
+    Raises:
+        kopf.PermanentError: the server refused the write for good (forbidden, invalid).
+        kopf.TemporaryError: it may succeed later (throttled, unready, unreachable).
+    """
+    what = f"status ({kind}) of {namespace}/{name}"
+    try:
+        write_status(client, namespace, name, status)
+    except NotFoundError:
+        logger.info("did not write the %s: the Rendezvous is gone", what)
+        return False
+    except (ForbiddenError, InvalidError) as exc:
+        metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
+        if exc.transient:
+            raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+        raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
+    except KubernetesApiError as exc:
+        metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
+        raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+    metrics.OPERATOR_WRITES.labels(kind=kind).inc()
+    return True
+
+
+def update_condition(
+    client: KubernetesApi,
+    namespace: str,
+    name: str,
+    current: dict[str, Any],
+    generation: int | None,
+    kind: str,
+    *,
+    condition: tuple[str, str, str, str],
+    also: dict[str, Any] | None = None,
+) -> None:
+    """Write one condition ``(type, status, reason, message)`` if it changed, with ``also`` in the same write."""
+    condition_type, condition_status, reason, message = condition
+    conditions = conditions_rules.set_condition(
+        list(current.get("conditions") or []),
+        condition_type,
+        condition_status,
+        reason,
+        message,
+        generation,
+        datetime.now(timezone.utc),
+    )
+    if conditions is not None:
+        fields = {"conditions": conditions, "observedGeneration": generation, **(also or {})}
+        patch_status(client, namespace, name, fields, kind)
+
+
+def reconcile_spec(
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    meta: dict[str, Any],
+    namespace: str,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """Post Ready=Unknown on first sight, then Ready=True/False from the spec and the state; keep observedGeneration."""
+    generation = meta.get("generation")
+    status = dict(status or {})
+    if not status.get("conditions"):
+        update_condition(
+            memo.api,
+            namespace,
+            name,
+            status,
+            generation,
+            "ready-unknown",
+            condition=("Ready", "Unknown", "Validating", "the operator is checking the spec"),
+            # MIN/MAX (kubectl get rdzv) show status.minNodes/maxNodes: what the agents follow, the spec until a fold.
+            also=conditions_rules.nodes_until_folded(spec, status),
+        )
+        status["conditions"] = [
+            {
+                "type": "Ready",
+                "status": "Unknown",
+                "reason": "Validating",
+                "message": "the operator is checking the spec",
+                "observedGeneration": generation,
+            }
+        ]
+    check = conditions_rules.check_state(stored_state(memo, (namespace, name), status.get("state")))
+    ready = conditions_rules.ready_condition(conditions_rules.spec_problems(spec), check)
+    update_condition(memo.api, namespace, name, status, generation, "ready", condition=ready)

@@ -1,0 +1,147 @@
+"""The Events rule: observe each state change of a Rendezvous and tell it as Kubernetes Events and metrics.
+
+Its decisions are ``events_rules``'s (the story of the rounds) and ``conditions_rules``'s (the state check).
+``observe_rendezvous`` runs for every watch event of a Rendezvous but its last (``handlers.rendezvous_event``); it keeps
+what the other rules read of it in its record: the observed status and document, its keep-alive, its
+placement and its pod selector. It writes only on a change: an invalid state's Ready condition, the Closed
+condition (``conditions.update_condition``), and the Events.
+
+It reads ``status.state`` only through ``conditions_rules.read_state`` (the agents' bounded validator,
+``decode_document``), once per change of its text; an invalid state is reported as a ``StateInvalid``
+Warning and Ready=False, and is otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError, RendezvousDocument
+
+from . import conditions_rules, events_rules, metrics, pods_rules
+from .conditions import update_condition
+from .memory import Observed, OperatorMemo, stored_state
+
+logger = logging.getLogger(__name__)
+
+
+def post_event(body: kopf.Body, event: events_rules.RendezvousEvent, namespace: str, name: str) -> None:
+    """Post ``event`` on the Rendezvous and count it."""
+    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    metrics.count_event(event.reason, namespace, name, event.count)
+
+
+def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reason, message) of the Events already posted on a Rendezvous (none when they cannot be listed)."""
+    query = {"fieldSelector": f"involvedObject.uid={meta.get('uid')}"}
+    try:
+        listed = client.request("GET", f"/api/v1/namespaces/{namespace}/events", query=query)
+    except KubernetesApiError as exc:
+        logger.info("could not list the Events of %s/%s (they may be repeated): %s", namespace, meta.get("name"), exc)
+        return []
+    return [(str(item.get("reason")), str(item.get("message"))) for item in listed.get("items") or []]
+
+
+def observe_rendezvous(
+    body: kopf.Body,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    meta: dict[str, Any],
+    namespace: str,
+    name: str,
+    memo: OperatorMemo,
+) -> None:
+    """Turn state changes into Events and metrics; flag an invalid state. Writes only on a change."""
+    key = (namespace, name)
+    status = dict(status or {})
+    record = memo.record(key)
+    previous = record.observed
+    stored = stored_state(memo, key, status.get("state"))
+    baseline = previous.document if previous is not None else None
+    if stored.document is not None:
+        document: RendezvousDocument | None = stored.document
+    elif stored.error is None:
+        document = None  # no state (cleared): the next one starts afresh
+    else:
+        document = baseline  # an invalid state changes nothing the agents agreed on
+    same_run = previous is None or previous.status.get("runId") in (None, status.get("runId"))
+    last_formed = previous.formed if previous is not None and same_run else None
+    announced: list[tuple[str, str]] = []
+    if previous is None and (stored.document is not None or status.get("lastDeparture")):
+        # First sight (a new leader, a restart): what was announced already is not announced again.
+        announced = announced_events(memo.api, namespace, meta)
+    if previous is None and stored.document is not None:
+        baseline, last_formed = events_rules.announced_baseline(stored.document, announced)
+    formed = events_rules.formed_members(last_formed, baseline, document)
+    seen_spares = (previous.spares if previous is not None and same_run else frozenset()) | (
+        baseline.redundancy_list if baseline is not None and same_run else frozenset()
+    )
+    current_spares = document.redundancy_list if document is not None else frozenset()
+    new_round = events_rules.newly_formed(baseline if same_run else None, document)
+    record.observed = Observed(status, document, formed, current_spares if new_round else seen_spares | current_spares)
+    record.keep_alive = conditions_rules.timings(spec or {}).keep_alive_interval
+    placement = conditions_rules.placement_spec(spec or {})
+    if record.placement != placement:
+        record.placement = placement
+        if record.wake_folder is not None:
+            record.wake_folder()
+    selector = pods_rules.pod_selector(name, spec or {}, meta or {}, RENDEZVOUS_LABEL)
+    if record.selector != selector:
+        record.selector = selector
+        logger.info(
+            "the training pods of %s/%s are those with %s (%s)", namespace, name, selector.describe(), selector.source
+        )
+    metrics.observe(namespace, name, status)
+    if previous is None or previous.status.get("state") != status.get("state"):
+        check = conditions_rules.check_state(stored)
+        ready = conditions_rules.find_condition(status, "Ready")
+        if not check.ok:
+            reported = (
+                previous is None  # a restarted operator: say it once
+                and ready is not None
+                and ready.get("reason") == check.reason
+                and str(ready.get("message", "")).startswith(check.message)
+            )
+            if not reported:
+                post_event(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
+        if not check.ok or (ready is not None and ready.get("reason") == conditions_rules.STATE_INVALID):
+            update_condition(
+                memo.api,
+                namespace,
+                name,
+                status,
+                meta.get("generation"),
+                "state-check",
+                condition=conditions_rules.ready_condition(conditions_rules.spec_problems(spec), check),
+            )
+        if stored.document is not None:
+            evicted = status.get("evictedNodes") or []
+            for event in events_rules.state_events(
+                baseline,
+                stored.document,
+                same_run=same_run,
+                evicted=evicted,
+                last_formed=last_formed,
+                spares=seen_spares,
+                close_reason=status.get("closeReason"),
+            ):
+                post_event(body, event, namespace, name)
+        broken = events_rules.departure_event(previous.status if previous is not None else None, status, announced)
+        if broken is not None:
+            post_event(body, broken, namespace, name)
+    held = events_rules.held_event(previous.status if previous is not None else None, status)
+    if held is not None and (held.reason, held.message) not in announced:
+        post_event(body, held, namespace, name)
+    if status.get("closed"):
+        closed = conditions_rules.find_condition(status, "Closed")
+        if closed is None or closed.get("status") != "True":
+            update_condition(
+                memo.api,
+                namespace,
+                name,
+                status,
+                meta.get("generation"),
+                "closed",
+                condition=conditions_rules.closed_condition(status),
+            )

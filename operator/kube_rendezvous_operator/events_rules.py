@@ -1,0 +1,195 @@
+"""What the operator tells of a Rendezvous as Kubernetes Events, as pure functions: the story of its rounds
+(joins, leaves, promoted spares, completed rounds, the close), its held nodes and its broken rounds.
+
+Nothing here does I/O; ``events`` posts what it decides. Full membership comes from the decoded document,
+since the readable summary in ``status`` lists only the first nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube_rendezvous import (
+    NodeId,
+    RendezvousDocument,
+    departure_line,
+)
+
+#: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
+#: Nodes named one by one in Events; beyond that, one Event counts them and names the first ones.
+NODES_LISTED = 16
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RendezvousEvent:
+    """A Kubernetes Event the operator posts on a Rendezvous; ``count`` is how many nodes it covers."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+    count: int = 1
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:NODES_LISTED])
+    return shown if len(names) <= NODES_LISTED else f"{shown} and {len(names) - NODES_LISTED} more"
+
+
+def _node_events(reason: str, names: list[str], one: str, many: str) -> list[RendezvousEvent]:
+    """One Event per node, or a single counting Event when there are more than ``NODES_LISTED``."""
+    if len(names) <= NODES_LISTED:
+        return [RendezvousEvent("Normal", reason, one.format(node=name)) for name in names]
+    return [RendezvousEvent("Normal", reason, many.format(count=len(names), nodes=_listed(names)), len(names))]
+
+
+def newly_formed(old: RendezvousDocument | None, new: RendezvousDocument | None) -> bool:
+    """Whether ``new`` is a round that formed since ``old`` (complete, and ``old`` was not this round complete)."""
+    if new is None or not new.complete:
+        return False
+    return old is None or not old.complete or old.round != new.round
+
+
+def formed_members(
+    previous: frozenset[NodeId] | None, old: RendezvousDocument | None, new: RendezvousDocument | None
+) -> frozenset[NodeId] | None:
+    """The participants of the last round that formed: ``new``'s when it just formed, else ``previous``.
+
+    A formed round that loses participants (a survivor leaving it to re-form) keeps ``previous``.
+    """
+    if new is not None and newly_formed(old, new):
+        return frozenset(new.participants)
+    return previous
+
+
+def announced_baseline(
+    document: RendezvousDocument, announced: Iterable[tuple[str, str]]
+) -> tuple[RendezvousDocument | None, frozenset[NodeId] | None]:
+    """What an operator that sees ``document`` for the first time may take as already told.
+
+    ``announced`` are the (reason, message) of the Events already posted on the Rendezvous (by an
+    earlier leader or an earlier run of this operator). When its current round's RoundCompleted is
+    among them, the round counts as seen (baseline ``document``, formed members its participants),
+    so ``state_events`` repeats neither its NodeJoined nor its RoundCompleted; Closed likewise.
+    Otherwise ``(None, None)``: everything is new.
+    """
+    events = list(announced)
+    round_told = document.complete and any(
+        reason == "RoundCompleted" and message.startswith(f"round {document.round} completed")
+        for reason, message in events
+    )
+    if not round_told:
+        return None, None
+    closed_told = any(reason == "Closed" for reason, _ in events)
+    baseline = document if closed_told or not document.closed else dataclasses.replace(document, closed=False)
+    return baseline, frozenset(document.participants)
+
+
+def state_events(
+    old: RendezvousDocument | None,
+    new: RendezvousDocument,
+    *,
+    same_run: bool = True,
+    evicted: Iterable[str] = (),
+    last_formed: frozenset[NodeId] | None = None,
+    spares: frozenset[NodeId] = frozenset(),
+    close_reason: str | None = None,
+) -> list[RendezvousEvent]:
+    """Events for the ``new`` document after the ``old`` one: the story told once per round.
+
+    SparePromoted for each participant of a round that formed that was a spare (``old``'s redundancy list, or
+    ``spares``: those seen since the last round formed; a spare may pass the wait list on its way in).
+
+    Membership Events come only when a round forms, against ``last_formed`` (the participants of
+    the round that formed before it): NodeJoined for each new participant, NodeLeft for each
+    one of the last round that is not in this one. A survivor that leaves a round and joins the
+    next, nodes waiting, and every write while a round forms post nothing; each Event names the
+    round that formed. ``same_run`` False (``status.runId`` changed) treats everyone as new.
+    Nodes in ``evicted`` get no NodeLeft: the operator posted NodeEvicted for them already.
+
+    Not guaranteed: a round that formed and was replaced between two observations of the operator
+    (it saw neither complete state) posts nothing of its own; the next one is compared with the
+    last formed round the operator saw.
+    """
+    base = old if same_run else None
+    before = (last_formed or frozenset()) if same_run else frozenset()
+    events: list[RendezvousEvent] = []
+    if newly_formed(base, new):
+        after = set(new.participants)
+        gone_evicted = set(evicted)
+        joined = [str(node) for node in sorted(after - before)]
+        left = [str(node) for node in sorted(before - after) if str(node) not in gone_evicted]
+        events += _node_events(
+            "NodeJoined",
+            joined,
+            f"node {{node}} joined round {new.round}",
+            f"{{count}} nodes joined round {new.round}: {{nodes}}",
+        )
+        events += _node_events(
+            "NodeLeft",
+            left,
+            f"node {{node}} left: round {new.round} formed without it",
+            f"{{count}} nodes left: round {new.round} formed without them: {{nodes}}",
+        )
+        was_spare = (base.redundancy_list if base is not None else frozenset()) | (spares if same_run else frozenset())
+        events += _node_events(
+            "SparePromoted",
+            [str(node) for node in sorted(after & was_spare - before)],
+            f"spare node {{node}} was promoted into round {new.round}",
+            f"{{count}} spare nodes were promoted into round {new.round}: {{nodes}}",
+        )
+        ranked = sorted(new.participants.items(), key=lambda item: (item[1], item[0]))
+        listed = _listed([f"{node}={rank}" for node, rank in ranked])
+        events.append(
+            RendezvousEvent(
+                "Normal", "RoundCompleted", f"round {new.round} completed with {len(ranked)} nodes: {listed}"
+            )
+        )
+    if new.closed and (base is None or not base.closed):
+        why = f": {close_reason}" if close_reason else ""
+        events.append(RendezvousEvent("Normal", "Closed", f"rendezvous closed in round {new.round}{why}"))
+    return events
+
+
+def held_event(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> RendezvousEvent | None:
+    """``NodeHeld`` for the nodes ``status.heldNodes`` lists that ``previous`` did not: their Kubernetes Node
+    does not admit them to a new round (``placement.hold_reason``)."""
+
+    def held(of: Mapping[str, Any] | None) -> dict[str, str]:
+        items = (of or {}).get("heldNodes") or []
+        return {str(item.get("node")): str(item.get("reason")) for item in items if isinstance(item, Mapping)}
+
+    before, now = held(previous), held(status)
+    new = sorted(node for node in now if node not in before)
+    if not new:
+        return None
+    if len(new) == 1:
+        return RendezvousEvent(
+            "Warning", "NodeHeld", f"node {new[0]} waits, not admitted to a new round: {now[new[0]]}"
+        )
+    listed = _listed([f"{node} ({now[node].split(':', 1)[0]})" for node in new])
+    return RendezvousEvent(
+        "Warning", "NodeHeld", f"{len(new)} nodes wait, not admitted to a new round: {listed}", len(new)
+    )
+
+
+def departure_event(
+    previous: Mapping[str, Any] | None, status: Mapping[str, Any], announced: Iterable[tuple[str, str]] = ()
+) -> RendezvousEvent | None:
+    """``RoundBroken`` when ``status.lastDeparture`` is new: a formed round lost members, the others restart.
+
+    None when it did not change since ``previous`` (the last status observed), or when that Event is
+    among the ``announced`` (reason, message) pairs (a restarted operator does not repeat it).
+    """
+    departure = status.get("lastDeparture")
+    if not isinstance(departure, Mapping) or departure == (previous or {}).get("lastDeparture"):
+        return None
+    message = f"{departure_line(departure)}; its other members re-rendezvous without it"
+    if ("RoundBroken", message) in set(announced):
+        return None
+    return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
