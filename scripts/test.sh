@@ -10,5 +10,11 @@ echo "== ruff and mypy"
 $PY -m ruff check .
 $PY -m ruff format --check .
 $PY -m mypy
-echo "== pytest"
-exec $PY -m pytest "$@"
+# Parallel workers (pytest-xdist): the tests that need the machine's nodes or networks run in one group, each other
+# module in a group of its own, the longest first (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
+WORKERS="${TEST_WORKERS:-3}"
+echo "== pytest ($WORKERS parallel workers)"
+if [ "$WORKERS" = "0" ]; then
+  exec $PY -m pytest "$@"
+fi
+exec $PY -m pytest -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"

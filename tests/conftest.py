@@ -75,6 +75,7 @@ def _starts_processes(roots: Iterable[object]) -> bool:
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test ``cluster`` or ``pure`` (registered in pyproject.toml), so ``-m pure`` misses none.
 
@@ -117,6 +118,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid} is marked both pure and cluster")
         if not explicit:
             item.add_marker(automatic)
+    _schedule_for_workers(items)
+
+
+#: Fixtures that hold what a machine has one of: real nodes (kube-proxy's and the CNI bridge's rules are the host's)
+#: and pod networks (network namespaces, iptables). The tests that use them run one at a time, in one worker.
+MACHINE_FIXTURES = frozenset({"three_nodes", "real_node", "workload_cluster", "pod_network"})
+#: Modules that start such a cluster themselves (the demo's script starts its own nodes).
+MACHINE_MODULES = frozenset({"tests.test_demo"})
+#: The group of the tests that need the machine's nodes or networks (pytest-xdist ``--dist loadgroup``).
+MACHINE_GROUP = "machine"
+#: Each module's seconds in the last profile (``scripts/profile_tests.py``): parallel workers take the longest
+#: first, so the run ends with short modules instead of one long one on a single worker.
+PROFILE = Path(__file__).resolve().parent / "data" / "durations.json"
+
+
+def _schedule_for_workers(items: list[pytest.Item]) -> None:
+    """Put each test in a pytest-xdist group, and order the run: the machine's tests in one group (first: the
+    longest chain), every other module in a group of its own (its module-scoped fixtures start once), the
+    longest modules first (``PROFILE``). Outside a parallel run the groups only order the run."""
+    import json
+
+    seconds: dict[str, float] = json.loads(PROFILE.read_text()) if PROFILE.exists() else {}
+
+    def group(item: pytest.Item) -> str:
+        module = _module_of(item)
+        if module in MACHINE_MODULES or MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            return MACHINE_GROUP
+        return module
+
+    groups = {id(item): group(item) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    total: dict[str, float] = {}
+    for module, share in seconds.items():  # a module's seconds go to the groups of its tests, shared by count
+        members = [groups[id(item)] for item in items if _module_of(item) == module]
+        for name in members:
+            total[name] = total.get(name, 0.0) + share / len(members)
+    first = {name: index for index, name in enumerate(dict.fromkeys(groups.values()))}
+    items.sort(
+        key=lambda item: (groups[id(item)] != MACHINE_GROUP, -total.get(groups[id(item)], 0.0), first[groups[id(item)]])
+    )
+
+
+def _module_of(item: pytest.Item) -> str:
+    return getattr(getattr(item, "module", None), "__name__", "")
 
 
 @pytest.fixture(scope="session")

@@ -144,7 +144,7 @@ class Lifecycle:
             lambda: training_in_world(agents, 2 * AGENTS),
             TRAIN_SECONDS,
             f"{run_id} training with {AGENTS} agents",
-            explain=job.last_lines,
+            explain=lambda: self.explain(job),
         )
 
     def do_close(self) -> None:
@@ -199,7 +199,7 @@ class Lifecycle:
             lambda: all(agent.output().count(" formed") > before[agent.name] for agent in run.live),
             TRAIN_SECONDS,
             "the round to re-form after the eviction",
-            explain=run.job.last_lines,
+            explain=lambda: self.explain(run.job),
         )
         self._trains(run, run.live, "after an eviction of a live agent")
         after = {agent.name: agent.output().count(" formed") for agent in run.live}
@@ -259,8 +259,18 @@ class Lifecycle:
             ),
             TRAIN_SECONDS,
             f"{run.run_id} training again {what}",
-            explain=run.job.last_lines,
+            explain=lambda: self.explain(run.job),
         )
+
+    def explain(self, job: ElasticJob) -> str:
+        """What a failing wait shows: the agents' last lines, and ``kubectl rdzv status`` of the object (its round,
+        members, Leases and what the round waits for), as the on-call engineer would read it."""
+        plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
+        kubeconfig = str(self.plane.admin_kubeconfig)
+        status = run_command(
+            [plugin, "--kubeconfig", kubeconfig, "-n", self.namespace, "status", self.name], check=False, timeout=60
+        )
+        return f"{job.last_lines()}\n--- kubectl rdzv status {self.name} ---\n{status.stdout}{status.stderr}"
 
     def kubectl(self, *args: str) -> None:
         self.plane.kubectl("-n", self.namespace, *args)

@@ -63,10 +63,22 @@ LISTEN_PORTS = range(20000, 30000)  # and below the NodePort range, 30000-32767
 HANDED_OUT: set[int] = set()
 
 
+def worker_ports(ports: range = LISTEN_PORTS) -> range:
+    """The slice of ``ports`` this pytest worker picks from: parallel workers (pytest-xdist: ``PYTEST_XDIST_WORKER``
+    ``gw<i>`` of ``PYTEST_XDIST_WORKER_COUNT``, inherited by the processes a test starts) never pick the same port,
+    which each one's ``HANDED_OUT`` cannot see. The whole range outside a parallel run."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or int(count) < 2:
+        return ports
+    index, size = int(worker[2:]) % int(count), len(ports) // int(count)
+    return ports[index * size : (index + 1) * size]
+
+
 def free_port() -> int:
-    """Return a TCP port below the ephemeral range that is free right now on every address."""
+    """Return a TCP port below the ephemeral range that is free right now on every address (this worker's)."""
+    ports = worker_ports()
     for _ in range(200):
-        port = random.choice(LISTEN_PORTS)
+        port = random.choice(ports)
         if port in HANDED_OUT:
             continue
         with socket.socket() as sock:
@@ -76,7 +88,7 @@ def free_port() -> int:
                 continue
         HANDED_OUT.add(port)
         return port
-    raise RuntimeError(f"no free port in {LISTEN_PORTS} after 200 tries")
+    raise RuntimeError(f"no free port in {ports} after 200 tries")
 
 
 class ServerExitedError(RuntimeError):
