@@ -511,8 +511,15 @@ _FILTER = re.compile(r"\s*(@[^=!<>\s]*)\s*(?:(==|!=|<=|>=|<|>)\s*(.+?))?\s*")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
 
 
-def _jsonpath_error(text: str, why: str) -> PluginError:
-    return PluginError(f"error parsing jsonpath {text!r}: {why}")
+class JsonPathError(PluginError):
+    """A template or path that is not kubectl's jsonpath (the subset above); ``why`` says what is wrong."""
+
+    def __init__(self, text: str, why: str) -> None:
+        super().__init__(f"error parsing jsonpath {text!r}: {why}")
+        self.why = why
+
+
+_jsonpath_error = JsonPathError
 
 
 def _literal(text: str) -> Any:
@@ -690,13 +697,18 @@ def parse_template(template: str) -> Template:
                 raise _jsonpath_error(template, "{end} without {range ...}")
             body = stack.pop()
             stack[-1][-1] = ("range", (stack[-1][-1][1], body))
-        elif action.startswith("range ") or action.startswith("range\t"):
-            stack[-1].append(("range", parse_path(action[6:])))
-            stack.append([])
-        elif action[:1] in "'\"":
-            stack[-1].append(("text", _literal(action)))
-        else:
-            stack[-1].append(("path", parse_path(action)))
+            at = end + 1
+            continue
+        try:
+            if action.startswith("range ") or action.startswith("range\t"):
+                stack[-1].append(("range", parse_path(action[6:])))
+                stack.append([])
+            elif action[:1] in "'\"":
+                stack[-1].append(("text", _literal(action)))
+            else:
+                stack[-1].append(("path", parse_path(action)))
+        except JsonPathError as exc:
+            raise _jsonpath_error(template, f"in {{{action}}}: {exc.why}") from exc
         at = end + 1
     if len(stack) > 1:
         raise _jsonpath_error(template, "{range ...} without {end}")
