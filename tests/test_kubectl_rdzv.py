@@ -127,7 +127,7 @@ def complete_round(heartbeat_age: float = 1.0) -> RendezvousDocument:
 
 def table_row(output: str, node: NodeId) -> list[str]:
     """The cells of ``node``'s row in the status table: node, role, rank, pod, Kubernetes node and the heartbeat
-    column as one cell (the DOMAIN column, ``-`` here, left out)."""
+    column as one cell, last (the DOMAIN column, ``-`` here, left out)."""
     for line in output.splitlines():
         if line.startswith(str(node) + " "):
             cells = line.split(None, 6)
@@ -196,9 +196,9 @@ def test_status_shows_ranks_waiting_writer_pods_and_lease_heartbeats(
     assert table_row(out, B)[3:5] == ["-", "-"]  # no pod has its address
     assert table_row(out, B)[1:3] == ["participant", "1"]
     assert table_row(out, C)[1:3] == ["waiting", "-"]
-    assert table_row(out, B)[3].endswith("(expired)")
-    assert not table_row(out, A)[3].endswith("(expired)")
-    assert table_row(out, A)[3].endswith("s ago") and int(table_row(out, A)[3].split("s")[0]) < 30
+    assert table_row(out, B)[-1].endswith("(expired)")
+    assert not table_row(out, A)[-1].endswith("(expired)")
+    assert table_row(out, A)[-1].endswith("s ago") and int(table_row(out, A)[-1].split("s")[0]) < 30
     assert "10.9.9.9" not in out  # another Rendezvous's Lease
 
 
@@ -354,8 +354,8 @@ def test_status_without_permission_on_leases_falls_back_to_the_document_and_says
 
     assert result.returncode == 0, result.stderr
     assert "from the state document (no node Leases); forbidden: you may not list leases" in result.stdout
-    assert table_row(result.stdout, A)[3].endswith("s ago")
-    assert int(table_row(result.stdout, A)[3].split("s")[0]) >= 5  # the document's beat, not the Lease's (1 s)
+    assert table_row(result.stdout, A)[-1].endswith("s ago")
+    assert int(table_row(result.stdout, A)[-1].split("s")[0]) >= 5  # the document's beat, not the Lease's (1 s)
 
 
 def test_kubectl_finds_the_plugin_on_path(
@@ -395,7 +395,7 @@ def test_list_prints_like_kubectl_get_in_one_or_all_namespaces_and_as_json_yaml_
 ) -> None:
     create_rendezvous(objects, namespace, "job", minNodes=2, maxNodes=4)
     create_rendezvous(objects, namespace, "alpha")
-    write_state(objects, namespace, "job", complete_round())
+    write_state(objects, namespace, "job", complete_round(), minNodes=2, maxNodes=4)  # as the agents' --nnodes
 
     listed = plugin(control_plane, "-n", namespace, "list")
     everywhere = plugin(control_plane, "ls", "-A")
