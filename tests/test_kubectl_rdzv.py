@@ -318,8 +318,10 @@ def test_a_refused_read_names_the_permission(control_plane: ControlPlane, namesp
     nobody = control_plane.serviceaccount_kubeconfig(namespace, "nobody")
 
     result = plugin(control_plane, "-n", namespace, "status", "job", kubeconfig=nobody)
+    everywhere = plugin(control_plane, "list", "-A", kubeconfig=nobody)
 
     assert_one_line_error(result, "forbidden", "'get' on 'rendezvouses'", f"namespace '{namespace}'")
+    assert_one_line_error(everywhere, "in all namespaces", "ClusterRole", "-n NAMESPACE", "can-i list rendezvouses")
 
 
 def test_status_without_permission_on_leases_falls_back_to_the_document_and_says_why(
@@ -354,6 +356,8 @@ def test_status_without_permission_on_leases_falls_back_to_the_document_and_says
 
     assert result.returncode == 0, result.stderr
     assert "from the state document (no node Leases); forbidden: you may not list leases" in result.stdout
+    pods = "Pods            not matched (POD and K8S NODE are -): forbidden: you may not list pods (the core API group)"
+    assert pods in result.stdout and f"(check with: kubectl auth can-i list pods -n {namespace})" in result.stdout
     assert table_row(result.stdout, A)[-1].endswith("s ago")
     assert int(table_row(result.stdout, A)[-1].split("s")[0]) >= 5  # the document's beat, not the Lease's (1 s)
 

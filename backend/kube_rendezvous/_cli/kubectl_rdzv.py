@@ -189,6 +189,14 @@ def command_list(
             f"the Rendezvous CRD (rendezvouses.{kubeapi.GROUP}) is not installed in this cluster; install it: "
             "kubectl apply -f crds/ (or helm install kube-rendezvous charts/kube-rendezvous)"
         ) from exc
+    except kubeapi.ForbiddenError as exc:
+        if namespace is not None or exc.status != 403:
+            raise _failure(exc, "list", RENDEZVOUS_PLURAL, where) from exc
+        raise PluginError(
+            f"forbidden: you may not list rendezvouses (API group {kubeapi.GROUP!r}) in all namespaces; ask for a "
+            "ClusterRole that grants 'list' on 'rendezvouses', or list one namespace with -n NAMESPACE "
+            f"(check with: kubectl auth can-i list rendezvouses.{kubeapi.GROUP} -A)"
+        ) from exc
     except KubernetesApiError as exc:
         raise _failure(exc, "list", RENDEZVOUS_PLURAL, where) from exc
     items = [{"apiVersion": kubeapi.API_VERSION, "kind": "Rendezvous", **item} for item in answer.get("items") or []]

@@ -1,7 +1,10 @@
-"""What ``kubectl rdzv status`` and ``watch`` print, built from objects already read (pure: no I/O; the state is
-read by ``decode_document``, the agents' bounded validator). Not guaranteed: heartbeat ages compare the writers'
-clocks with ``now`` (off by any skew; negative ages shown as such); ``status.roundStartTime``, ``recentRounds`` and
-``lastDeparture`` are the writers' clocks, absent when an older release wrote the status."""
+"""What ``kubectl rdzv`` prints, built from objects already read (pure: no I/O): ``status`` and ``watch`` (the state
+read by ``decode_document``, the agents' bounded validator), ``list`` (the CRD's printer columns), ``-o
+json|yaml|jsonpath`` (kubectl's jsonpath dialect), ``close``'s question, dry run and refusal, and the exit codes.
+
+Not guaranteed: heartbeat ages compare the writers' clocks with ``now`` (off by any skew; negative ages shown as
+such); ``status.roundStartTime``, ``recentRounds`` and ``lastDeparture`` are the writers' clocks, absent when an
+older release wrote the status; a node's pod is matched by its address (``pod_of``)."""
 
 from __future__ import annotations
 
