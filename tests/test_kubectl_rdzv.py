@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kube_rendezvous._cli import kubectl_rdzv
 from kube_rendezvous._rules import kubectl_rdzv_rules as kubectl_rdzv_report
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, encode_document
@@ -56,6 +57,7 @@ def plugin(control_plane: ControlPlane, *args: str, kubeconfig: Path | None = No
         text=True,
         timeout=90,
         cwd=REPO,
+        stdin=subprocess.DEVNULL,  # no terminal: close asks nothing, it refuses without --yes
     )
 
 
@@ -124,14 +126,25 @@ def complete_round(heartbeat_age: float = 1.0) -> RendezvousDocument:
 
 
 def table_row(output: str, node: NodeId) -> list[str]:
-    """The cells of ``node``'s row in the status table: node, role, rank and the heartbeat column as one cell
-    (the DOMAIN column, ``-`` here, left out)."""
+    """The cells of ``node``'s row in the status table: node, role, rank, pod, Kubernetes node and the heartbeat
+    column as one cell, last (the DOMAIN column, ``-`` here, left out)."""
     for line in output.splitlines():
         if line.startswith(str(node) + " "):
-            cells = line.split(None, 4)
-            assert cells[3] == "-", f"no topology here, so no domain: {line}"
-            return [*cells[:3], cells[4]]
+            cells = line.split(None, 6)
+            assert cells[5] == "-", f"no topology here, so no domain: {line}"
+            return [*cells[:5], cells[6]]
     raise AssertionError(f"no row for {node} in:\n{output}")
+
+
+def create_pod(core: client.CoreV1Api, namespace: str, name: str, node: str, address: str) -> None:
+    """A Running pod bound to Kubernetes node ``node`` with pod IP ``address`` (played: no kubelet)."""
+    container = client.V1Container(name="agent", image="trainer:latest")
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name), spec=client.V1PodSpec(node_name=node, containers=[container])
+    )
+    core.create_namespaced_pod(namespace, pod)
+    status = {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
+    core.patch_namespaced_pod_status(name, namespace, status)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
@@ -147,8 +160,12 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 # -- status ------------------------------------------------------------------------------------
 
 
-def test_status_shows_ranks_waiting_writer_and_lease_heartbeats(
-    control_plane: ControlPlane, objects: client.CustomObjectsApi, leases: client.CoordinationV1Api, namespace: str
+def test_status_shows_ranks_waiting_writer_pods_and_lease_heartbeats(
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    leases: client.CoordinationV1Api,
+    admin_api: client.ApiClient,
+    namespace: str,
 ) -> None:
     create_rendezvous(objects, namespace, "job", minNodes=2, maxNodes=4)
     # The document's heartbeats are old; the Leases are the truth: A 2 s ago, B 40 s ago (expired), C 1 s ago.
@@ -162,6 +179,7 @@ def test_status_shows_ranks_waiting_writer_and_lease_heartbeats(
     create_lease(leases, namespace, "job", "job-node-c", "node", ago(1), node=C)
     create_lease(leases, namespace, "job", "job-writer", "writer", ago(1), holder="operator/kube-rendezvous-0")
     create_lease(leases, namespace, "other", "other-node-a", "node", ago(1), node=NodeId("10.9.9.9", 1, 0))
+    create_pod(client.CoreV1Api(admin_api), namespace, "trainer-0", "gpu-1", A.addr)
 
     result = plugin(control_plane, "-n", namespace, "status", "job")
 
@@ -174,12 +192,13 @@ def test_status_shows_ranks_waiting_writer_and_lease_heartbeats(
     assert "operator/kube-rendezvous-0 (writer Lease renewed" in out
     assert "from node Leases" in out
     assert "round 2 formed in 12s with 3 nodes, round 3 formed in 4s with 2 nodes" in out  # status.recentRounds
-    assert table_row(out, A)[1:3] == ["participant", "0"]
+    assert table_row(out, A)[1:5] == ["participant", "0", "trainer-0", "gpu-1"]  # its pod, by pod IP
+    assert table_row(out, B)[3:5] == ["-", "-"]  # no pod has its address
     assert table_row(out, B)[1:3] == ["participant", "1"]
     assert table_row(out, C)[1:3] == ["waiting", "-"]
-    assert table_row(out, B)[3].endswith("(expired)")
-    assert not table_row(out, A)[3].endswith("(expired)")
-    assert table_row(out, A)[3].endswith("s ago") and int(table_row(out, A)[3].split("s")[0]) < 30
+    assert table_row(out, B)[-1].endswith("(expired)")
+    assert not table_row(out, A)[-1].endswith("(expired)")
+    assert table_row(out, A)[-1].endswith("s ago") and int(table_row(out, A)[-1].split("s")[0]) < 30
     assert "10.9.9.9" not in out  # another Rendezvous's Lease
 
 
@@ -299,8 +318,10 @@ def test_a_refused_read_names_the_permission(control_plane: ControlPlane, namesp
     nobody = control_plane.serviceaccount_kubeconfig(namespace, "nobody")
 
     result = plugin(control_plane, "-n", namespace, "status", "job", kubeconfig=nobody)
+    everywhere = plugin(control_plane, "list", "-A", kubeconfig=nobody)
 
     assert_one_line_error(result, "forbidden", "'get' on 'rendezvouses'", f"namespace '{namespace}'")
+    assert_one_line_error(everywhere, "in all namespaces", "ClusterRole", "-n NAMESPACE", "can-i list rendezvouses")
 
 
 def test_status_without_permission_on_leases_falls_back_to_the_document_and_says_why(
@@ -335,8 +356,10 @@ def test_status_without_permission_on_leases_falls_back_to_the_document_and_says
 
     assert result.returncode == 0, result.stderr
     assert "from the state document (no node Leases); forbidden: you may not list leases" in result.stdout
-    assert table_row(result.stdout, A)[3].endswith("s ago")
-    assert int(table_row(result.stdout, A)[3].split("s")[0]) >= 5  # the document's beat, not the Lease's (1 s)
+    pods = "Pods            not matched (POD and K8S NODE are -): forbidden: you may not list pods (the core API group)"
+    assert pods in result.stdout and f"(check with: kubectl auth can-i list pods -n {namespace})" in result.stdout
+    assert table_row(result.stdout, A)[-1].endswith("s ago")
+    assert int(table_row(result.stdout, A)[-1].split("s")[0]) >= 5  # the document's beat, not the Lease's (1 s)
 
 
 def test_kubectl_finds_the_plugin_on_path(
@@ -368,6 +391,59 @@ def test_an_unknown_context_is_one_line(control_plane: ControlPlane) -> None:
     assert_one_line_error(result, "no-such-context", "--context")
 
 
+# -- list and -o ------------------------------------------------------------------------------
+
+
+def test_list_prints_like_kubectl_get_in_one_or_all_namespaces_and_as_json_yaml_or_jsonpath(
+    control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    create_rendezvous(objects, namespace, "job", minNodes=2, maxNodes=4)
+    create_rendezvous(objects, namespace, "alpha")
+    write_state(objects, namespace, "job", complete_round(), minNodes=2, maxNodes=4)  # as the agents' --nnodes
+
+    listed = plugin(control_plane, "-n", namespace, "list")
+    everywhere = plugin(control_plane, "ls", "-A")
+    as_json = plugin(control_plane, "-n", namespace, "list", "-o", "json")
+    as_yaml = plugin(control_plane, "list", "-n", namespace, "-o", "yaml")
+    names = plugin(control_plane, "-n", namespace, "list", "-o", "jsonpath={.items[*].metadata.name}")
+    status_round = plugin(control_plane, "-n", namespace, "status", "job", "-o", "jsonpath={.round} {.nodes[0].role}")
+    status_yaml = plugin(control_plane, "-n", namespace, "status", "job", "-o", "yaml")
+    empty = plugin(control_plane, "-n", f"{namespace}-none", "list")
+
+    for result in (listed, everywhere, as_json, as_yaml, names, status_round, status_yaml, empty):
+        assert result.returncode == 0, result.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "PHASE",
+        "ROUND",
+        "MEMBERS",
+        "MIN",
+        "MAX",
+        "WAITING",
+        "SPARES",
+        "ROUND-AGE",
+        "AGE",
+    ]
+    assert [line.split()[:6] for line in lines[1:]] == [
+        ["alpha", "<none>", "<none>", "<none>", "<none>", "<none>"],  # no agent has written a state
+        ["job", "Complete", "3", "2", "2", "4"],
+    ]
+    assert everywhere.stdout.splitlines()[0].startswith("NAMESPACE ")
+    assert [line.split()[:2] for line in everywhere.stdout.splitlines() if line.startswith(namespace + " ")] == [
+        [namespace, "alpha"],
+        [namespace, "job"],
+    ]
+    listing = json.loads(as_json.stdout)
+    assert listing["kind"] == "List" and [item["metadata"]["name"] for item in listing["items"]] == ["alpha", "job"]
+    assert listing["items"][0]["kind"] == "Rendezvous"
+    assert [item["metadata"]["name"] for item in yaml.safe_load(as_yaml.stdout)["items"]] == ["alpha", "job"]
+    assert names.stdout == "alpha job\n"
+    assert status_round.stdout == "3 participant\n"
+    assert yaml.safe_load(status_yaml.stdout)["phase"] == "Complete"
+    assert empty.stdout == "" and empty.stderr == f"No resources found in {namespace}-none namespace.\n"
+
+
 # -- close -------------------------------------------------------------------------------------
 
 
@@ -377,13 +453,13 @@ def test_close_sets_spec_closed_once(
     create_rendezvous(objects, namespace, "job")
     write_state(objects, namespace, "job", complete_round())
 
-    first = plugin(control_plane, "-n", namespace, "close", "job")
+    first = plugin(control_plane, "-n", namespace, "close", "job", "--yes")
 
     assert first.returncode == 0, first.stderr
     assert f"Rendezvous {namespace}/job closed: spec.closed set to true (round 3, 2 participants)" in first.stdout
     assert get(objects, namespace, "job")["spec"]["closed"] is True
     version = get(objects, namespace, "job")["metadata"]["resourceVersion"]
-    again = plugin(control_plane, "-n", namespace, "close", "job")
+    again = plugin(control_plane, "-n", namespace, "close", "job", "-y")
     assert again.returncode == 0, again.stderr
     assert "already closed" in again.stdout
     assert get(objects, namespace, "job")["metadata"]["resourceVersion"] == version
@@ -391,8 +467,41 @@ def test_close_sets_spec_closed_once(
     assert "spec.closed is true; the agents have not applied it yet" in status.stdout
 
 
+class AnsweringTerminal(io.StringIO):
+    """stdin of a terminal on which the user types ``answer``."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_close_changes_nothing_in_a_dry_run_and_asks_first_or_refuses_without_a_terminal(
+    control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    create_rendezvous(objects, namespace, "job")
+    write_state(objects, namespace, "job", complete_round())
+    version = get(objects, namespace, "job")["metadata"]["resourceVersion"]
+    kubeconfig = ["--kubeconfig", str(control_plane.admin_kubeconfig), "-n", namespace]
+
+    client_dry = plugin(control_plane, "-n", namespace, "close", "--dry-run", "job")
+    server_dry = plugin(control_plane, "-n", namespace, "close", "job", "--dry-run=server")
+    refused = plugin(control_plane, "-n", namespace, "close", "job")
+    declined = kubectl_rdzv.run([*kubeconfig, "close", "job"], out=io.StringIO(), stdin=AnsweringTerminal("n\n"))
+
+    assert client_dry.returncode == 0 and server_dry.returncode == 0, client_dry.stderr + server_dry.stderr
+    assert f"Rendezvous {namespace}/job (round 3, 2 participants) would be closed" in client_dry.stdout
+    assert "the API server accepted the patch (server dry run); nothing changed" in server_dry.stdout
+    assert refused.returncode == 1
+    assert_one_line_error(refused, "refusing to close", "stdin is not a terminal", "--yes")
+    assert declined == 1
+    assert get(objects, namespace, "job")["metadata"]["resourceVersion"] == version  # nothing was written
+    out = io.StringIO()
+    assert kubectl_rdzv.run([*kubeconfig, "close", "job"], out=out, stdin=AnsweringTerminal("yes\n")) == 0
+    assert f"Rendezvous {namespace}/job closed" in out.getvalue()
+    assert get(objects, namespace, "job")["spec"]["closed"] is True
+
+
 def test_close_of_a_missing_rendezvous_is_one_line(control_plane: ControlPlane, namespace: str) -> None:
-    result = plugin(control_plane, "-n", namespace, "close", "nope")
+    result = plugin(control_plane, "-n", namespace, "close", "nope", "--yes")
 
     assert_one_line_error(result, f"Rendezvous {namespace}/nope not found")
 

@@ -8,24 +8,44 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import importlib.metadata
 import json
+import re
 import zlib
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import yaml
+from kube_rendezvous._cli import kubectl_rdzv
 from kube_rendezvous._rules.document import NodeId, RendezvousDocument, document_to_json, encode_document
 from kube_rendezvous._rules.kubectl_rdzv_rules import (
+    EXIT_ERROR,
+    EXIT_OK,
+    PRINTER_COLUMNS,
     PluginError,
+    as_list,
     build_report,
     change_label,
+    close_dry_run,
+    close_prompt,
+    close_refusal,
+    confirmed,
     decode_state,
     format_age,
+    human_duration,
+    list_rows,
+    no_resources,
     node_table,
     parse_microtime,
+    parse_output,
+    pod_of,
+    render_data,
     render_status,
     summary_line,
 )
+
+from tests.helpers import REPO
 
 NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=timezone.utc)
 A = NodeId("10.0.0.1", 100, 0)
@@ -328,6 +348,8 @@ def test_report_of_a_hostile_object_never_raises() -> None:
             "lease": "job-node-a",
             "domain": None,
             "heldReason": None,
+            "pod": None,
+            "kubernetesNode": None,
         }
     ]
     assert summary_line(report) == f"INVALID state: {report['stateError']}"
@@ -378,10 +400,10 @@ def test_render_status_of_a_complete_round_with_leases() -> None:
         "Ranks           not recorded in the status (no round formed since a release that records it)",
         "Conditions      Ready=True (Valid, 5m0s ago)",
         "",
-        "NODE             ROLE          RANK   DOMAIN   LAST HEARTBEAT",
-        "10.0.0.1_100_0   participant   0      -        3s ago",
-        "10.0.0.2_200_0   participant   1      -        20s ago (expired)",
-        "10.0.0.3_300_1   waiting       -      -        2s ago",
+        "NODE             ROLE          RANK   POD   K8S NODE   DOMAIN   LAST HEARTBEAT",
+        "10.0.0.1_100_0   participant   0      -     -          -        3s ago",
+        "10.0.0.2_200_0   participant   1      -     -          -        20s ago (expired)",
+        "10.0.0.3_300_1   waiting       -      -     -          -        2s ago",
     ]
 
 
@@ -405,10 +427,10 @@ def test_render_status_shows_each_members_domain_the_held_nodes_and_why() -> Non
     assert f"Held            {D}: NodeCordoned: Kubernetes node n4 is cordoned (spec.unschedulable)" in lines
     assert "Ranks           by topology domain (2 domains in this round), then address" in lines
     assert lines[-4:] == [
-        "10.0.0.1_100_0   participant   0      z1/b2    0s ago",
-        "10.0.0.2_200_0   participant   1      z2/-     0s ago",
-        "10.0.0.3_300_1   waiting       -      -        0s ago",
-        "10.0.0.4_400_0   held          -      -        0s ago",
+        "10.0.0.1_100_0   participant   0      -     -          z1/b2    0s ago",
+        "10.0.0.2_200_0   participant   1      -     -          z2/-     0s ago",
+        "10.0.0.3_300_1   waiting       -      -     -          -        0s ago",
+        "10.0.0.4_400_0   held          -      -     -          -        0s ago",
     ]
     by_address = rendezvous(document, {}, topology={"order": "Address", "reason": "the operator may not read Nodes"})
     assert "Ranks           by address: the operator may not read Nodes" in render_status(
@@ -441,8 +463,8 @@ def test_render_status_of_a_forming_round_says_what_it_waits_for() -> None:
     )
     assert lines[13] == "Conditions      none (no operator has reported yet)"
     assert lines[-2:] == [
-        "10.0.0.1_100_0   participant   0      -        -",
-        "10.0.0.2_200_0   participant   0      -        -",
+        "10.0.0.1_100_0   participant   0      -     -          -        -",
+        "10.0.0.2_200_0   participant   0      -     -          -        -",
     ]
 
 
@@ -505,3 +527,263 @@ def test_change_label_names_the_change_and_the_object() -> None:
         "writer Lease MODIFIED (holder -)"
     )
     assert change_label("Leases", other, {}, {"job-other": other}, 1) == "Lease job-other ADDED"
+
+
+# -- POD and K8S NODE --------------------------------------------------------------------------
+
+
+def pod(name: str, ip: str, node: str, phase: str = "Running", hostname: str | None = None) -> dict[str, Any]:
+    """A pod as the API server lists it (only what ``pod_of`` reads)."""
+    spec = {"nodeName": node, **({"hostname": hostname} if hostname else {})}
+    return {"metadata": {"name": name}, "spec": spec, "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]}}
+
+
+def test_each_node_is_matched_to_its_pod_and_kubernetes_node_as_the_operator_matches_them() -> None:
+    pods = [
+        pod("train-0", "10.0.0.1", "gpu-1"),
+        pod("train-0-old", "10.0.0.1", "gpu-9", phase="Succeeded"),  # a finished pod that had the IP: running first
+        pod("host-a", "10.0.0.2", "gpu-2"),  # hostNetwork: two pods share the Node's IP
+        pod("host-b", "10.0.0.2", "gpu-2"),
+        pod("train-3", "10.9.0.3", "gpu-3", hostname="trainer-3"),
+    ]
+
+    assert pod_of(str(A), pods) == ("train-0", "gpu-1")
+    assert pod_of(str(B), pods) == (None, "gpu-2")  # which pod is unknown, its Node is not
+    assert pod_of("trainer-3_7_0", pods) == ("train-3", "gpu-3")  # by hostname
+    assert pod_of("train-3_7_0", pods) == ("train-3", "gpu-3")  # by pod name
+    assert pod_of("job-svc.ns_7_0", pods) == (None, None)  # a Service name: the Leases do not record the pod
+    assert pod_of(str(C), []) == (None, None)
+
+
+def test_status_shows_each_nodes_pod_and_node_and_wide_adds_the_lease() -> None:
+    leases = [lease("job-node-a", "node", micro(ago(3)), node=str(A))]
+    obj = rendezvous(complete_round(), {"minNodes": 2, "maxNodes": 4})
+    pods = [pod("train-0", "10.0.0.1", "gpu-1"), pod("train-1", "10.0.0.2", "gpu-2")]
+
+    report = build_report("ns", "job", obj, leases, NOW, None, pods)
+    lines = render_status(report).splitlines()
+    wide = render_status(report, wide=True).splitlines()
+    refused = render_status(build_report("ns", "job", obj, leases, NOW, None, None, "forbidden: list pods"))
+
+    assert [item["pod"] for item in report["nodes"]] == ["train-0", "train-1", None]
+    assert [item["kubernetesNode"] for item in report["nodes"]] == ["gpu-1", "gpu-2", None]
+    assert report["podsListed"] is True and report["podsError"] is None
+    assert "Pods            matched by address (pod IP, name or hostname) among the pods of namespace ns" in lines
+    assert lines[-4:] == [
+        "NODE             ROLE          RANK   POD       K8S NODE   DOMAIN   LAST HEARTBEAT",
+        "10.0.0.1_100_0   participant   0      train-0   gpu-1      -        3s ago",
+        "10.0.0.2_200_0   participant   1      train-1   gpu-2      -        -",
+        "10.0.0.3_300_1   waiting       -      -         -          -        -",
+    ]
+    assert wide[-4].split() == ["NODE", "ROLE", "RANK", "POD", "K8S", "NODE", "DOMAIN", "LEASE", "LAST", "HEARTBEAT"]
+    assert wide[-3].split()[6:] == ["job-node-a", "3s", "ago", f"({micro(ago(3))})"]
+    assert "Pods            not matched (POD and K8S NODE are -): forbidden: list pods" in refused.splitlines()
+
+
+# -- list --------------------------------------------------------------------------------------
+
+
+def listed(namespace: str, name: str, created: datetime, **status: Any) -> dict[str, Any]:
+    """A Rendezvous as ``list`` gets it (metadata, the status summary the writers keep)."""
+    metadata = {"name": name, "namespace": namespace, "creationTimestamp": micro(created)}
+    return {"apiVersion": "kube-rendezvous.io/v1alpha1", "kind": "Rendezvous", "metadata": metadata, **status}
+
+
+def test_the_printer_columns_are_the_crds() -> None:
+    crd = yaml.safe_load((REPO / "crds" / "rendezvous.yaml").read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+
+    assert list(PRINTER_COLUMNS) == [
+        (item["name"], item["jsonPath"].replace("\\\\", "\\"), item["type"], item.get("priority", 0))
+        for item in columns
+    ]
+
+
+def test_list_prints_the_printer_columns_sorted_with_the_namespace_for_all_namespaces() -> None:
+    ready = {"conditions": [{"type": "Progressing", "status": "True"}, {"type": "Ready", "status": "False"}]}
+    summary = {"phase": "Complete", "round": 3, "participantCount": 2, "minNodes": 2, "maxNodes": 4}
+    objects = [
+        listed("team-b", "bert", ago(3 * 86400 + 4 * 3600), status={**summary, "roundStartTime": micro(ago(125))}),
+        listed("team-a", "llama", ago(30), status={**summary, **ready, "waitingCount": 1, "spareCount": 0}),
+        listed("team-a", "gpt", ago(601)),  # no status yet
+    ]
+
+    rows = list_rows(objects, NOW, all_namespaces=True)
+    wide = list_rows(objects, NOW, wide=True)
+
+    assert rows == [
+        "NAMESPACE   NAME    PHASE      ROUND    MEMBERS   MIN      MAX      WAITING   SPARES   ROUND-AGE   AGE",
+        "team-a      gpt     <none>     <none>   <none>    <none>   <none>   <none>    <none>   <none>      10m",
+        "team-a      llama   Complete   3        2         2        4        1         0        <none>      30s",
+        "team-b      bert    Complete   3        2         2        4        <none>    <none>   2m5s        3d4h",
+    ]
+    assert wide[0].split() == [
+        "NAME", "PHASE", "ROUND", "MEMBERS", "MIN", "MAX", "WAITING", "SPARES", "HELD", "ORDER", "ROUND-AGE",
+        "READY", "RUN", "AGE",
+    ]  # fmt: skip
+    assert wide[2].split()[11] == "False"  # Ready, by the filter of its JSONPath
+    assert list_rows([], NOW) == []
+    assert no_resources("team-a") == "No resources found in team-a namespace."
+    assert no_resources(None) == "No resources found"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (-5, "<invalid>"),
+        (-1, "0s"),
+        (0, "0s"),
+        (119, "119s"),
+        (120, "2m"),
+        (599, "9m59s"),
+        (600, "10m"),
+        (3 * 3600, "3h"),
+        (7 * 3600 + 300, "7h5m"),
+        (30 * 3600, "30h"),
+        (3 * 86400 + 4 * 3600, "3d4h"),
+        (200 * 86400, "200d"),
+        ((2 * 365 + 10) * 86400, "2y10d"),
+        (9 * 365 * 86400, "9y"),
+    ],
+)
+def test_ages_are_kubectls(seconds: int, text: str) -> None:
+    assert human_duration(seconds) == text
+
+
+# -- -o and jsonpath ---------------------------------------------------------------------------
+
+LIST = {
+    "kind": "List",
+    "items": [
+        {
+            "metadata": {"name": "a", "labels": {"kube-rendezvous.io/rendezvous": "x"}},
+            "status": {"round": 3, "conditions": [{"type": "Ready", "status": "True"}, {"type": "Closed"}]},
+        },
+        {"metadata": {"name": "b"}, "spec": {"closed": True, "minNodes": 1}},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("template", "printed"),
+    [
+        ("{.items[*].metadata.name}", "a b"),
+        ("{range .items[*]}{.metadata.name}{'\\t'}{.status.round}{\"\\n\"}{end}", "a\t3\nb\t\n"),
+        ("{range .items}{.metadata.name},{end}", "a,b,"),
+        ("{.items[0].status.conditions[?(@.type=='Ready')].status}", "True"),
+        ("{.items[?(@.spec.closed==true)].metadata.name}", "b"),
+        ("{.items[?(@.spec.closed)].metadata.name}", "b"),
+        ("{.items[?(@.status.round>=3)].metadata.name}", "a"),
+        ("{.items[?(@.status.round!=4)].metadata.name}", "a"),  # b has no round: not compared
+        ("{.items[?(@.spec.minNodes=='1')].metadata.name}", ""),  # a string is not a number
+        ("{.items[0].metadata.labels.kube-rendezvous\\.io/rendezvous}", "x"),
+        ("{.items[0].metadata.labels['kube-rendezvous.io/rendezvous']}", "x"),
+        ("{.items[-1].spec}", '{"closed":true,"minNodes":1}'),
+        ("{.items[0:1].metadata.name}", "a"),
+        ("{..name}", "a b"),
+        ("{$.kind}: {.items[*].status.conditions[*].type}", "List: Ready Closed"),
+        ("{.items[1].status.round}{.nothing.here}", ""),  # missing keys print nothing
+        ("{range .items[*]}{$.kind}{end}", "ListList"),
+        ("plain text", "plain text"),
+    ],
+)
+def test_jsonpath_prints_what_kubectl_prints(template: str, printed: str) -> None:
+    assert render_data(LIST, "jsonpath", template) == printed
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("{.items[0}", "'[' at 6 is not closed"),
+        ("{.items", "unclosed action"),
+        ("{range .items[*]}{.a}", "{range ...} without {end}"),
+        ("{end}", "{end} without {range ...}"),
+        ("{.items[x]}", "[x] is not [N]"),
+        ("{.items[?(@.a=~'b')]}", "is not [?(@.path)] or [?(@.path OP literal)]"),
+        ("{.items[?(@.a==b)]}", "'b' is not a quoted string, number"),
+        ("{items}", "a path starts with"),
+        ("{.a.}", "a name is missing after '.'"),
+    ],
+)
+def test_a_bad_jsonpath_is_one_line_naming_what_is_wrong(template: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)) as failure:
+        parse_output(f"jsonpath={template}")
+    assert str(failure.value).startswith(f"error parsing jsonpath {template!r}: ")
+
+
+def test_output_formats() -> None:
+    report = {"phase": "Complete", "round": 3, "nodes": [{"node": "a", "rank": 0}]}
+
+    assert parse_output("yaml") == ("yaml", None)
+    assert parse_output("jsonpath={.round}") == ("jsonpath", "{.round}")
+    with pytest.raises(ValueError, match="use one of text, wide, json, yaml, jsonpath=TEMPLATE"):
+        parse_output("xml")
+    assert yaml.safe_load(render_data(report, "yaml")) == report
+    assert render_data(report, "yaml").splitlines()[0] == "phase: Complete"  # in the report's order
+    assert json.loads(render_data(report, "json")) == report
+    assert render_data(report, "jsonpath", "{.nodes[0].node}") == "a"
+    assert as_list([report])["items"] == [report] and as_list([])["kind"] == "List"
+
+
+# -- close, exit codes, version, krew ----------------------------------------------------------
+
+
+def test_close_says_what_it_would_do_asks_and_refuses_without_a_terminal() -> None:
+    obj = rendezvous(None, {}, round=3, participantCount=2)
+
+    assert close_prompt("ns", "job", obj) == (
+        "Close Rendezvous ns/job (round 3, 2 participants)? The agents end the job; this cannot be undone. [y/N]: "
+    )
+    assert close_dry_run("ns", "job", rendezvous(None, {}), "client") == (
+        "Rendezvous ns/job (no round yet, 0 participants) would be closed: a merge patch would set spec.closed to "
+        "true (dry run); nothing changed. Without --dry-run this cannot be undone."
+    )
+    assert "the API server accepted the patch (server dry run); nothing changed" in close_dry_run(
+        "ns", "j", obj, "server"
+    )
+    refusal = close_refusal("ns", "job")
+    assert "stdin is not a terminal" in refusal and "pass --yes (-y)" in refusal and "--dry-run" in refusal
+    assert [confirmed(answer) for answer in ("y\n", " YES ", "", "n", "yess")] == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bogus"],
+        ["status"],  # no NAME
+        ["list", "-o", "xml"],
+        ["list", "-o", "jsonpath={.a"],
+        ["close", "job", "--dry-run=maybe"],
+        ["watch", "job", "--max-events", "0"],
+        ["evict", "job"],
+    ],
+)
+def test_a_usage_error_exits_1_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        kubectl_rdzv.run(argv)
+
+    assert exit_.value.code == EXIT_ERROR == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1 and "--help)" in error
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        kubectl_rdzv.run(["--version"])
+
+    assert exit_.value.code == EXIT_OK
+    assert capsys.readouterr().out == f"kubectl-rdzv {importlib.metadata.version('kube-rendezvous')}\n"
+
+
+def test_the_krew_manifest_names_the_package_version() -> None:
+    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)[1]  # type: ignore[index]
+    manifest = yaml.safe_load((REPO / "plugins" / "rdzv.yaml").read_text())
+
+    assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2"
+    assert manifest["kind"] == "Plugin" and manifest["metadata"]["name"] == "rdzv"
+    assert manifest["spec"]["version"] == f"v{version}"
+    assert manifest["spec"]["shortDescription"] and manifest["spec"]["homepage"].startswith("https://")
+    (platform,) = manifest["spec"]["platforms"]
+    assert platform["uri"].endswith(f"/v{version}/kubectl-rdzv-{version}.tar.gz")  # dist/kubectl-rdzv-<version>.tar.gz
+    assert re.fullmatch(r"[0-9a-f]{64}", platform["sha256"])
+    assert platform["bin"] == "kubectl-rdzv" and {"from": "kubectl-rdzv", "to": "."} in platform["files"]

@@ -7,6 +7,7 @@ when a live agent next writes the state; the report's limits (clock skew in hear
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -18,7 +19,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
+from urllib.parse import quote
 
 from .._kube import kubeapi
 from .._kube.kubeapi import (
@@ -36,10 +38,22 @@ from .._rules.document import node_names
 from .._rules.election_rules import LEASE_PLURAL
 from .._rules.folder_rules import role_of
 from .._rules.kubectl_rdzv_rules import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     PluginError,
+    as_list,
     build_report,
     change_label,
+    close_dry_run,
+    close_prompt,
+    close_refusal,
+    confirmed,
     decode_state,
+    list_rows,
+    no_resources,
+    parse_output,
+    render_data,
     render_status,
     summary_line,
 )
@@ -51,6 +65,12 @@ from .._rules.summary import format_time
 REQUEST_TIMEOUT = RETRY_TIMEOUT = 15.0
 #: Nodes an error message names before "and N more".
 NODES_NAMED = 20
+#: The distribution whose version ``--version`` prints.
+DISTRIBUTION = "kube-rendezvous"
+#: Pods (the core API group): read to name each node's pod and Kubernetes Node.
+POD_PLURAL = "pods"
+#: A bare ``--dry-run`` means this, as in kubectl (so ``close --dry-run NAME`` does not take NAME as its value).
+DRY_RUN_CLIENT = "--dry-run=client"
 
 
 def connect(kubeconfig: str | None, context: str | None) -> tuple[KubernetesApi, str]:
@@ -83,11 +103,13 @@ def _failure(exc: KubernetesApiError | None, verb: str, resource: str, namespace
         )
     if exc is not None and not (isinstance(exc, kubeapi.ForbiddenError) and exc.status == 403):
         return PluginError(kubeapi.describe_api_error(exc, verb, resource, namespace))
-    group = "coordination.k8s.io" if resource == LEASE_PLURAL else kubeapi.GROUP
     plural, _, subresource = resource.partition("/")
-    check = f"kubectl auth can-i {verb} {plural}.{group}" + (f" --subresource={subresource}" if subresource else "")
+    group = {LEASE_PLURAL: "coordination.k8s.io", POD_PLURAL: ""}.get(plural, kubeapi.GROUP)
+    check = f"kubectl auth can-i {verb} {plural}{'.' if group else ''}{group}"
+    check += f" --subresource={subresource}" if subresource else ""
+    api_group = f"API group {group!r}" if group else "the core API group"
     return PluginError(
-        f"forbidden: you may not {verb} {resource} (API group {group!r}) in namespace {namespace!r}; "
+        f"forbidden: you may not {verb} {resource} ({api_group}) in namespace {namespace!r}; "
         f"ask for a Role that grants {verb!r} on {resource!r} there, or use another --context "
         f"(check with: {check} -n {namespace})"
     )
@@ -128,23 +150,80 @@ def get_rendezvous(api: KubernetesApi, namespace: str, name: str) -> dict[str, A
     return obj
 
 
-def command_status(api: KubernetesApi, namespace: str, name: str, output: str, out: TextIO) -> None:
-    """Print the status of a Rendezvous as text or JSON; Leases that cannot be listed are reported, not fatal.
-    Not guaranteed: the object and its Leases are read in two requests, a moment apart."""
-    obj, leases_error = get_rendezvous(api, namespace, name), None
+def command_status(api: KubernetesApi, namespace: str, name: str, output: tuple[str, str | None], out: TextIO) -> None:
+    """Print the status of a Rendezvous (``output``: a format and jsonpath template, as ``parse_output`` gives);
+    Leases or pods that cannot be listed are reported, not fatal. Not guaranteed: the object, its Leases and the
+    pods are read in three requests, a moment apart."""
+    obj, leases_error, pods_error = get_rendezvous(api, namespace, name), None, None
     try:
         query = {"labelSelector": f"{kubeapi.RENDEZVOUS_LABEL}={name}"}
         leases = _request(api, "GET", resource_path(LEASE_PLURAL, namespace), query=query).get("items") or []
     except KubernetesApiError as exc:
         leases, leases_error = [], str(_failure(exc, "list", LEASE_PLURAL, namespace))
-    report = build_report(namespace, name, obj, leases, datetime.now(timezone.utc), leases_error)
+    pods: list[dict[str, Any]] | None
+    try:
+        pods_path, cached = f"/api/v1/namespaces/{quote(namespace, safe='')}/{POD_PLURAL}", {"resourceVersion": "0"}
+        pods = _request(api, "GET", pods_path, query=cached).get("items") or []
+    except KubernetesApiError as exc:
+        pods, pods_error = None, str(_failure(exc, "list", POD_PLURAL, namespace))
+    now = datetime.now(timezone.utc)
+    report = build_report(namespace, name, obj, leases, now, leases_error, pods, pods_error)
     if report["stateError"]:
         raise PluginError(report["stateError"])
-    out.write((json.dumps(report, indent=2) if output == "json" else render_status(report)) + "\n")
+    form, template = output
+    text = render_status(report, form == "wide") if form in ("text", "wide") else render_data(report, form, template)
+    out.write(text + "\n")
 
 
-def command_close(api: KubernetesApi, namespace: str, name: str, out: TextIO) -> None:
-    """Set ``spec.closed: true`` (a merge patch: idempotent, retried while the server is unreachable).
+def command_list(
+    api: KubernetesApi, namespace: str | None, output: tuple[str, str | None], out: TextIO, err: TextIO
+) -> None:
+    """Print the Rendezvous of ``namespace`` (None: of all namespaces) as ``kubectl get rdzv`` does, or as a
+    ``List`` (``-o json|yaml|jsonpath``); none: "No resources found" on ``err``, as kubectl."""
+    where = "all namespaces" if namespace is None else namespace
+    path = f"/apis/{kubeapi.API_VERSION}/{RENDEZVOUS_PLURAL}" if namespace is None else None
+    try:
+        answer = _request(api, "GET", path or resource_path(RENDEZVOUS_PLURAL, str(namespace)))
+    except NotFoundError as exc:
+        raise PluginError(
+            f"the Rendezvous CRD (rendezvouses.{kubeapi.GROUP}) is not installed in this cluster; install it: "
+            "kubectl apply -f crds/ (or helm install kube-rendezvous charts/kube-rendezvous)"
+        ) from exc
+    except kubeapi.ForbiddenError as exc:
+        if namespace is not None or exc.status != 403:
+            raise _failure(exc, "list", RENDEZVOUS_PLURAL, where) from exc
+        raise PluginError(
+            f"forbidden: you may not list rendezvouses (API group {kubeapi.GROUP!r}) in all namespaces; ask for a "
+            "ClusterRole that grants 'list' on 'rendezvouses', or list one namespace with -n NAMESPACE "
+            f"(check with: kubectl auth can-i list rendezvouses.{kubeapi.GROUP} -A)"
+        ) from exc
+    except KubernetesApiError as exc:
+        raise _failure(exc, "list", RENDEZVOUS_PLURAL, where) from exc
+    items = [{"apiVersion": kubeapi.API_VERSION, "kind": "Rendezvous", **item} for item in answer.get("items") or []]
+    form, template = output
+    if form not in ("text", "wide"):
+        out.write(render_data(as_list(items), form, template) + "\n")
+    elif not items:
+        print(no_resources(namespace), file=err)
+    else:
+        rows = list_rows(items, datetime.now(timezone.utc), namespace is None, form == "wide")
+        out.write("\n".join(rows) + "\n")
+
+
+def command_close(
+    api: KubernetesApi,
+    namespace: str,
+    name: str,
+    out: TextIO,
+    *,
+    dry_run: str | None = None,
+    yes: bool = False,
+    stdin: TextIO | None = None,
+    err: TextIO | None = None,
+) -> None:
+    """Set ``spec.closed: true`` (a merge patch: idempotent, retried while the server is unreachable), after asking
+    on a terminal unless ``yes``; without a terminal and without ``yes``, refuse. ``dry_run`` ``client``: say what
+    it would do; ``server``: the same patch with ``dryRun=All`` (the server validates it and stores nothing).
     Not guaranteed: the agents end the job when they next read it, not when this returns."""
     obj = get_rendezvous(api, namespace, name)
     status, where = obj.get("status") or {}, f"Rendezvous {namespace}/{name}"
@@ -152,10 +231,24 @@ def command_close(api: KubernetesApi, namespace: str, name: str, out: TextIO) ->
         out.write(f"{where} is already closed (spec.closed is true); nothing changed\n")
         return
     path, body = resource_path(RENDEZVOUS_PLURAL, namespace, name), {"spec": {"closed": True}}
-    with _explained(api, namespace, name, "patch", RENDEZVOUS_PLURAL):
-        written = _request(api, "PATCH", path, body=body, content_type=kubeapi.MERGE_PATCH)
-    if not (written.get("spec") or {}).get("closed"):
-        raise PluginError(f"the API server accepted the patch but spec.closed of {where} is not true")
+    if dry_run is None and not yes:
+        reader = stdin or sys.stdin
+        if not reader.isatty():
+            raise PluginError(close_refusal(namespace, name))
+        prompts = err or sys.stderr
+        prompts.write(close_prompt(namespace, name, obj))
+        prompts.flush()
+        if not confirmed(reader.readline()):
+            raise PluginError(f"{where} was not closed: the answer was not yes; nothing changed")
+    query = {"dryRun": "All"} if dry_run == "server" else None
+    if dry_run != "client":
+        with _explained(api, namespace, name, "patch", RENDEZVOUS_PLURAL):
+            written = _request(api, "PATCH", path, body=body, content_type=kubeapi.MERGE_PATCH, query=query)
+        if not (written.get("spec") or {}).get("closed"):
+            raise PluginError(f"the API server accepted the patch but spec.closed of {where} is not true")
+    if dry_run is not None:
+        out.write(close_dry_run(namespace, name, obj, dry_run) + "\n")
+        return
     round_text = f"round {status['round']}" if status.get("round") is not None else "no round yet"
     out.write(
         f"{where} closed: spec.closed set to true ({round_text}, {status.get('participantCount') or 0} "
@@ -266,51 +359,93 @@ def _positive_float(text: str) -> float:
     return float(text)
 
 
+def _output(text: str) -> tuple[str, str | None]:
+    try:
+        return parse_output(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def package_version() -> str:
+    """The installed version of the package (``--version``)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (the kube-rendezvous package is not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors exit ``EXIT_ERROR`` (argparse's default is 2) with one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kubectl rdzv`` argument parser."""
+    """The ``kubectl rdzv`` argument parser; its usage errors exit ``EXIT_ERROR``."""
     description = "Look at and steer kube-rendezvous Rendezvous objects."
-    parser = argparse.ArgumentParser(prog="kubectl rdzv", description=description)
+    parser: argparse.ArgumentParser = _Parser(prog="kubectl rdzv", description=description)
+    parser.add_argument("--version", action="version", version=f"kubectl-rdzv {package_version()}")
     # Given before the command or after it (as kubectl allows); SUPPRESS keeps a value given before it.
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     for group in (parser, common):
         group.add_argument("-n", "--namespace", help="namespace of the Rendezvous (default: the context's)")
         group.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
         group.add_argument("--context", help="kubeconfig context (default: the current one)")
-    common.add_argument("rendezvous_name", metavar="NAME")
+    named = argparse.ArgumentParser(add_help=False, parents=[common])
+    named.add_argument("rendezvous_name", metavar="NAME")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add = partial(commands.add_parser, parents=[common])
-    status = add("status", help="round, members with ranks, heartbeat ages, what the round waits for")
-    add("close", help="set spec.closed: the agents end the job")
+    add = partial(commands.add_parser, parents=[named])
+    listing = commands.add_parser("list", aliases=["ls"], parents=[common], help="the Rendezvous, as kubectl get")
+    listing.add_argument("-A", "--all-namespaces", action="store_true", help="of every namespace")
+    status = add("status", help="round, members with ranks, pods, heartbeat ages, what the round waits for")
+    close = add("close", help="set spec.closed: the agents end the job (asks first; cannot be undone)")
+    close.add_argument(
+        "--dry-run",
+        choices=["client", "server"],
+        metavar="[=server]",
+        help="say what it would do and change nothing (=server: the API server checks the patch and stores nothing)",
+    )
+    close.add_argument("-y", "--yes", action="store_true", help="do not ask (needed without a terminal)")
     evict = add("evict", help="add NODE to status.evictedNodes")
     evict.add_argument("node", metavar="NODE", help="addr_pid_localid, as status shows it")
     watch = add("watch", help="a line per change of the object or its Leases")
-    for command in (status, watch):
-        command.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    formats = "text|wide|json|yaml|jsonpath=TEMPLATE"
+    for command in (status, listing):
+        command.add_argument("-o", "--output", type=_output, default=("text", None), metavar=formats)
+    watch.add_argument("-o", "--output", choices=["text", "json"], default="text")
     watch.add_argument("--max-events", type=_positive_int, help="stop after this many changes")
     watch.add_argument("--timeout", type=_positive_float, help="stop after this many seconds")
     return parser
 
 
-def run(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run ``kubectl rdzv`` with ``argv``; return the exit code. Errors are one line on stderr."""
-    stream, arguments = out or sys.stdout, build_parser().parse_args(argv)
+def run(argv: Sequence[str] | None = None, out: TextIO | None = None, stdin: TextIO | None = None) -> int:
+    """Run ``kubectl rdzv`` with ``argv``; return the exit code (``EXIT_OK``, ``EXIT_ERROR``, ``EXIT_INTERRUPTED``).
+    Errors are one line on stderr; ``stdin``: where ``close`` reads its confirmation."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    given = [DRY_RUN_CLIENT if item == "--dry-run" else item for item in given]  # kubectl's bare --dry-run
+    stream, arguments = out or sys.stdout, build_parser().parse_args(given)
     try:
         api, default_namespace = connect(arguments.kubeconfig, arguments.context)
-        namespace, name = arguments.namespace or default_namespace, arguments.rendezvous_name
+        namespace = arguments.namespace or default_namespace
+        if arguments.command in ("list", "ls"):
+            command_list(api, None if arguments.all_namespaces else namespace, arguments.output, stream, sys.stderr)
+            return EXIT_OK
+        name = arguments.rendezvous_name
         if arguments.command == "status":
             command_status(api, namespace, name, arguments.output, stream)
         elif arguments.command == "close":
-            command_close(api, namespace, name, stream)
+            command_close(api, namespace, name, stream, dry_run=arguments.dry_run, yes=arguments.yes, stdin=stdin)
         elif arguments.command == "evict":
             command_evict(api, namespace, name, arguments.node, stream)
         else:
             command_watch(api, namespace, name, arguments.output, arguments.max_events, arguments.timeout, stream)
     except (PluginError, KubernetesApiError) as exc:  # the second: API failures no command explained
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
-    return 0
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 def main() -> None:
