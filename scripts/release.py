@@ -28,13 +28,13 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import IO
 
@@ -51,8 +51,14 @@ def step(message: str) -> None:
 
 
 def project_version() -> str:
-    """The release's version: pyproject.toml's ``[project].version``, its one definition."""
-    version: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    """The release's version: pyproject.toml's ``[project].version``, its one definition.
+
+    Read as the file's one ``version = "..."`` line (``tomllib`` is Python 3.11+; the project supports 3.10).
+    """
+    found = re.findall(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    if len(found) != 1:
+        raise SystemExit(f"pyproject.toml: expected one version line, found {found}")
+    version: str = found[0]
     return version
 
 
@@ -146,7 +152,7 @@ def retag_docker_archive(source: Path, target: Path, tag: str) -> None:
 def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
     stream = archive.extractfile(name)
     if stream is None:
-        raise SystemExit(f"{archive.name}: {name} is not a file")
+        raise SystemExit(f"the image archive's {name} is not a file")
     return stream
 
 

@@ -28,7 +28,6 @@ import re
 import sys
 import sysconfig
 import tarfile
-import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts.release import check_versions, retag_docker_archive
+from scripts.release import check_versions, project_version, retag_docker_archive
 from tests.helpers import REPO
 from tests.test_chart import CHART, INSTANCE, Helm, install, kubectl_json, uninstall
 from tests.testenv import ControlPlane, ensure_binaries
 from tests.testenv.commands import run_command
 
-VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+VERSION = project_version()
 
 
 def chart_yaml() -> dict[str, object]:
@@ -69,9 +68,9 @@ class TestOneVersion:
         assert releases == sorted(set(releases), key=lambda v: tuple(map(int, v.split("."))), reverse=True)
 
     def test_the_license_is_apache_2_as_pyproject_declares_and_ships_in_the_package(self) -> None:
-        project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-        assert project["license"] == "Apache-2.0"
-        assert project["license-files"] == ["LICENSE"]
+        lines = (REPO / "pyproject.toml").read_text().splitlines()
+        assert 'license = "Apache-2.0"' in lines
+        assert 'license-files = ["LICENSE"]' in lines
         text = (REPO / "LICENSE").read_text()
         assert "Apache License" in text and "Version 2.0, January 2004" in text
 
@@ -179,7 +178,7 @@ def clean_env() -> dict[str, str]:
 
 def test_the_wheel_installs_into_a_fresh_venv_and_its_commands_run(fresh_venv: Path, tmp_path: Path) -> None:
     help_text = run_command([fresh_venv / "bin" / "kubectl-rdzv", "--help"], env=clean_env(), cwd=tmp_path).stdout
-    assert "usage: kubectl-rdzv" in help_text or "usage: kubectl rdzv" in help_text
+    assert help_text.startswith("usage: kubectl rdzv")
     probe = (
         "import json, importlib.metadata as m, importlib.util as u, kube_rendezvous;"
         "print(json.dumps({'file': kube_rendezvous.__file__, 'version': m.version('kube-rendezvous'),"
@@ -207,8 +206,8 @@ def test_the_packaged_chart_installs_the_operator_with_the_built_image_tag(
     (tag,) = image["RepoTags"]
     release = install(built.helm, control_plane, f"rdzv-{uuid.uuid4().hex[:8]}", namespace)
     try:
-        deployments = kubectl_json(control_plane, "get", "deployments", "-n", namespace, "-l", f"{INSTANCE}={release.name}")
-        (deployment,) = deployments["items"]
+        selector = f"{INSTANCE}={release.name}"
+        (deployment,) = kubectl_json(control_plane, "get", "deployments", "-n", namespace, "-l", selector)["items"]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == tag == f"ghcr.io/kube-rendezvous/operator:{VERSION}"
     finally:
