@@ -171,7 +171,7 @@ def build_image(dist: Path, tag: str, version: str) -> Path:
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
+        while block := stream.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
 
