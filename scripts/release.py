@@ -40,6 +40,9 @@ from typing import IO
 
 import yaml
 
+from tests.testenv import ensure_binaries
+from tests.testenv.operator_image import build_operator_image
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "kube-rendezvous"
 #: Tracked paths the sdist (and so the wheel) is made of: the project metadata and the two package trees.
@@ -158,9 +161,6 @@ def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
 
 def build_image(dist: Path, tag: str, version: str) -> Path:
     """The operator image from the Dockerfile (tests/testenv's buildah build, cached), tagged ``tag``."""
-    sys.path.insert(0, str(REPO))
-    from tests.testenv.operator_image import build_operator_image
-
     built = build_operator_image()
     target = dist / f"kube-rendezvous-operator-{version}.tar"
     step(f"tagging the image {tag} ({built.stat().st_size >> 20} MiB)")
@@ -216,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     python = build_python(dist)
     helm = args.helm
     if not helm:
-        step("no helm on PATH or in $HELM: fetching the test environment's (tests/testenv/binaries.py)")
-        sys.path.insert(0, str(REPO))
-        from tests.testenv import ensure_binaries
-
+        step("no helm on PATH or in $HELM: the test environment's (tests/testenv/binaries.py; cold: builds them all)")
         helm = str(ensure_binaries().helm)
     step(f"helm lint and helm package ({helm})")
     chart = package_chart(dist, helm, version)
