@@ -1,5 +1,6 @@
-# The kube-rendezvous operator image (charts/kube-rendezvous runs it).
-#   docker build -t ghcr.io/kube-rendezvous/operator:0.1.0 .
+# The kube-rendezvous operator image (charts/kube-rendezvous runs it), tagged with pyproject.toml's version:
+#   docker build -t ghcr.io/kube-rendezvous/operator:$VERSION .
+# (scripts/release.sh builds it into dist/ without Docker, the way described below; README "Install").
 # BASE_IMAGE lets a locally built base stand in for the official one (any image with python, pip,
 # groupadd and useradd on PATH, where pip may install system-wide), e.g. without a registry:
 #   buildah bud --isolation chroot --build-arg BASE_IMAGE=localhost/my/python-base:tag -t my/operator .

@@ -176,7 +176,7 @@ class TestTheChartRenders:
             assert labels["app.kubernetes.io/name"] == "kube-rendezvous"
             assert labels["app.kubernetes.io/managed-by"] == "Helm"
             assert labels["app.kubernetes.io/version"] == app_version()
-            assert labels["helm.sh/chart"] == "kube-rendezvous-0.1.0"
+            assert labels["helm.sh/chart"] == f"kube-rendezvous-{app_version()}"  # version = appVersion: test_release
 
     def test_every_namespaced_object_names_its_namespace(self, helm: Helm) -> None:
         cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
