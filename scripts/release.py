@@ -35,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipapp
 from pathlib import Path
 from typing import IO
 
@@ -168,6 +169,34 @@ def build_image(dist: Path, tag: str, version: str) -> Path:
     return target
 
 
+#: The krew manifest of ``kubectl rdzv``; the release writes a copy with the archive's sha256 into ``dist/``.
+KREW_MANIFEST = REPO / "plugins" / "rdzv.yaml"
+
+
+def build_plugin(dist: Path, version: str) -> tuple[Path, Path]:
+    """``kubectl-rdzv-<version>.tar.gz`` (krew's archive: the ``kubectl-rdzv`` zipapp of the library, which needs
+    python3 and the ``kubernetes`` client, and LICENSE) and ``rdzv.yaml``, the krew manifest with its sha256."""
+    with tempfile.TemporaryDirectory() as scratch:
+        staged = Path(scratch) / "app"
+        for path in tracked_files(("backend/kube_rendezvous",)):
+            target = staged / path.relative_to("backend")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / path, target)
+        (staged / "__main__.py").write_text(
+            "from kube_rendezvous._cli.kubectl_rdzv import main\n\nraise SystemExit(main())\n"
+        )
+        launcher = Path(scratch) / "kubectl-rdzv"
+        zipapp.create_archive(staged, launcher, interpreter="/usr/bin/env python3")
+        archive = dist / f"kubectl-rdzv-{version}.tar.gz"
+        with tarfile.open(archive, "w:gz") as packed:
+            packed.add(launcher, "kubectl-rdzv")
+            packed.add(REPO / "LICENSE", "LICENSE")
+    manifest = dist / KREW_MANIFEST.name
+    text = KREW_MANIFEST.read_text()
+    manifest.write_text(re.sub(r'sha256: "0+"', f'sha256: "{sha256(archive)}"', text))
+    return archive, manifest
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
@@ -220,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         helm = str(ensure_binaries().helm)
     step(f"helm lint and helm package ({helm})")
     chart = package_chart(dist, helm, version)
+    step("the kubectl-rdzv krew archive and manifest")
+    plugin, manifest = build_plugin(dist, version)
     image = None
     if not args.no_image:
         step(f"the operator image {tag} from the Dockerfile (buildah; cold: a few minutes, with progress)")
         image = build_image(dist, tag, version)
-    artifacts = [*python, chart, *([image] if image else [])]
+    artifacts = [*python, chart, plugin, manifest, *([image] if image else [])]
     sums = "".join(f"{sha256(path)}  {path.name}\n" for path in artifacts)
     (dist / "SHA256SUMS").write_text(sums)
     step(f"kube-rendezvous {version} built in {time.monotonic() - started:.0f} s into {dist}:")

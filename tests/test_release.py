@@ -21,6 +21,7 @@ Cluster (``bash scripts/release.sh`` once per session, into a temporary folder):
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -151,11 +152,28 @@ def test_release_builds_every_artifact_of_one_version_with_their_checksums(built
             f"kube_rendezvous-{VERSION}-py3-none-any.whl",
             f"kube-rendezvous-{VERSION}.tgz",
             f"kube-rendezvous-operator-{VERSION}.tar",
+            f"kubectl-rdzv-{VERSION}.tar.gz",
+            "rdzv.yaml",
             "SHA256SUMS",
         ]
     )
     sums = (built.dist / "SHA256SUMS").read_text().splitlines()
     assert sorted(line.split("  ")[1] for line in sums) == sorted(set(names) - {"SHA256SUMS"})
+
+
+def test_the_krew_archive_runs_the_plugin_and_its_manifest_names_its_checksum(built: Built, tmp_path: Path) -> None:
+    """plugins/rdzv.yaml's archive: ``kubectl-rdzv`` (a zipapp of the library) and LICENSE at its root; the manifest
+    in dist/ carries the archive's sha256, which krew checks."""
+    archive = built.one(f"kubectl-rdzv-{VERSION}.tar.gz")
+    with tarfile.open(archive) as packed:
+        assert sorted(packed.getnames()) == ["LICENSE", "kubectl-rdzv"]
+        packed.extractall(tmp_path, filter="data")
+    shown = run_command([sys.executable, tmp_path / "kubectl-rdzv", "--version"], env=clean_env(), cwd=tmp_path)
+    assert shown.stdout.strip() == f"kubectl-rdzv {VERSION}"
+    manifest = yaml.safe_load(built.one("rdzv.yaml").read_text())
+    (platform,) = manifest["spec"]["platforms"]
+    assert platform["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert platform["uri"].endswith(f"/v{VERSION}/kubectl-rdzv-{VERSION}.tar.gz")
 
 
 @pytest.fixture
