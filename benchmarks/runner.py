@@ -1,0 +1,286 @@
+"""The one benchmark runner: a benchmark is its cases and its measurement; this does the rest.
+
+``main(Benchmark(...))`` gives every benchmark the same command line (``--repeats``, ``--cases``, ``--quick``,
+``--report``, ``--out``, ``--docs``, ``--add``), the repeat loop with a progress line per repeat, every repeat
+kept in the JSON (saved after each, so a run stopped midway keeps what it measured), the same-run baseline as a
+ratio (``ratio``), the docs section (``splice`` between the benchmark's markers) and the PNG (``figure``: the one
+matplotlib setup). The project's rules for a benchmark: compare against the baseline measured in the same run, as
+a ratio; report every repeat, not only the median; save the JSON and a PNG; long steps show progress.
+
+The library's counters are read here only, each in one small function marked ``TODO(public stats)``: the agent
+side's public stats object replaces them in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from benchmarks.report import new_report, save_report, splice
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DOCS = REPO / "docs"
+Context = TypeVar("Context")
+Run = dict[str, Any]
+Report = dict[str, Any]
+
+
+def log(message: str) -> None:
+    """One progress line, with the time of day (long steps show progress)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The begin and end markers of benchmark ``name``'s section of a page."""
+    slug = name.replace("_", "-")
+    return f"<!-- {slug}:begin (python -m benchmarks.{name}) -->", f"<!-- {slug}:end -->"
+
+
+# --- what a table shows: every repeat, and the ratio to the same run's baseline ---------------------------------
+
+
+def values(runs: Iterable[Run], key: str, **match: Any) -> list[Any]:
+    """``run.get(key)`` of every run whose fields equal ``match``, in order (None where it has none)."""
+    return [run.get(key) for run in runs if all(run.get(name) == value for name, value in match.items())]
+
+
+def found(runs: Iterable[Run], key: str, **match: Any) -> list[float]:
+    """The values of ``key`` that were measured (see ``values``)."""
+    return [value for value in values(runs, key, **match) if value is not None]
+
+
+def shown(items: Iterable[float | None], digits: int = 1, none: str = "none") -> str:
+    """Every repeat's value, in order: ``none`` where a repeat did not get there."""
+    return ", ".join(none if value is None else f"{value:.{digits}f}" for value in items)
+
+
+def median(items: Sequence[float]) -> float | None:
+    return statistics.median(items) if items else None
+
+
+def ratio(mine: Sequence[float], base: Sequence[float]) -> float | None:
+    """The median of ``mine`` over the median of the same run's baseline ``base`` (None if either is empty)."""
+    return statistics.median(mine) / statistics.median(base) if mine and base else None
+
+
+def figure(width: float, height: float, columns: int = 1) -> tuple[Any, Any]:
+    """A new figure of ``columns`` axes in one row (the one matplotlib setup): (figure, axes, a list when
+    ``columns`` > 1 else one axis). The runner saves it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
+    return made, (list(axes[0]) if columns > 1 else axes[0][0])
+
+
+def save_figure(made: Any, path: Path) -> None:
+    made.tight_layout()
+    made.savefig(path, dpi=110)
+
+
+def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: float | None = None, **style: Any) -> None:
+    """One row of points per label, every repeat (``None`` drawn at ``none_at``, or left out)."""
+    for index, xs in enumerate(rows.values()):
+        shown_xs = [none_at if x is None else x for x in xs if x is not None or none_at is not None]
+        axis.scatter(shown_xs, [index] * len(shown_xs), **style)
+    axis.set_yticks(range(len(rows)), list(rows), fontsize=7)
+
+
+def unique_legend(axis: Any, **options: Any) -> None:
+    """The axis' legend, each label once."""
+    handles, labels = axis.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=False))
+    axis.legend(unique.values(), unique.keys(), **options)
+
+
+# --- the library's counters: the only private reads, each in one place ------------------------------------------
+
+
+def handler_api(handler: Any) -> Any:
+    """The API client a handler of ours sends through (None for p10d's and c10d's handlers).
+
+    TODO(public stats): the agent side's public stats object replaces this read of ``handler._api``."""
+    return getattr(handler, "_api", None)
+
+
+def library_counters(handler: Any) -> tuple[dict[str, int], dict[str, int]] | None:
+    """A handler of ours: its API client's counters, and its own and its store's (``store_`` prefixed); None
+    for p10d's and c10d's handlers, which count nothing.
+
+    TODO(public stats): the agent side's public stats object replaces these reads of ``handler._api`` and
+    ``handler._store``."""
+    api, store = handler_api(handler), getattr(handler, "_store", None)
+    if not isinstance(getattr(handler, "stats", None), dict) or api is None or store is None:
+        return None
+    counts = dict(handler.stats)
+    counts.update({f"store_{key}": value for key, value in store.stats.items()})
+    return dict(api.stats), counts
+
+
+def api_requests(handlers: Iterable[Any]) -> int:
+    """API requests of ``handlers`` so far (handlers may share one client)."""
+    clients = {id(api): api for api in map(handler_api, handlers) if api is not None}
+    return sum(int(api.stats.get("requests", 0)) for api in clients.values())
+
+
+def backend_api(backend: Any) -> Any:
+    """The API client of a compare-and-swap backend (``create_backend``).
+
+    TODO(public stats): the agent side's public stats object replaces this read of ``backend._api``."""
+    return backend._api
+
+
+def key_watch_caches(stores: Iterable[Any]) -> list[Any]:
+    """The key caches of the stores' key watches (stores without one left out).
+
+    TODO(public stats): a public read of a store's key watch replaces this read of ``store._keys``."""
+    return [store._keys.cache for store in stores if store._keys is not None]
+
+
+# --- the benchmark and its run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Benchmark(Generic[Context]):
+    """A benchmark: its cases and its measurement. Everything else is ``main``'s.
+
+    ``cases(args)`` is one repeat's plan: each case's identifying fields (``{"case": label}`` or, say,
+    ``{"nodes": 128, "mode": ...}``), which head its run in the JSON. ``measure(context, case, repeat, args)``
+    measures one case once and returns its fields; a raised ``errors`` exception is recorded in ``error_key``.
+    ``setup(workdir, args)`` is the environment every case runs in (a control plane, real nodes), entered once.
+    ``section(report)`` is the Markdown of the docs section, ``plot(report)`` the figure (see ``figure``)."""
+
+    name: str
+    doc: str
+    cases: Callable[[argparse.Namespace], list[Run]]
+    measure: Callable[[Context, Run, int, argparse.Namespace], Run]
+    section: Callable[[Report], str]
+    plot: Callable[[Report], Any]
+    setup: Callable[[Path, argparse.Namespace], AbstractContextManager[Context]] = lambda workdir, args: nullcontext(
+        workdir  # type: ignore[arg-type,return-value]
+    )
+    page: str = "benchmarks.md"
+    at_end: bool = True
+    repeats: int = 3
+    #: The ``--cases`` choices (labels of the ``case`` field); empty: no ``--cases``.
+    labels: Sequence[str] = ()
+    #: Extra arguments, and what ``--quick`` sets (besides one repeat).
+    options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+    quick: dict[str, Any] = field(default_factory=dict)
+    #: The report's fields besides date, machine, repeats and runs.
+    fields: Callable[[argparse.Namespace], dict[str, Any]] = lambda args: {}
+    #: Merge the runs already in the JSON (``--add`` or a benchmark's ``--keep``): (earlier, report, args).
+    merge: Callable[[Report, Report, argparse.Namespace], None] | None = None
+    errors: tuple[type[BaseException], ...] = (TimeoutError,)
+    error_key: str = "error"
+    error_chars: int = 300
+    #: Record each repeat's own wall time in ``seconds`` (one decimal).
+    timed: bool = True
+    #: Every repeat of one case before the next case (else each repeat runs every case, interleaved, so a slow
+    #: minute of the machine hits every case alike); and stop a case at its first failure.
+    case_major: bool = False
+    stop_on_failure: bool = False
+
+    @property
+    def out(self) -> Path:
+        return RESULTS / f"{self.name}.json"
+
+    @property
+    def png(self) -> str:
+        return f"{self.name.replace('_', '-')}.png"
+
+
+def write_outputs(benchmark: Benchmark[Any], report: Report, docs: Path = DOCS) -> None:
+    """The docs section (between the benchmark's markers) and the PNG, from ``report``."""
+    begin, end = markers(benchmark.name)
+    docs.mkdir(parents=True, exist_ok=True)
+    splice(docs / benchmark.page, benchmark.section(report), begin, end, at_end=benchmark.at_end)
+    save_figure(benchmark.plot(report), docs / benchmark.png)
+
+
+def parse(benchmark: Benchmark[Any], argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=benchmark.doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=benchmark.repeats, help="repeats of each case")
+    if benchmark.labels:
+        parser.add_argument("--cases", nargs="*", default=list(benchmark.labels), choices=list(benchmark.labels))
+    parser.add_argument("--quick", action="store_true", help="one repeat of the smallest cases (a smoke run)")
+    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
+    parser.add_argument("--add", action="store_true", help="add this run's repeats to the JSON's")
+    parser.add_argument("--out", type=Path, default=benchmark.out, help="the JSON (default: benchmarks/results)")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="where the page and the PNG go (default: docs)")
+    benchmark.options(parser)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 1
+        for name, value in benchmark.quick.items():
+            setattr(args, name, value)
+    return args
+
+
+def add(earlier: Report, report: Report, args: argparse.Namespace) -> None:
+    """``--add``: the JSON's runs first, its repeats counted in, both dates."""
+    report["runs"] = earlier["runs"] + report["runs"]
+    report["repeats"] += earlier["repeats"]
+    report["date"] = f"{earlier['date']} and {report['date']}"
+
+
+def plan(benchmark: Benchmark[Any], args: argparse.Namespace) -> Iterator[tuple[int, Run]]:
+    cases = benchmark.cases(args)
+    if benchmark.labels:
+        cases = [case for case in cases if case.get("case") in args.cases]
+    if benchmark.case_major:
+        yield from ((repeat, case) for case in cases for repeat in range(args.repeats))
+    else:
+        yield from ((repeat, case) for repeat in range(args.repeats) for case in cases)
+
+
+def run_all(benchmark: Benchmark[Context], context: Context, report: Report, args: argparse.Namespace) -> None:
+    """Every case, every repeat, each kept and saved as it ends; a progress line for each."""
+    failed: set[str] = set()
+    for repeat, case in plan(benchmark, args):
+        what = ", ".join(f"{value}" for value in case.values())
+        if what in failed:
+            continue
+        log(f"{benchmark.name}: {what}, repeat {repeat + 1}/{args.repeats}")
+        started = time.monotonic()
+        try:
+            run: Run = {**case, **benchmark.measure(context, case, repeat, args)}
+        except benchmark.errors as exc:
+            log(f"  FAILED {exc}")
+            run = {**case, benchmark.error_key: str(exc)[: benchmark.error_chars]}
+        if benchmark.timed:
+            run.setdefault("seconds", round(time.monotonic() - started, 1))
+        log(f"  {json.dumps(run, default=str)[:400]}")
+        report["runs"].append(run)
+        save_report(args.out, report)
+        if benchmark.stop_on_failure and benchmark.error_key in run:
+            failed.add(what)  # a case that did not get there within its limit is the result: repeating costs time
+
+
+def main(benchmark: Benchmark[Context], argv: Sequence[str] | None = None) -> int:
+    """The command line of ``benchmark``: measure (or ``--report`` only), save the JSON, write the page and plot."""
+    args = parse(benchmark, argv)
+    if args.report:
+        write_outputs(benchmark, json.loads(args.out.read_text()), args.docs)
+        return 0
+    report = new_report(repeats=args.repeats, **benchmark.fields(args), runs=[])
+    merge = benchmark.merge or (add if args.add else None)
+    if merge is not None and args.out.exists():
+        merge(json.loads(args.out.read_text()), report, args)
+    workdir = Path(tempfile.mkdtemp(prefix=f"kube-rendezvous-{benchmark.name.replace('_', '-')}-"))
+    log(f"{benchmark.name}: setting up in {workdir}")
+    with benchmark.setup(workdir, args) as context:
+        run_all(benchmark, context, report, args)
+    write_outputs(benchmark, report, args.docs)
+    return 0
