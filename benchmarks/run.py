@@ -19,7 +19,8 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,13 @@ from typing import Any
 import psutil
 
 from benchmarks.report import new_report, save_report
+from benchmarks.runner import log
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 #: Niceness of the benchmark's agent processes (p10d's and ours alike). In a cluster the API
@@ -621,6 +621,16 @@ def synthetic_state(nodes: int, name_length: int = 60) -> Any:
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", re.MULTILINE)
 #: tensorplay's agent logs these when it starts to re-rendezvous, when its round formed, and when it starts workers.
 REJOINING, FORMED, STARTING = "Rendezvous'ing worker group", "Rendezvous complete", "Starting worker group"
+
+
+@contextmanager
+def control_plane(workdir: Path, args: object = None) -> Iterator[Bench]:
+    """A benchmark's control plane (``Bench``), stopped on the way out: the ``setup`` of most benchmarks."""
+    bench = Bench(workdir)
+    try:
+        yield bench
+    finally:
+        bench.stop()
 
 
 def logged_times(text: str, marker: str) -> list[float]:

@@ -191,6 +191,8 @@ class Benchmark(Generic[Context]):
     #: minute of the machine hits every case alike); and stop a case at its first failure.
     case_major: bool = False
     stop_on_failure: bool = False
+    #: The whole plan, (repeat, case) in order, where repeats differ by case (a baseline repeated less).
+    schedule: Callable[[argparse.Namespace], list[tuple[int, Run]]] | None = None
 
     @property
     def out(self) -> Path:
@@ -236,6 +238,9 @@ def add(earlier: Report, report: Report, args: argparse.Namespace) -> None:
 
 
 def plan(benchmark: Benchmark[Any], args: argparse.Namespace) -> Iterator[tuple[int, Run]]:
+    if benchmark.schedule is not None:
+        yield from benchmark.schedule(args)
+        return
     cases = benchmark.cases(args)
     if benchmark.labels:
         cases = [case for case in cases if case.get("case") in args.cases]
