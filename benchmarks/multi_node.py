@@ -177,7 +177,7 @@ BENCHMARK: Benchmark[Nodes] = Benchmark(
     setup=three_nodes,
     section=section,
     plot=plot,
-    fields=lambda args: {"window": WINDOW},
+    fields=lambda args: {"repeats": args.repeats, "window": WINDOW},
     quick={"cases": ["node failure, no operator"]},
 )
 

@@ -35,8 +35,6 @@ RESULTS = REPO / "benchmarks" / "results"
 GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
 
 
-
-
 #: Niceness of the benchmark's agent processes (p10d's and ours alike). In a cluster the API
 #: server, etcd, the operator and p10d's store host run on machines of their own; here they share
 #: 2 cores with up to 1024 agents, which would otherwise starve them (measured: the operator's

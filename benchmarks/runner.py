@@ -178,7 +178,7 @@ class Benchmark(Generic[Context]):
     #: Extra arguments, and what ``--quick`` sets (besides one repeat).
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     quick: dict[str, Any] = field(default_factory=dict)
-    #: The report's fields besides date, machine, repeats and runs.
+    #: The report's fields besides date, machine and runs (``repeats`` after them unless placed among them).
     fields: Callable[[argparse.Namespace], dict[str, Any]] = lambda args: {}
     #: Merge the runs already in the JSON (``--add`` or a benchmark's ``--keep``): (earlier, report, args).
     merge: Callable[[Report, Report, argparse.Namespace], None] | None = None
@@ -279,7 +279,9 @@ def main(benchmark: Benchmark[Context], argv: Sequence[str] | None = None) -> in
     if args.report:
         write_outputs(benchmark, json.loads(args.out.read_text()), args.docs)
         return 0
-    report = new_report(repeats=args.repeats, **benchmark.fields(args), runs=[])
+    fields = benchmark.fields(args)
+    fields.setdefault("repeats", args.repeats)
+    report = new_report(**fields, runs=[])
     merge = benchmark.merge or (add if args.add else None)
     if merge is not None and args.out.exists():
         merge(json.loads(args.out.read_text()), report, args)
