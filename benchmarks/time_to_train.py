@@ -26,7 +26,6 @@ Recovery (a pod deleted, an agent frozen) at N=128 and N=1024: ``benchmarks.reco
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
