@@ -70,6 +70,43 @@ def lower_priority() -> None:
     os.nice(int(os.environ.get("BENCH_AGENT_NICE", "0")))
 
 
+def round_worker(
+    backend: str,
+    endpoint: str,
+    run_id: str,
+    nodes: int,
+    least: int,
+    threads: int,
+    out: Path,
+    kubeconfig: Path,
+    index: int,
+    assign_ranks: str,
+    extra: list[str],
+    **popen: Any,
+) -> subprocess.Popen[str]:
+    """A ``benchmarks.round_worker`` process of ``threads`` handlers (its pipes: ``ready``, then ``go``)."""
+    command = [
+        *(sys.executable, "-m", "benchmarks.round_worker", "--backend", backend, "--endpoint", endpoint),
+        *("--run-id", run_id, "--nodes", str(nodes), "--min-nodes", str(least), "--threads", str(threads)),
+        *("--out", str(out), "--kubeconfig", str(kubeconfig), "--worker", str(index)),
+        *("--assign-ranks", assign_ranks, *extra),
+    ]
+    return subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
+
+
+def go(workers: list[subprocess.Popen[str]], ready: bool = False) -> None:
+    """Tell every round worker to join (``ready``: first read each one's ``ready`` line)."""
+    if ready:
+        for worker in workers:
+            assert worker.stdout is not None
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("an agent process could not create its handlers")
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+
+
 class Bench:
     def __init__(self, workdir: Path) -> None:
         from kubernetes import client, config
@@ -216,36 +253,10 @@ class Bench:
         outs = [self.workdir / f"{backend}-{nodes}-{time.time_ns()}-{i}.json" for i in range(processes)]
 
         def start_worker(index: int, count: int, out: Path, **options: Any) -> subprocess.Popen[str]:
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.round_worker",
-                "--backend",
-                backend,
-                "--endpoint",
-                endpoint,
-                "--run-id",
-                run_id,
-                "--nodes",
-                str(nodes),
-                "--min-nodes",
-                str(least),
-                "--threads",
-                str(count),
-                "--out",
-                str(out),
-                "--kubeconfig",
-                str(self.trainer),
-                "--hold",
-                str(hold),
-                "--worker",
-                str(index),
-                "--assign-ranks",
-                assign_ranks,
-            ]
-            return subprocess.Popen(
-                command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **options
-            )
+            return round_worker(
+                backend, endpoint, run_id, nodes, least, count, out, self.trainer, index, assign_ranks,
+                ["--hold", str(hold)], **options,
+            )  # fmt: skip
 
         workers = [
             start_worker(i, count, out, env=env) for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
@@ -265,10 +276,7 @@ class Bench:
                 raise RuntimeError(f"{backend}: {nodes} handlers could not even be created within {limit:.0f} s")
         watcher = StateWatcher(self, name, hold, [worker.pid for worker in workers]) if (name and hold) else None
         counter = WriteCounter(self, name) if name else None
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
+        go(workers)
         chaos: dict[str, Any] = {}
         chaos_thread = None
         if during is not None and name is not None:  # chaos alongside the round (``scale.freeze_writer``)

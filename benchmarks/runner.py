@@ -72,16 +72,16 @@ def ratio(mine: Sequence[float], base: Sequence[float]) -> float | None:
     return statistics.median(mine) / statistics.median(base) if mine and base else None
 
 
-def figure(width: float, height: float, columns: int = 1) -> tuple[Any, Any]:
-    """A new figure of ``columns`` axes in one row (the one matplotlib setup): (figure, axes, a list when
-    ``columns`` > 1 else one axis). The runner saves it."""
+def figure(width: float, height: float, columns: int | None = None) -> tuple[Any, Any]:
+    """A new figure (the one matplotlib setup): (the figure, its one axis; or, given ``columns``, the list of
+    that many axes in one row). The runner saves it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
-    return made, (list(axes[0]) if columns > 1 else axes[0][0])
+    made, axes = plt.subplots(1, columns or 1, figsize=(width, height), squeeze=False)
+    return made, (axes[0][0] if columns is None else list(axes[0]))
 
 
 def save_figure(made: Any, path: Path) -> None:
@@ -95,6 +95,15 @@ def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: flo
         shown_xs = [none_at if x is None else x for x in xs if x is not None or none_at is not None]
         axis.scatter(shown_xs, [index] * len(shown_xs), **style)
     axis.set_yticks(range(len(rows)), list(rows), fontsize=7)
+
+
+def marker_handles(styles: dict[str, tuple[str, str]]) -> list[Any]:
+    """Legend entries for ``{label: (color, marker)}``."""
+    from matplotlib.lines import Line2D
+
+    return [
+        Line2D([], [], color=color, marker=marker, linestyle="", label=key) for key, (color, marker) in styles.items()
+    ]
 
 
 def unique_legend(axis: Any, **options: Any) -> None:
@@ -180,8 +189,9 @@ class Benchmark(Generic[Context]):
     quick: dict[str, Any] = field(default_factory=dict)
     #: The report's fields besides date, machine and runs (``repeats`` after them unless placed among them).
     fields: Callable[[argparse.Namespace], dict[str, Any]] = lambda args: {}
-    #: Merge the runs already in the JSON (``--add`` or a benchmark's ``--keep``): (earlier, report, args).
-    merge: Callable[[Report, Report, argparse.Namespace], None] | None = None
+    #: Merge the runs already in the JSON (a benchmark's ``--keep``; default ``--add``): (the JSON's report or
+    #: None, this run's report, args).
+    merge: Callable[[Report | None, Report, argparse.Namespace], None] | None = None
     errors: tuple[type[BaseException], ...] = (TimeoutError,)
     error_key: str = "error"
     error_chars: int = 300
@@ -191,6 +201,12 @@ class Benchmark(Generic[Context]):
     #: minute of the machine hits every case alike); and stop a case at its first failure.
     case_major: bool = False
     stop_on_failure: bool = False
+    #: Head each run with its repeat (``repeat``) and the run's date (``measured``; runs merged from other runs
+    #: keep theirs).
+    numbered: bool = False
+    dated: bool = False
+    #: After the last repeat, before the page: what the report adds up (say, per-size summaries).
+    finish: Callable[[Report], None] = lambda report: None
     #: The whole plan, (repeat, case) in order, where repeats differ by case (a baseline repeated less).
     schedule: Callable[[argparse.Namespace], list[tuple[int, Run]]] | None = None
 
@@ -230,8 +246,10 @@ def parse(benchmark: Benchmark[Any], argv: Sequence[str] | None = None) -> argpa
     return args
 
 
-def add(earlier: Report, report: Report, args: argparse.Namespace) -> None:
+def add(earlier: Report | None, report: Report, args: argparse.Namespace) -> None:
     """``--add``: the JSON's runs first, its repeats counted in, both dates."""
+    if not args.add or earlier is None:
+        return
     report["runs"] = earlier["runs"] + report["runs"]
     report["repeats"] += earlier["repeats"]
     report["date"] = f"{earlier['date']} and {report['date']}"
@@ -259,11 +277,13 @@ def run_all(benchmark: Benchmark[Context], context: Context, report: Report, arg
             continue
         log(f"{benchmark.name}: {what}, repeat {repeat + 1}/{args.repeats}")
         started = time.monotonic()
+        head = {**case, **({"repeat": repeat} if benchmark.numbered else {})}
+        head.update({"measured": report["date"]} if benchmark.dated else {})
         try:
-            run: Run = {**case, **benchmark.measure(context, case, repeat, args)}
+            run: Run = {**head, **benchmark.measure(context, case, repeat, args)}
         except benchmark.errors as exc:
             log(f"  FAILED {exc}")
-            run = {**case, benchmark.error_key: str(exc)[: benchmark.error_chars]}
+            run = {**head, benchmark.error_key: str(exc)[: benchmark.error_chars]}
         if benchmark.timed:
             run.setdefault("seconds", round(time.monotonic() - started, 1))
         log(f"  {json.dumps(run, default=str)[:400]}")
@@ -282,12 +302,13 @@ def main(benchmark: Benchmark[Context], argv: Sequence[str] | None = None) -> in
     fields = benchmark.fields(args)
     fields.setdefault("repeats", args.repeats)
     report = new_report(**fields, runs=[])
-    merge = benchmark.merge or (add if args.add else None)
-    if merge is not None and args.out.exists():
-        merge(json.loads(args.out.read_text()), report, args)
+    earlier = json.loads(args.out.read_text()) if args.out.exists() else None
+    (benchmark.merge or add)(earlier, report, args)
     workdir = Path(tempfile.mkdtemp(prefix=f"kube-rendezvous-{benchmark.name.replace('_', '-')}-"))
     log(f"{benchmark.name}: setting up in {workdir}")
     with benchmark.setup(workdir, args) as context:
         run_all(benchmark, context, report, args)
+    benchmark.finish(report)
+    save_report(args.out, report)
     write_outputs(benchmark, report, args.docs)
     return 0

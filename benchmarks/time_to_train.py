@@ -70,9 +70,9 @@ def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"label": v[0], "nodes": nodes} for nodes in args.sizes for v in variants]
 
 
-def keep(kept: dict[str, Any], report: dict[str, Any], args: argparse.Namespace) -> None:
+def keep(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
     """``--keep``: the JSON's runs of the sizes and variants not run this time."""
-    if not args.keep:
+    if not args.keep or kept is None:
         return
     rerun = {(case["nodes"], case["label"]) for case in cases(args)}
     report["runs"] = [r for r in kept["runs"] if (r["nodes"], r["label"]) not in rerun]
