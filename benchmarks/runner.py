@@ -201,6 +201,11 @@ class Benchmark(Generic[Context]):
     #: minute of the machine hits every case alike); and stop a case at its first failure.
     case_major: bool = False
     stop_on_failure: bool = False
+    #: The report's list of runs; ``grouped``: one entry per case, ``{**case, "runs": [every repeat]}``, and
+    #: ``summary(entry)``'s fields added to it after each repeat.
+    table: str = "runs"
+    grouped: bool = False
+    summary: Callable[[Run], dict[str, Any]] = lambda entry: {}
     #: Head each run with its repeat (``repeat``) and the run's date (``measured``; runs merged from other runs
     #: keep theirs).
     numbered: bool = False
@@ -271,6 +276,7 @@ def plan(benchmark: Benchmark[Any], args: argparse.Namespace) -> Iterator[tuple[
 def run_all(benchmark: Benchmark[Context], context: Context, report: Report, args: argparse.Namespace) -> None:
     """Every case, every repeat, each kept and saved as it ends; a progress line for each."""
     failed: set[str] = set()
+    entries: dict[str, Run] = {}
     for repeat, case in plan(benchmark, args):
         what = ", ".join(f"{value}" for value in case.values())
         if what in failed:
@@ -287,7 +293,15 @@ def run_all(benchmark: Benchmark[Context], context: Context, report: Report, arg
         if benchmark.timed:
             run.setdefault("seconds", round(time.monotonic() - started, 1))
         log(f"  {json.dumps(run, default=str)[:400]}")
-        report["runs"].append(run)
+        if benchmark.grouped:
+            if what not in entries:
+                entries[what] = {**case, "runs": []}
+                report[benchmark.table].append(entries[what])
+            entry = entries[what]
+            entry["runs"].append({key: value for key, value in run.items() if key not in case})
+            entry.update(benchmark.summary(entry))
+        else:
+            report[benchmark.table].append(run)
         save_report(args.out, report)
         if benchmark.stop_on_failure and benchmark.error_key in run:
             failed.add(what)  # a case that did not get there within its limit is the result: repeating costs time
@@ -301,7 +315,7 @@ def main(benchmark: Benchmark[Context], argv: Sequence[str] | None = None) -> in
         return 0
     fields = benchmark.fields(args)
     fields.setdefault("repeats", args.repeats)
-    report = new_report(**fields, runs=[])
+    report = new_report(**fields, **{benchmark.table: []})
     earlier = json.loads(args.out.read_text()) if args.out.exists() else None
     (benchmark.merge or add)(earlier, report, args)
     workdir = Path(tempfile.mkdtemp(prefix=f"kube-rendezvous-{benchmark.name.replace('_', '-')}-"))
