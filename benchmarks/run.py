@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from benchmarks.report import new_report, save_report
-from benchmarks.runner import log
+from benchmarks.runner import log, writer_lease
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -363,7 +363,7 @@ class Bench:
 
     def cas_latency(self, nodes: int, samples: int = 40) -> float:
         """Median seconds of one successful compare-and-swap of an N-node state."""
-        from kube_rendezvous._engine.backend import create_backend
+        from kube_rendezvous import create_backend
         from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
         name = self.new_rendezvous(nodes)
@@ -681,11 +681,10 @@ WRITER_VICTIM = "k8s-heartbeat-expiry, writer killed"
 
 def writer_holder(bench: Bench, rendezvous_name: str) -> str:
     """The identity holding the writer Lease of ``rendezvous_name``."""
-    from kube_rendezvous._kube.leases import writer_lease_name
     from kubernetes import client, config
 
     leases = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
-    holder: str = leases.read_namespaced_lease(writer_lease_name(rendezvous_name), "bench").spec.holder_identity
+    holder: str = leases.read_namespaced_lease(writer_lease(rendezvous_name), "bench").spec.holder_identity
     return holder
 
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -150,11 +151,40 @@ def backend_api(backend: Any) -> Any:
     return backend._api
 
 
+def round_store(store: Any) -> Any:
+    """The round's prefixed view of a backend's store, as a round's handler gives it to the agent (round 0).
+
+    TODO(public names): ``KubernetesPrefixStore`` has no public name; this is the one import of it."""
+    from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
+
+    return KubernetesPrefixStore("rdzv/none/0/", store, round_number=0)
+
+
+def writer_lease(rendezvous: str) -> str:
+    """The name of a Rendezvous' writer Lease.
+
+    TODO(public names): ``writer_lease_name`` has no public name; this is the one import of it."""
+    from kube_rendezvous._kube.leases import writer_lease_name
+
+    name: str = writer_lease_name(rendezvous)
+    return name
+
+
 def key_watch_caches(stores: Iterable[Any]) -> list[Any]:
     """The key caches of the stores' key watches (stores without one left out).
 
     TODO(public stats): a public read of a store's key watch replaces this read of ``store._keys``."""
     return [store._keys.cache for store in stores if store._keys is not None]
+
+
+def in_threads(target: Callable[[int], None], count: int) -> None:
+    """``target(index)`` for every index below ``count``, each in a thread of its own, all at once; back when all
+    returned (a worker process' agents)."""
+    threads = [threading.Thread(target=target, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 # --- the benchmark and its run --------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class Milestones:
         self.completed_by: str | None = None
 
     def observe(self, status: dict[str, Any], at: float) -> None:
-        from kube_rendezvous._rules.document import decode_document
+        from kube_rendezvous import decode_document
 
         document = decode_document(status["state"]) if status.get("state") else None
         members = [] if document is None else [node.addr for node in document.participants]
@@ -191,7 +191,7 @@ def _seen(milestones: Milestones, failed_at: float) -> str:
 
 def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, Any]:
     """One failure with ``spares`` (0 or 1) spare agents; the phases in seconds after the failure."""
-    from kube_rendezvous._rules.document import decode_document
+    from kube_rendezvous import decode_document
     from kubernetes import client, config
 
     from tests.testenv import wait_until

@@ -33,6 +33,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.runner import backend_api
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
@@ -67,8 +69,7 @@ def realistic_state(nodes: int, pids: str, seed: int = 0) -> Any:
 
 
 def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
-    from kube_rendezvous._engine.backend import create_backend
-    from kube_rendezvous._rules.document import decode_document
+    from kube_rendezvous import create_backend, decode_document
     from kubernetes import client, config
 
     from tests.helpers import rendezvous_parameters
@@ -94,7 +95,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                 )
                 state = realistic_state(nodes, pids)
                 raw = pickle.dumps(state)
-                api = backend._api
+                api = backend_api(backend)
                 sent_before = api.stats["bytes_sent"]
                 written = backend.set_state(raw)
                 assert written is not None and written[2]

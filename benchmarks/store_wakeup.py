@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 WAITER = """
 import json, sys, time
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 _, store = create_backend(RendezvousParameters(backend="k8s", endpoint=sys.argv[1], run_id="wake", min_nodes=1,
                                                max_nodes=1, config={"kubeconfig": sys.argv[2]}))
 for line in sys.stdin:
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=100)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from kube_rendezvous._engine.backend import create_backend
+    from kube_rendezvous import create_backend
     from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
     from tests.testenv import ControlPlane
