@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import Bench, agent_env, control_plane, go
-from benchmarks.runner import REPO, Benchmark, figure, main
+from benchmarks.runner import AT_SCALE, REPO, Benchmark, figure, main
 from benchmarks.scale import percentile
 
 PROCESSES = 8
@@ -229,9 +229,8 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--p10d-limit", type=float, default=60.0, help="seconds; p10d answers in 2 s or never")
 
 
-BENCHMARK: Benchmark[Stores] = Benchmark(
-    name="agent_store",
-    doc=__doc__ or "",
+BENCHMARK = Benchmark.of(
+    globals(),
     cases=lambda args: [
         {"backend": backend, "nodes": nodes}
         for nodes in args.sizes
@@ -239,17 +238,11 @@ BENCHMARK: Benchmark[Stores] = Benchmark(
     ],
     measure=lambda stores, case, repeat, args: stores.measure(case, args),
     setup=stores,
-    section=section,
-    plot=plot,
-    options=options,
     table="rows",
     grouped=True,
-    error_key="failed",
-    errors=(),
-    timed=False,
+    **AT_SCALE,
     at_end=False,
     case_major=True,
-    stop_on_failure=True,
     quick={"sizes": [16]},
 )
 

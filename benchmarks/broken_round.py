@@ -199,17 +199,11 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=float, default=120.0, help="seconds before a repeat counts as not recovered")
 
 
-BENCHMARK: Benchmark[Cases] = Benchmark(
-    name="broken_round",
-    doc=__doc__ or "",
-    cases=lambda args: [],
-    schedule=schedule,
+BENCHMARK = Benchmark.of(
+    globals(),
     measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
     setup=both_releases,
-    section=section,
-    plot=plot,
-    options=options,
-    fields=lambda args: {"previous": args.previous},
+    fields=lambda args: {"repeats": args.repeats, "previous": args.previous},
     timed=False,
     quick={"baseline_repeats": 0},
 )

@@ -198,14 +198,11 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-BENCHMARK: Benchmark[Failover] = Benchmark(
-    name="failover",
-    doc=__doc__ or "",
+BENCHMARK = Benchmark.of(
+    globals(),
     cases=lambda args: [{"mode": mode} for mode in MODES],
     measure=lambda failover, case, repeat, args: failover.measure(case["mode"], repeat, args.limit),
     setup=replicas,
-    section=section,
-    plot=plot,
     repeats=5,
     timed=False,
     options=lambda parser: parser.add_argument(

@@ -168,15 +168,10 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-BENCHMARK: Benchmark[Nodes] = Benchmark(
-    name="multi_node",
-    doc=__doc__ or "",
+BENCHMARK = Benchmark.of(
+    globals(),
     labels=list(CASES),
-    cases=lambda args: [{"case": case} for case in CASES],
-    measure=measure,
     setup=three_nodes,
-    section=section,
-    plot=plot,
     fields=lambda args: {"repeats": args.repeats, "window": WINDOW},
     quick={"cases": ["node failure, no operator"]},
 )

@@ -128,16 +128,12 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-BENCHMARK: Benchmark[None] = Benchmark(
-    name="network_faults",
-    doc=__doc__ or "",
-    cases=lambda args: [],
+BENCHMARK = Benchmark.of(
+    globals(),
     schedule=lambda args: (
         [(repeat, {"env": {}}) for repeat in range(args.repeats)] + ([(0, {"env": LONG})] if args.long else [])
     ),
     measure=lambda context, case, repeat, args: run_once(case["env"]),
-    section=section,
-    plot=plot,
     page="reliability.md",
     options=lambda parser: parser.add_argument("--long", action="store_true", help="also the 300 s partition, once"),
     timed=False,

@@ -329,19 +329,7 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=float, default=240.0, help="seconds before a repeat counts as failed")
 
 
-BENCHMARK: Benchmark[Planes] = Benchmark(
-    name="real_node",
-    doc=__doc__ or "",
-    cases=lambda args: [],
-    schedule=schedule,
-    measure=measure,
-    setup=planes,
-    section=section,
-    plot=plot,
-    options=options,
-    timed=False,
-    quick={"baseline_repeats": 0},
-)
+BENCHMARK = Benchmark.of(globals(), setup=planes, timed=False, quick={"baseline_repeats": 0})
 
 if __name__ == "__main__":
     raise SystemExit(main(BENCHMARK))

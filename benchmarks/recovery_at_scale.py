@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, agent_env, control_plane, go, round_worker, start_operator
-from benchmarks.runner import Benchmark, figure, log, main, marker_handles
+from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main, marker_handles
 
 BASELINE = "pod deleted, operator stopped"
 #: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
@@ -294,7 +294,7 @@ def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-def keep(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
+def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
     """``--keep``: merge into the JSON, replacing the runs of these sizes, frameworks and modes."""
     if args.keep and kept is not None:
         redone = {(case["nodes"], case["framework"], case["mode"]) for case in cases(args)}
@@ -320,23 +320,13 @@ def options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-BENCHMARK: Benchmark[Bench] = Benchmark(
-    name="recovery_at_scale",
-    doc=__doc__ or "",
-    cases=cases,
-    measure=measure,
+BENCHMARK = Benchmark.of(
+    globals(),
     setup=control_plane,
-    section=section,
-    plot=plot,
-    options=options,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
-    merge=keep,
-    errors=(RuntimeError, AssertionError, TimeoutError),
-    error_key="failed",
-    timed=False,
+    **AT_SCALE,
     dated=True,
     case_major=True,
-    stop_on_failure=True,
     quick={"sizes": [16], "frameworks": ["tensorplay"], "modes": [BASELINE]},
 )
 

@@ -190,6 +190,17 @@ def in_threads(target: Callable[[int], None], count: int) -> None:
 # --- the benchmark and its run --------------------------------------------------------------------------------
 
 
+#: The functions a benchmark module may define, which ``Benchmark.of`` takes from it.
+HOOKS = ("cases", "schedule", "measure", "section", "plot", "options", "merge", "finish")
+#: What a failed repeat of an agents-at-scale benchmark raises: recorded as ``failed``, and the case stops there.
+AT_SCALE: dict[str, Any] = {
+    "errors": (RuntimeError, AssertionError, TimeoutError),
+    "error_key": "failed",
+    "timed": False,
+    "stop_on_failure": True,
+}
+
+
 @dataclass
 class Benchmark(Generic[Context]):
     """A benchmark: its cases and its measurement. Everything else is ``main``'s.
@@ -202,10 +213,10 @@ class Benchmark(Generic[Context]):
 
     name: str
     doc: str
-    cases: Callable[[argparse.Namespace], list[Run]]
     measure: Callable[[Context, Run, int, argparse.Namespace], Run]
     section: Callable[[Report], str]
     plot: Callable[[Report], Any]
+    cases: Callable[[argparse.Namespace], list[Run]] = lambda args: []
     setup: Callable[[Path, argparse.Namespace], AbstractContextManager[Context]] = lambda workdir, args: nullcontext(
         workdir  # type: ignore[arg-type,return-value]
     )
@@ -244,6 +255,20 @@ class Benchmark(Generic[Context]):
     finish: Callable[[Report], None] = lambda report: None
     #: The whole plan, (repeat, case) in order, where repeats differ by case (a baseline repeated less).
     schedule: Callable[[argparse.Namespace], list[tuple[int, Run]]] | None = None
+
+    @classmethod
+    def of(cls, namespace: dict[str, Any], **settings: Any) -> Benchmark[Any]:
+        """The benchmark a module defines (pass ``globals()``): its name and help from the module, its hooks
+        (``HOOKS``: ``measure``, ``section``, ``plot``, and any of the others) from the module's functions of those
+        names, the rest from ``settings``. With ``labels`` and no ``cases``, each label is a case."""
+        spec = namespace.get("__spec__")
+        settings.setdefault("name", (spec.name if spec is not None else namespace["__name__"]).rsplit(".", 1)[-1])
+        settings.setdefault("doc", namespace.get("__doc__") or "")
+        settings.update({hook: namespace[hook] for hook in HOOKS if hook in namespace and hook not in settings})
+        if "cases" not in settings:
+            labels = list(settings.get("labels", ()))
+            settings["cases"] = lambda args: [{"case": label} for label in labels]
+        return cls(**settings)
 
     @property
     def out(self) -> Path:

@@ -119,17 +119,8 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-BENCHMARK: Benchmark[Nodes] = Benchmark(
-    name="spare_pods",
-    doc=__doc__ or "",
-    labels=list(CASES),
-    cases=lambda args: [{"case": case} for case in CASES],
-    measure=measure,
-    setup=three_nodes,
-    section=section,
-    plot=plot,
-    repeats=5,
-    quick={"cases": ["one spare, tensorplay, no operator"]},
+BENCHMARK = Benchmark.of(
+    globals(), labels=list(CASES), setup=three_nodes, repeats=5, quick={"cases": ["one spare, tensorplay, no operator"]}
 )
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any
 from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_worker, wait_for
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, count_modified, go, start_operator
-from benchmarks.runner import Benchmark, figure, log, main, marker_handles
+from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main, marker_handles
 
 SPARE, BASELINE = "one spare", "no spare"
 MODES = (SPARE, BASELINE)
@@ -511,24 +511,13 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-workdir", action="store_true", help="keep the control plane's and agents' logs")
 
 
-BENCHMARK: Benchmark[tuple[Bench, set[str]]] = Benchmark(
-    name="spares",
-    doc=__doc__ or "",
-    cases=lambda args: [],
-    schedule=schedule,
-    measure=measure,
+BENCHMARK = Benchmark.of(
+    globals(),
     setup=plane,
-    section=section,
-    plot=plot,
-    options=options,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
-    finish=finish,
-    errors=(RuntimeError, AssertionError, TimeoutError),
-    error_key="failed",
-    timed=False,
+    **AT_SCALE,
     numbered=True,
     dated=True,
-    stop_on_failure=True,
     quick={"sizes": [16]},
 )
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import Bench, checkout, control_plane
-from benchmarks.runner import Benchmark, figure, log, main
+from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main
 
 #: (label, backend, rank assignment, code)
 VARIANTS = (
@@ -70,7 +70,7 @@ def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"label": v[0], "nodes": nodes} for nodes in args.sizes for v in variants]
 
 
-def keep(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
+def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
     """``--keep``: the JSON's runs of the sizes and variants not run this time."""
     if not args.keep or kept is None:
         return
@@ -148,22 +148,12 @@ def options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-BENCHMARK: Benchmark[tuple[Bench, Path]] = Benchmark(
-    name="time_to_train",
-    doc=__doc__ or "",
-    cases=cases,
-    measure=measure,
+BENCHMARK = Benchmark.of(
+    globals(),
     setup=both_releases,
-    section=section,
-    plot=plot,
-    options=options,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "previous": args.previous},
-    merge=keep,
-    errors=(RuntimeError, AssertionError),
-    error_key="failed",
-    timed=False,
+    **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},
     case_major=True,
-    stop_on_failure=True,
     quick={"sizes": [8], "only": ["tensorplay, store"]},
 )
 

@@ -175,18 +175,8 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-BENCHMARK: Benchmark[Cluster] = Benchmark(
-    name="workloads",
-    doc=__doc__ or "",
-    labels=CASES,
-    cases=lambda args: [{"case": case} for case in CASES],
-    measure=measure,
-    setup=controllers,
-    section=section,
-    plot=plot,
-    page="workloads.md",
-    at_end=False,
-    quick={"cases": [BASELINE]},
+BENCHMARK = Benchmark.of(
+    globals(), labels=CASES, setup=controllers, page="workloads.md", at_end=False, quick={"cases": [BASELINE]}
 )
 
 if __name__ == "__main__":
