@@ -146,11 +146,9 @@ def stores(workdir: Path, args: argparse.Namespace) -> Iterator[Stores]:
         yield Stores(bench)
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     """The section of docs/benchmarks.md and docs/agent-store.png from ``report``."""
     lines = [
-        "## The store after the round: rank assignment and exit barrier",
-        "",
         f"Measured {report['date']} on one {report['machine']} machine. Command: `python -m benchmarks.agent_store`. "
         "Raw: [benchmarks/results/agent_store.json](../benchmarks/results/agent_store.json). "
         "Plot: ![agent store](agent-store.png)",
@@ -190,7 +188,7 @@ def section(report: dict[str, Any]) -> str:
             f"| {folds} | {conflicts} |"
         )
         failures += [f"\n{name} N={row['nodes']} failed: `{run['failed'][:200]}`" for run in runs if "failed" in run]
-    return "\n".join(lines + failures)
+    return lines + failures
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -231,6 +229,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="The store after the round: rank assignment and exit barrier",
     cases=lambda args: [
         {"backend": backend, "nodes": nodes}
         for nodes in args.sizes

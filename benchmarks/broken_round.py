@@ -137,10 +137,8 @@ def ratio(report: dict[str, Any], case: str, launcher: str) -> str:
     return f"{this / before:.2f}x"
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## A round that loses a member (issue #29)",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.broken_round --repeats "
         f"{report['repeats']} --previous {report['previous']}`: one control plane, 3 agents x 2 workers, "
         f"`--nnodes=2:3`, last call {LAST_CALL} s, monitor interval 0.5 s. Seconds from the fault to every "
@@ -170,10 +168,8 @@ def section(report: dict[str, Any]) -> str:
         "training pod joined, completes the round at once (`completedBy: TrainingPodsJoined`, issue #28), so "
         "no last call is waited out. The rest is the monitor interval, the re-rendezvous and the workers' "
         "restart.",
-        "",
-        "![broken round](broken-round.png)",
     ]
-    return "\n".join(rows)
+    return rows
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -201,6 +197,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="A round that loses a member (issue #29)",
+    image="broken round",
     measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
     setup=both_releases,
     fields=lambda args: {"repeats": args.repeats, "previous": args.previous},

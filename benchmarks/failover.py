@@ -138,12 +138,10 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     base = found(runs, "acting", mode=MODES[2])
     lines = [
-        "## Operator failover (leader election)",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.failover "
         f"--repeats {report['repeats']}`: the control plane, both replicas and this script on one machine. "
         "The clock starts at the signal to the leader. *lease*: the standby holds the Lease; *acting*: a "
@@ -170,10 +168,8 @@ def section(report: dict[str, Any]) -> str:
         "A SIGTERMed leader releases the Lease on its way out. The baseline has no standby and no Lease: it "
         "is a new process started the instant the old one died, which a Deployment never achieves (the "
         "kubelet's restart and the image's start come on top).",
-        "",
-        "![operator failover](failover.png)",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -200,6 +196,8 @@ def plot(report: dict[str, Any]) -> Any:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="Operator failover (leader election)",
+    image="operator failover",
     cases=lambda args: [{"mode": mode} for mode in MODES],
     measure=lambda failover, case, repeat, args: failover.measure(case["mode"], repeat, args.limit),
     setup=replicas,

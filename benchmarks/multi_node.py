@@ -107,11 +107,9 @@ def measure(nodes: Nodes, case: dict[str, Any], repeat: int, args: argparse.Name
     return found
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     lines = [
-        "## A node lost on three real nodes",
-        "",
         f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
         f"(`python -m benchmarks.multi_node`): three real nodes, the example Job's 3 pods one per node. Seconds "
         f'from the fault, every repeat; "none" means not within the {report["window"]:.0f} s window. The ratio '
@@ -146,10 +144,8 @@ def section(report: dict[str, Any]) -> str:
         "trains only once the Job controller replaced the deleted pod. *kubectl drain*: the agent gets SIGTERM "
         "and leaves at once. *rank-0 node*: stock torchrun; with torch's c10d the survivors wait on the dead "
         "store and never train again in the window, with k8s they re-form after the 15 s expiry.",
-        "",
-        "![a node lost on three real nodes](multi-node.png)",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -170,6 +166,8 @@ def plot(report: dict[str, Any]) -> Any:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="A node lost on three real nodes",
+    image="a node lost on three real nodes",
     labels=list(CASES),
     setup=three_nodes,
     fields=lambda args: {"repeats": args.repeats, "window": WINDOW},

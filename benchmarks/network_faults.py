@@ -85,15 +85,13 @@ def measured(report: dict[str, Any]) -> dict[str, list[str]]:
     return values
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     values = measured(report)
     outcomes: dict[str, list[str]] = {}
     for run in report["runs"]:
         for name, outcome in run["outcomes"].items():
             outcomes.setdefault(name.split("[")[0], []).append(outcome)
     rows = [
-        "## Faults at the packet level (issue #25)",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.network_faults --repeats "
         f"{report['repeats']}`: each agent pod in a network namespace of its own, three pods x 2 workers, "
         "`--nnodes=2:3`, last call 5 s, heartbeat expiry 15 s, no operator unless the fault is the operator's; "
@@ -113,8 +111,8 @@ def section(report: dict[str, Any]) -> str:
         ]
     rows += ["", "| measurement | seconds, every repeat |", "|---|---|"]
     rows += [f"| {what} | {', '.join(found)} |" for what, found in values.items()]
-    rows += ["", "![network faults](network-faults.png)"]
-    return "\n".join(rows)
+
+    return rows
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -130,6 +128,8 @@ def plot(report: dict[str, Any]) -> Any:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="Faults at the packet level (issue #25)",
+    image="network faults",
     schedule=lambda args: (
         [(repeat, {"env": {}}) for repeat in range(args.repeats)] + ([(0, {"env": LONG})] if args.long else [])
     ),

@@ -199,7 +199,7 @@ def label(run: dict[str, Any]) -> str:
     return f"demo, {run['path']}"
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     lines = [
         f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
@@ -255,7 +255,7 @@ def section(report: dict[str, Any]) -> str:
         shown = ", ".join(f"{x:.1f}" for x in real) + (f" ({failed} failed)" if failed else "")
         lines.append(f"| demo, real node | {what} | {shown} | {ratio} (to simulated) |")
         lines.append(f"| demo, simulated | {what} | {', '.join(f'{x:.1f}' for x in simulated)} | |")
-    return "\n".join(lines)
+    return lines
 
 
 def plot(report: dict[str, Any]) -> Any:

@@ -182,10 +182,8 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
             core.delete_collection_namespaced_pod("bench", grace_period_seconds=0, _request_timeout=120)
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Recovery at scale (issue #28)",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.recovery_at_scale "
         f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, "
         "an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call, 15 s heartbeat expiry) "
@@ -243,8 +241,8 @@ def section(report: dict[str, Any]) -> str:
                 requests = ", ".join(f"{r['requests_per_survivor']:.1f}" for r in done) or "-"
                 row = " | ".join([*cells, held, ratio, completed, requests])
                 rows.append(f"| {nodes} | {framework} | {label} | {row} |")
-    rows += ["", "![recovery at scale](recovery-at-scale.png)"]
-    return "\n".join(rows)
+
+    return rows
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -322,6 +320,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="Recovery at scale (issue #28)",
+    image="recovery at scale",
     setup=control_plane,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
     **AT_SCALE,

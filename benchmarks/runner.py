@@ -214,13 +214,16 @@ class Benchmark(Generic[Context]):
     name: str
     doc: str
     measure: Callable[[Context, Run, int, argparse.Namespace], Run]
-    section: Callable[[Report], str]
+    section: Callable[[Report], list[str]]
     plot: Callable[[Report], Any]
     cases: Callable[[argparse.Namespace], list[Run]] = lambda args: []
     setup: Callable[[Path, argparse.Namespace], AbstractContextManager[Context]] = lambda workdir, args: nullcontext(
         workdir  # type: ignore[arg-type,return-value]
     )
     page: str = "benchmarks.md"
+    #: The section's heading, and the alt text of its PNG, shown at its end.
+    title: str | None = None
+    image: str | None = None
     at_end: bool = True
     repeats: int = 3
     #: The ``--cases`` choices (labels of the ``case`` field); empty: no ``--cases``.
@@ -283,7 +286,12 @@ def write_outputs(benchmark: Benchmark[Any], report: Report, docs: Path = DOCS) 
     """The docs section (between the benchmark's markers) and the PNG, from ``report``."""
     begin, end = markers(benchmark.name)
     docs.mkdir(parents=True, exist_ok=True)
-    splice(docs / benchmark.page, benchmark.section(report), begin, end, at_end=benchmark.at_end)
+    lines = benchmark.section(report)
+    if benchmark.title is not None:
+        lines = [f"## {benchmark.title}", "", *lines]
+    if benchmark.image is not None:
+        lines += ["", f"![{benchmark.image}]({benchmark.png})"]
+    splice(docs / benchmark.page, "\n".join(lines), begin, end, at_end=benchmark.at_end)
     save_figure(benchmark.plot(report), docs / benchmark.png)
 
 

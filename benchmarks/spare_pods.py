@@ -68,11 +68,9 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
     lines = [
-        "## A member pod deleted, with and without a hot spare (three real nodes)",
-        "",
         f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
         "(`python -m benchmarks.spare_pods`): the example Job's 3 pods one per node, the member of rank 0 deleted "
         "(`kubectl delete pod`). *One spare*: `--nnodes=1:2`, full size 2, the third pod a spare. *No spare*: "
@@ -94,10 +92,8 @@ def section(report: dict[str, Any]) -> str:
         "without the operator the survivors restart on the lost member and the spare, moved to the wait list, "
         "joins their next round, which completes at once at max nodes (tensorplay). Without a spare the round is "
         "whole only when the Job controller's replacement pod has started and its agent joined.",
-        "",
-        "![a member pod deleted, with and without a spare](spare-pods.png)",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -120,7 +116,13 @@ def plot(report: dict[str, Any]) -> Any:
 
 
 BENCHMARK = Benchmark.of(
-    globals(), labels=list(CASES), setup=three_nodes, repeats=5, quick={"cases": ["one spare, tensorplay, no operator"]}
+    globals(),
+    title="A member pod deleted, with and without a hot spare (three real nodes)",
+    image="a member pod deleted, with and without a spare",
+    labels=list(CASES),
+    setup=three_nodes,
+    repeats=5,
+    quick={"cases": ["one spare, tensorplay, no operator"]},
 )
 
 if __name__ == "__main__":

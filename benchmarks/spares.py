@@ -333,10 +333,8 @@ def _cells(runs: list[dict[str, Any]], key: str) -> str:
     return ", ".join("-" if r.get(key) is None else f"{r[key]:.2f}" for r in runs) or "-"
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Hot spares: a member lost, a spare promoted",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.spares "
         f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, the "
         "operator running and knowing the job's pods (played: no kubelet), an elastic job of N agents "
@@ -398,8 +396,8 @@ def section(report: dict[str, Any]) -> str:
                     f"the loss; within {TARGET_SECONDS:.0f} s in {summary['within_target']} of {len(promoted)}; "
                     f"in the fold that applied the eviction in {summary['in_eviction_fold']} of {len(promoted)}."
                 )
-    rows += ["", *targets, "", "![hot spares](spares.png)"]
-    return "\n".join(rows)
+    rows += ["", *targets]
+    return rows
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -513,6 +511,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="Hot spares: a member lost, a spare promoted",
+    image="hot spares",
     setup=plane,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
     **AT_SCALE,

@@ -80,10 +80,8 @@ def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Na
     report["repeats"] = "per run"
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Time to train (issue #28)",
-        "",
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.time_to_train "
         + (
             f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`"
@@ -113,8 +111,8 @@ def section(report: dict[str, Any]) -> str:
             if failed:
                 cells[2] = (cells[2] + ", " if done else "") + f"failed: {failed[0]['failed'][:80]}"
             rows.append(f"| {nodes} | {label} | " + " | ".join(cells) + " |")
-    rows += ["", "![time to train](time-to-train.png)"]
-    return "\n".join(rows)
+
+    return rows
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -150,6 +148,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    title="Time to train (issue #28)",
+    image="time to train",
     setup=both_releases,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "previous": args.previous},
     **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},

@@ -122,7 +122,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
-def section(report: dict[str, Any]) -> str:
+def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
     lines = [
         f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
@@ -149,10 +149,8 @@ def section(report: dict[str, Any]) -> str:
         f"| {KUEUE} (from the preemptor's creation; the preemptor deleted once the pods are gone) | "
         + " | ".join(shown(row[key]) for key in KUEUE_KEYS)
         + " |",
-        "",
-        "![the examples' faults on JobSet, Trainer and Kueue](workloads.png)",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(report: dict[str, Any]) -> Any:
@@ -176,7 +174,13 @@ def plot(report: dict[str, Any]) -> Any:
 
 
 BENCHMARK = Benchmark.of(
-    globals(), labels=CASES, setup=controllers, page="workloads.md", at_end=False, quick={"cases": [BASELINE]}
+    globals(),
+    image="the examples' faults on JobSet, Trainer and Kueue",
+    labels=CASES,
+    setup=controllers,
+    page="workloads.md",
+    at_end=False,
+    quick={"cases": [BASELINE]},
 )
 
 if __name__ == "__main__":
