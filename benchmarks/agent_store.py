@@ -146,6 +146,9 @@ def stores(workdir: Path, args: argparse.Namespace) -> Iterator[Stores]:
         yield Stores(bench)
 
 
+TITLE = "The store after the round: rank assignment and exit barrier"
+
+
 def section(report: dict[str, Any]) -> list[str]:
     """The section of docs/benchmarks.md and docs/agent-store.png from ``report``."""
     lines = [
@@ -229,7 +232,6 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="The store after the round: rank assignment and exit barrier",
     cases=lambda args: [
         {"backend": backend, "nodes": nodes}
         for nodes in args.sizes

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import Bench, checkout, control_plane, operator_kubeconfig, release_env
-from benchmarks.runner import Benchmark, figure, log, main, unique_legend
+from benchmarks.runner import Benchmark, figure, label_rows, log, main, unique_legend
 
 CASES = ("SIGTERM while starting", "SIGTERM while training", "pod deleted while starting")
 LAUNCHERS = ("tensorplay", "torchrun")
 CODES = ("this release", "previous release")
 LAST_CALL = "15"
+TITLE, IMAGE = "A round that loses a member (issue #29)", "broken round"
 
 
 class Cases:
@@ -182,10 +183,9 @@ def plot(report: dict[str, Any]) -> Any:
             markers = ["o" if r["recovered"] else "x" for r in runs]
             for x, marker in zip(xs, markers, strict=True):
                 axis.scatter(x, index + offset, color=color, marker=marker, label=code if index == 0 else None)
-    axis.set_yticks(range(len(labels)), labels, fontsize=7)
-    axis.set_xlabel("seconds from the fault to every survivor training (x: not recovered by the limit)")
     unique_legend(axis, fontsize=8, loc="center right")
-    axis.set_title("A round that loses a member: every repeat")
+    xlabel = "seconds from the fault to every survivor training (x: not recovered by the limit)"
+    label_rows(axis, labels, xlabel, "A round that loses a member: every repeat", size=7)
     return made
 
 
@@ -197,8 +197,6 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="A round that loses a member (issue #29)",
-    image="broken round",
     measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
     setup=both_releases,
     fields=lambda args: {"repeats": args.repeats, "previous": args.previous},

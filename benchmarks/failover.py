@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, operator_kubeconfig
-from benchmarks.runner import Benchmark, figure, found, main, ratio
+from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratio
 from benchmarks.scale import percentile
 
+TITLE, IMAGE = "Operator failover (leader election)", "operator failover"
 MODES = ("standby, leader SIGKILLed", "standby, leader SIGTERMed", "one replica, restarted at once (baseline)")
 
 
@@ -185,19 +186,15 @@ def plot(report: dict[str, Any]) -> Any:
                 label=key if index == 0 else None,
                 alpha=0.8,
             )
-    axis.set_yticks(range(len(MODES)), list(MODES), fontsize=8)
-    axis.set_xlabel("seconds after the signal to the leader")
     axis.axvline(15, linestyle="--", color="grey", linewidth=1)
     axis.text(14.9, len(MODES) - 0.7, "15 s target", fontsize=8, color="grey", ha="right")
     axis.legend(loc="lower right", fontsize=8)
-    axis.set_title("Operator failover, every repeat")
+    label_rows(axis, MODES, "seconds after the signal to the leader", "Operator failover, every repeat")
     return made
 
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="Operator failover (leader election)",
-    image="operator failover",
     cases=lambda args: [{"mode": mode} for mode in MODES],
     measure=lambda failover, case, repeat, args: failover.measure(case["mode"], repeat, args.limit),
     setup=replicas,

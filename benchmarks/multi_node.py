@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.runner import Benchmark, figure, main, ratio, shown, values
+from benchmarks.runner import Benchmark, figure, label_rows, main, ratio, shown, values
 from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     Recovery,
@@ -51,6 +51,12 @@ CASES: dict[str, str | None] = {
     "rank-0 node, c10d (torchrun)": None,
 }
 WINDOW = 90.0
+TITLE = "A node lost on three real nodes"
+IMAGE, LABELS = TITLE.lower(), list(CASES)
+
+
+def fields(args: argparse.Namespace) -> dict[str, Any]:
+    return {"repeats": args.repeats, "window": WINDOW}
 
 
 class Nodes:
@@ -157,20 +163,19 @@ def plot(report: dict[str, Any]) -> Any:
             axis.scatter([window if x is None else x for x in xs], [index] * len(xs), marker=marker, s=28,
                          color="tab:red" if None in xs and key == "survivors_training" else None)  # fmt: skip
     axis.axvline(window, color="grey", linestyle=":", linewidth=1)
-    axis.set_yticks(range(len(CASES)), list(CASES), fontsize=8)
-    axis.set_xlabel("seconds from the fault (o: survivors training, x: replacement training; at the line: never)")
-    axis.set_title(f"A node lost on three real nodes ({report['date']}, {report['machine']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
+    label_rows(
+        axis,
+        list(CASES),
+        "seconds from the fault (o: survivors training, x: replacement training; at the line: never)",
+        f"A node lost on three real nodes ({report['date']}, {report['machine']})",
+        title_size=9,
+    )
     return made
 
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="A node lost on three real nodes",
-    image="a node lost on three real nodes",
-    labels=list(CASES),
     setup=three_nodes,
-    fields=lambda args: {"repeats": args.repeats, "window": WINDOW},
     quick={"cases": ["node failure, no operator"]},
 )
 

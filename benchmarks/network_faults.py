@@ -17,8 +17,9 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.runner import REPO, Benchmark, figure, main
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, main
 
+TITLE, IMAGE = "Faults at the packet level (issue #25)", "network faults"
 MEASURED = re.compile(r"^measured: (.+): ([0-9.]+) s$", re.MULTILINE)
 #: pytest -rA's summary lines (with -s a test's own output sits between its name and its outcome).
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR) (tests/test_network\.py::\S+)", re.MULTILINE)
@@ -120,16 +121,12 @@ def plot(report: dict[str, Any]) -> Any:
     made, axis = figure(9, 0.5 * len(values) + 1.2)
     for index, found in enumerate(values.values()):
         axis.scatter([float(value) for value in found], [index] * len(found), color="tab:blue", alpha=0.8)
-    axis.set_yticks(range(len(values)), [what[:70] for what in values], fontsize=7)
-    axis.set_xlabel("seconds, every repeat")
-    axis.set_title("Faults at the packet level")
+    label_rows(axis, [what[:70] for what in values], "seconds, every repeat", "Faults at the packet level", size=7)
     return made
 
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="Faults at the packet level (issue #25)",
-    image="network faults",
     schedule=lambda args: (
         [(repeat, {"env": {}}) for repeat in range(args.repeats)] + ([(0, {"env": LONG})] if args.long else [])
     ),

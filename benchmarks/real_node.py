@@ -34,7 +34,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.runner import REPO, Benchmark, figure, log, main
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, log, main
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
@@ -265,10 +265,9 @@ def plot(report: dict[str, Any]) -> Any:
     for index, (name, key) in enumerate(series):
         xs = [run[key] for run in report["runs"] if label(run) == name and key in run]
         axis.scatter(xs, [index] * len(xs), s=22)
-    axis.set_yticks(range(len(series)), [f"{name}: {key.replace('_', ' ')}" for name, key in series], fontsize=7)
-    axis.set_xlabel("seconds (every repeat)")
-    axis.set_title(f"Recovery on a real node ({report['date']}, {report['machine']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
+    labels = [f"{name}: {key.replace('_', ' ')}" for name, key in series]
+    title = f"Recovery on a real node ({report['date']}, {report['machine']})"
+    label_rows(axis, labels, "seconds (every repeat)", title, size=7, title_size=9)
     return made
 
 

@@ -41,7 +41,14 @@ from typing import Any
 
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, agent_env, control_plane, go, round_worker, start_operator
-from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main, marker_handles
+from benchmarks.runner import (
+    AT_SCALE,
+    Benchmark,
+    figure,
+    log,
+    main,
+    marker_handles,
+)
 
 BASELINE = "pod deleted, operator stopped"
 #: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
@@ -182,6 +189,9 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
             core.delete_collection_namespaced_pod("bench", grace_period_seconds=0, _request_timeout=120)
 
 
+TITLE, IMAGE = "Recovery at scale (issue #28)", "recovery at scale"
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.recovery_at_scale "
@@ -320,8 +330,6 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="Recovery at scale (issue #28)",
-    image="recovery at scale",
     setup=control_plane,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
     **AT_SCALE,

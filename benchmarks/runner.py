@@ -98,6 +98,26 @@ def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: flo
     axis.set_yticks(range(len(rows)), list(rows), fontsize=7)
 
 
+def label_rows(
+    axis: Any, labels: Sequence[str], xlabel: str, title: str, *, size: int = 8, title_size: int | None = None
+) -> None:
+    """A plot of one row per label, every repeat a point: its labels, its x label and its title; with
+    ``title_size``, a small title and a grid of the seconds."""
+    axis.set_yticks(range(len(labels)), list(labels), fontsize=size)
+    axis.set_xlabel(xlabel)
+    axis.set_title(title, fontsize=title_size)
+    if title_size is not None:
+        axis.grid(axis="x", alpha=0.3)
+
+
+def ratios_to(runs: Sequence[Run], key: str, baselines: dict[str, str]) -> dict[str, float]:
+    """Per case of ``baselines``: the median of its ``key`` over its baseline's (same run), to two decimals."""
+    found_ratios = {
+        case: ratio(found(runs, key, case=case), found(runs, key, case=base)) for case, base in baselines.items()
+    }
+    return {case: round(value, 2) for case, value in found_ratios.items() if value is not None}
+
+
 def marker_handles(styles: dict[str, tuple[str, str]]) -> list[Any]:
     """Legend entries for ``{label: (color, marker)}``."""
     from matplotlib.lines import Line2D
@@ -191,7 +211,9 @@ def in_threads(target: Callable[[int], None], count: int) -> None:
 
 
 #: The functions a benchmark module may define, which ``Benchmark.of`` takes from it.
-HOOKS = ("cases", "schedule", "measure", "section", "plot", "options", "merge", "finish")
+HOOKS = ("cases", "schedule", "measure", "section", "plot", "setup", "options", "fields", "merge", "finish")
+#: The constants a benchmark module may define, which ``Benchmark.of`` takes from it (as the lower-case setting).
+CONSTANTS = ("TITLE", "IMAGE", "LABELS")
 #: What a failed repeat of an agents-at-scale benchmark raises: recorded as ``failed``, and the case stops there.
 AT_SCALE: dict[str, Any] = {
     "errors": (RuntimeError, AssertionError, TimeoutError),
@@ -262,12 +284,14 @@ class Benchmark(Generic[Context]):
     @classmethod
     def of(cls, namespace: dict[str, Any], **settings: Any) -> Benchmark[Any]:
         """The benchmark a module defines (pass ``globals()``): its name and help from the module, its hooks
-        (``HOOKS``: ``measure``, ``section``, ``plot``, and any of the others) from the module's functions of those
-        names, the rest from ``settings``. With ``labels`` and no ``cases``, each label is a case."""
+        (``HOOKS``: ``measure``, ``section``, ``plot``, and any of the others) from the module's functions of
+        those names, ``CONSTANTS`` likewise, the rest from ``settings``. With ``labels`` and no ``cases``, each
+        label is a case."""
         spec = namespace.get("__spec__")
         settings.setdefault("name", (spec.name if spec is not None else namespace["__name__"]).rsplit(".", 1)[-1])
         settings.setdefault("doc", namespace.get("__doc__") or "")
         settings.update({hook: namespace[hook] for hook in HOOKS if hook in namespace and hook not in settings})
+        settings.update({name.lower(): namespace[name] for name in CONSTANTS if name in namespace})
         if "cases" not in settings:
             labels = list(settings.get("labels", ()))
             settings["cases"] = lambda args: [{"case": label} for label in labels]

@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.multi_node import Nodes, three_nodes
-from benchmarks.runner import Benchmark, figure, found, main, ratio, shown, values
+from benchmarks.runner import (
+    Benchmark,
+    figure,
+    found,
+    label_rows,
+    main,
+    ratios_to,
+    shown,
+    values,
+)
 from tests.e2e.multi_node import local_operator
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.testenv.cluster import Cluster
@@ -40,6 +49,8 @@ BASELINES = {
     "one spare, tensorplay, no operator": "no spare, tensorplay, no operator",
 }
 KEYS = ("formed", "training", "replacement_running")
+TITLE = "A member pod deleted, with and without a hot spare (three real nodes)"
+IMAGE, LABELS = "a member pod deleted, with and without a spare", list(CASES)
 
 
 def run_case(cluster: Cluster, case: str, namespace: str, workdir: Path) -> SpareRecovery:
@@ -60,11 +71,8 @@ def measure(nodes: Nodes, case: dict[str, Any], repeat: int, args: argparse.Name
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """Per case: every repeat's seconds for each of ``KEYS``, and the median ratio of ``training`` to the baseline's."""
     table: dict[str, Any] = {case: {key: values(report["runs"], key, case=case) for key in KEYS} for case in CASES}
-    for case, baseline in BASELINES.items():
-        mine = found(report["runs"], "training", case=case)
-        measured = ratio(mine, found(report["runs"], "training", case=baseline))
-        if measured is not None:
-            table[case]["ratio"] = round(measured, 2)
+    for case, measured in ratios_to(report["runs"], "training", BASELINES).items():
+        table[case]["ratio"] = measured
     return table
 
 
@@ -107,19 +115,14 @@ def plot(report: dict[str, Any]) -> Any:
         for key, (marker, color, label) in markers.items():
             xs = found(report["runs"], key, case=case)
             axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if index == 0 else None)
-    axis.set_yticks(range(len(CASES)), list(CASES), fontsize=8)
-    axis.set_xlabel("seconds from the deletion")
     axis.legend(fontsize=7, loc="lower right")
-    axis.set_title(f"A member pod deleted, with and without a spare ({report['date']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
+    title = f"A member pod deleted, with and without a spare ({report['date']})"
+    label_rows(axis, list(CASES), "seconds from the deletion", title, title_size=9)
     return made
 
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="A member pod deleted, with and without a hot spare (three real nodes)",
-    image="a member pod deleted, with and without a spare",
-    labels=list(CASES),
     setup=three_nodes,
     repeats=5,
     quick={"cases": ["one spare, tensorplay, no operator"]},

@@ -333,6 +333,9 @@ def _cells(runs: list[dict[str, Any]], key: str) -> str:
     return ", ".join("-" if r.get(key) is None else f"{r[key]:.2f}" for r in runs) or "-"
 
 
+TITLE, IMAGE = "Hot spares: a member lost, a spare promoted", "hot spares"
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.spares "
@@ -511,8 +514,6 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="Hot spares: a member lost, a spare promoted",
-    image="hot spares",
     setup=plane,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
     **AT_SCALE,

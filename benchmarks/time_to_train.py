@@ -80,6 +80,9 @@ def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Na
     report["repeats"] = "per run"
 
 
+TITLE, IMAGE = "Time to train (issue #28)", "time to train"
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
         f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.time_to_train "
@@ -148,8 +151,6 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 BENCHMARK = Benchmark.of(
     globals(),
-    title="Time to train (issue #28)",
-    image="time to train",
     setup=both_releases,
     fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "previous": args.previous},
     **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},

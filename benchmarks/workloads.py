@@ -29,7 +29,17 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from benchmarks.runner import Benchmark, figure, found, main, ratio, shown, unique_legend, values
+from benchmarks.runner import (
+    Benchmark,
+    figure,
+    found,
+    label_rows,
+    main,
+    ratios_to,
+    shown,
+    unique_legend,
+    values,
+)
 from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.real_pods import RENDEZVOUS
 from tests.e2e.workloads import (
@@ -63,6 +73,7 @@ KUEUE = "Kueue, preempted"
 CASES = [*POD_CASES, KUEUE]
 POD_KEYS = ("survivors_training", "replacement_training")
 KUEUE_KEYS = ("suspended", "readmitted", "training_again", "completed")
+IMAGE, LABELS = "the examples' faults on JobSet, Trainer and Kueue", CASES
 
 
 @contextmanager
@@ -114,11 +125,9 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         case: {key: values(runs, key, case=case) for key in (KUEUE_KEYS if case == KUEUE else POD_KEYS)}
         for case in CASES
     }
-    for case in POD_CASES:
-        for key in POD_KEYS:
-            measured = ratio(found(runs, key, case=case), found(runs, key, case=BASELINE))
-            if measured is not None:
-                table[case][f"{key}_ratio"] = round(measured, 2)
+    for key in POD_KEYS:
+        for case, measured in ratios_to(runs, key, dict.fromkeys(POD_CASES, BASELINE)).items():
+            table[case][f"{key}_ratio"] = measured
     return table
 
 
@@ -166,17 +175,13 @@ def plot(report: dict[str, Any]) -> Any:
             xs = found(report["runs"], key, case=case)
             axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if xs else None)
     unique_legend(axis, fontsize=7, loc="center")  # the empty middle: 6 to 14 s
-    axis.set_yticks(range(len(CASES)), CASES, fontsize=8)
-    axis.set_xlabel("seconds from the fault")
-    axis.set_title(f"The examples on JobSet, Trainer and Kueue ({report['date']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
+    title = f"The examples on JobSet, Trainer and Kueue ({report['date']})"
+    label_rows(axis, CASES, "seconds from the fault", title, title_size=9)
     return made
 
 
 BENCHMARK = Benchmark.of(
     globals(),
-    image="the examples' faults on JobSet, Trainer and Kueue",
-    labels=CASES,
     setup=controllers,
     page="workloads.md",
     at_end=False,
