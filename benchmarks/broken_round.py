@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import Bench, checkout, control_plane, operator_kubeconfig, release_env
-from benchmarks.runner import Benchmark, figure, label_rows, log, main, unique_legend
+from benchmarks.runner import Benchmark, arguments, figure, label_rows, log, main, stamp, unique_legend
 
 CASES = ("SIGTERM while starting", "SIGTERM while training", "pod deleted while starting")
 LAUNCHERS = ("tensorplay", "torchrun")
@@ -138,9 +138,18 @@ def ratio(report: dict[str, Any], case: str, launcher: str) -> str:
     return f"{this / before:.2f}x"
 
 
+NOTES = f"""
+In the SIGTERM cases (no operator), {LAST_CALL} s of each recovery is the job's last call: the two survivors are
+fewer than `--nnodes` max, so the round waits for more nodes until the last call ends. In the pod-deleted case the
+operator runs: it evicts the deleted pod's node and, seeing every running training pod joined, completes the round
+at once (`completedBy: TrainingPodsJoined`, issue #28), so no last call is waited out. The rest is the monitor
+interval, the re-rendezvous and the workers' restart.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.broken_round --repeats "
+        f"{stamp(report)} with `python -m benchmarks.broken_round --repeats "
         f"{report['repeats']} --previous {report['previous']}`: one control plane, 3 agents x 2 workers, "
         f"`--nnodes=2:3`, last call {LAST_CALL} s, monitor interval 0.5 s. Seconds from the fault to every "
         "survivor training in the new round, every repeat; *not within N s*: the survivors had not trained "
@@ -161,15 +170,6 @@ def section(report: dict[str, Any]) -> list[str]:
                     or "-"
                 )
             rows.append(f"| {case} | {launcher} | {cells[0]} | {cells[1]} | {ratio(report, case, launcher)} |")
-    rows += [
-        "",
-        f"In the SIGTERM cases (no operator), {LAST_CALL} s of each recovery is the job's last call: the two "
-        "survivors are fewer than `--nnodes` max, so the round waits for more nodes until the last call ends. "
-        "In the pod-deleted case the operator runs: it evicts the deleted pod's node and, seeing every running "
-        "training pod joined, completes the round at once (`completedBy: TrainingPodsJoined`, issue #28), so "
-        "no last call is waited out. The rest is the monitor interval, the re-rendezvous and the workers' "
-        "restart.",
-    ]
     return rows
 
 
@@ -199,7 +199,7 @@ BENCHMARK = Benchmark.of(
     globals(),
     measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
     setup=both_releases,
-    fields=lambda args: {"repeats": args.repeats, "previous": args.previous},
+    fields=arguments("repeats", "previous"),
     timed=False,
     quick={"baseline_repeats": 0},
 )

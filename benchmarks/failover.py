@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, operator_kubeconfig
-from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratio
+from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratio, stamp
 from benchmarks.scale import percentile
 
 TITLE, IMAGE = "Operator failover (leader election)", "operator failover"
@@ -139,11 +139,20 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
+NOTES = """
+A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for `lease_duration` (10
+s) on the standby's own clock, trying every `retry_period` (2 s), so the *lease* column is bounded by 12 s after the
+leader's last renewal, which was up to 2 s before the kill. A SIGTERMed leader releases the Lease on its way out.
+The baseline has no standby and no Lease: it is a new process started the instant the old one died, which a
+Deployment never achieves (the kubelet's restart and the image's start come on top).
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     base = found(runs, "acting", mode=MODES[2])
     lines = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.failover "
+        f"{stamp(report)} with `python -m benchmarks.failover "
         f"--repeats {report['repeats']}`: the control plane, both replicas and this script on one machine. "
         "The clock starts at the signal to the leader. *lease*: the standby holds the Lease; *acting*: a "
         "Rendezvous created after the signal is Ready (the new leader's handlers run). Every repeat:",
@@ -161,15 +170,6 @@ def section(report: dict[str, Any]) -> list[str]:
         acting_text = (", ".join(f"{value:.2f}" for value in acting) or "-") + (f" ({failed} failed)" if failed else "")
         stats_text = f"{stats['p50']:.2f} / {stats['p90']:.2f} / {stats['max']:.2f}" if stats else "-"
         lines.append(f"| {mode} | {lease_text} | {acting_text} | {stats_text} | {ratio_text} |")
-    lines += [
-        "",
-        "A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for "
-        "`lease_duration` (10 s) on the standby's own clock, trying every `retry_period` (2 s), so the "
-        "*lease* column is bounded by 12 s after the leader's last renewal, which was up to 2 s before the kill. "
-        "A SIGTERMed leader releases the Lease on its way out. The baseline has no standby and no Lease: it "
-        "is a new process started the instant the old one died, which a Deployment never achieves (the "
-        "kubelet's restart and the image's start come on top).",
-    ]
     return lines
 
 

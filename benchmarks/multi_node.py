@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.runner import Benchmark, figure, label_rows, main, ratio, shown, values
+from benchmarks.runner import Benchmark, figure, label_rows, main, ratio, shown, stamp, values
 from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     Recovery,
@@ -113,10 +113,23 @@ def measure(nodes: Nodes, case: dict[str, Any], repeat: int, args: argparse.Name
     return found
 
 
+NOTES = """
+How to read it. *node failure, operator*: the heartbeats expire only after 90 s there, so the dead node leaves the
+round through the operator: the Node turns NotReady after the node-lifecycle controller's grace (16 s here, 40-50 s
+upstream), the pod's 5 s toleration ends, the pod is deleted and the operator evicts its node at once; its
+training-pods rule then completes the survivors' round with no last call. *node failure, no operator*: the 15 s
+heartbeat expiry, then the survivors' round waits out its 10 s last call. With upstream's grace the operator's path
+would be slower than the expiry; its value is that it does not depend on heartbeats (a pod deleted, a NotReady node
+with agents frozen). The replacement trains only once the Job controller replaced the deleted pod. *kubectl drain*:
+the agent gets SIGTERM and leaves at once. *rank-0 node*: stock torchrun; with torch's c10d the survivors wait on
+the dead store and never train again in the window, with k8s they re-form after the 15 s expiry.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     lines = [
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         f"(`python -m benchmarks.multi_node`): three real nodes, the example Job's 3 pods one per node. Seconds "
         f'from the fault, every repeat; "none" means not within the {report["window"]:.0f} s window. The ratio '
         "compares medians with the baseline of the same run.",
@@ -138,19 +151,6 @@ def section(report: dict[str, Any]) -> list[str]:
             f"| {case} | {shown(values(runs, 'survivors_training', case=case))} "
             f"| {shown(values(runs, 'replacement_training', case=case))} | {text} |"
         )
-    lines += [
-        "",
-        "How to read it. *node failure, operator*: the heartbeats expire only after 90 s there, so the dead node "
-        "leaves the round through the operator: the Node turns NotReady after the node-lifecycle controller's "
-        "grace (16 s here, 40-50 s upstream), the pod's 5 s toleration ends, the pod is deleted and the operator "
-        "evicts its node at once; its training-pods rule then completes the survivors' round with no last call. "
-        "*node failure, no operator*: the 15 s heartbeat expiry, then the survivors' round waits out its 10 s last "
-        "call. With upstream's grace the operator's path would be slower than the expiry; its value is that it "
-        "does not depend on heartbeats (a pod deleted, a NotReady node with agents frozen). The replacement "
-        "trains only once the Job controller replaced the deleted pod. *kubectl drain*: the agent gets SIGTERM "
-        "and leaves at once. *rank-0 node*: stock torchrun; with torch's c10d the survivors wait on the dead "
-        "store and never train again in the window, with k8s they re-form after the 15 s expiry.",
-    ]
     return lines
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.runner import REPO, Benchmark, figure, label_rows, main
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, main, stamp
 
 TITLE, IMAGE = "Faults at the packet level (issue #25)", "network faults"
 MEASURED = re.compile(r"^measured: (.+): ([0-9.]+) s$", re.MULTILINE)
@@ -93,7 +93,7 @@ def section(report: dict[str, Any]) -> list[str]:
         for name, outcome in run["outcomes"].items():
             outcomes.setdefault(name.split("[")[0], []).append(outcome)
     rows = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.network_faults --repeats "
+        f"{stamp(report)} with `python -m benchmarks.network_faults --repeats "
         f"{report['repeats']}`: each agent pod in a network namespace of its own, three pods x 2 workers, "
         "`--nnodes=2:3`, last call 5 s, heartbeat expiry 15 s, no operator unless the fault is the operator's; "
         "faults are iptables DROP rules inside one pod's namespace (no RST, no ICMP).",

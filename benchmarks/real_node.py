@@ -34,7 +34,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.runner import REPO, Benchmark, figure, label_rows, log, main
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, log, main, stamp
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
@@ -202,7 +202,7 @@ def label(run: dict[str, Any]) -> str:
 def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     lines = [
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         "(`python -m benchmarks.real_node`); seconds, every repeat; the ratio compares medians with the "
         "baseline of the same run.",
         "",

@@ -41,14 +41,7 @@ from typing import Any
 
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, agent_env, control_plane, go, round_worker, start_operator
-from benchmarks.runner import (
-    AT_SCALE,
-    Benchmark,
-    figure,
-    log,
-    main,
-    marker_handles,
-)
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles, stamp
 
 BASELINE = "pod deleted, operator stopped"
 #: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
@@ -194,7 +187,7 @@ TITLE, IMAGE = "Recovery at scale (issue #28)", "recovery at scale"
 
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.recovery_at_scale "
+        f"{stamp(report)} with `python -m benchmarks.recovery_at_scale "
         f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, "
         "an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call, 15 s heartbeat expiry) "
         "as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with "
@@ -331,7 +324,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 BENCHMARK = Benchmark.of(
     globals(),
     setup=control_plane,
-    fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
+    fields=arguments("sizes", "repeats", "frameworks"),
     **AT_SCALE,
     dated=True,
     case_major=True,

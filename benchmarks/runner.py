@@ -49,6 +49,16 @@ def markers(name: str) -> tuple[str, str]:
 # --- what a table shows: every repeat, and the ratio to the same run's baseline ---------------------------------
 
 
+def stamp(report: Report) -> str:
+    """When and where a report was measured, as its section says it first."""
+    return f"Measured {report['date']} on {report['machine']}"
+
+
+def arguments(*names: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """``fields`` of a report that are the run's own arguments, in this order."""
+    return lambda args: {name: getattr(args, name) for name in names}
+
+
 def values(runs: Iterable[Run], key: str, **match: Any) -> list[Any]:
     """``run.get(key)`` of every run whose fields equal ``match``, in order (None where it has none)."""
     return [run.get(key) for run in runs if all(run.get(name) == value for name, value in match.items())]
@@ -213,7 +223,7 @@ def in_threads(target: Callable[[int], None], count: int) -> None:
 #: The functions a benchmark module may define, which ``Benchmark.of`` takes from it.
 HOOKS = ("cases", "schedule", "measure", "section", "plot", "setup", "options", "fields", "merge", "finish")
 #: The constants a benchmark module may define, which ``Benchmark.of`` takes from it (as the lower-case setting).
-CONSTANTS = ("TITLE", "IMAGE", "LABELS")
+CONSTANTS = ("TITLE", "IMAGE", "LABELS", "NOTES")
 #: What a failed repeat of an agents-at-scale benchmark raises: recorded as ``failed``, and the case stops there.
 AT_SCALE: dict[str, Any] = {
     "errors": (RuntimeError, AssertionError, TimeoutError),
@@ -246,6 +256,8 @@ class Benchmark(Generic[Context]):
     #: The section's heading, and the alt text of its PNG, shown at its end.
     title: str | None = None
     image: str | None = None
+    #: How to read the table: a paragraph after it (white space folded: write it as a triple-quoted string).
+    notes: str | None = None
     at_end: bool = True
     repeats: int = 3
     #: The ``--cases`` choices (labels of the ``case`` field); empty: no ``--cases``.
@@ -313,6 +325,8 @@ def write_outputs(benchmark: Benchmark[Any], report: Report, docs: Path = DOCS) 
     lines = benchmark.section(report)
     if benchmark.title is not None:
         lines = [f"## {benchmark.title}", "", *lines]
+    if benchmark.notes is not None:
+        lines += ["", " ".join(benchmark.notes.split())]
     if benchmark.image is not None:
         lines += ["", f"![{benchmark.image}]({benchmark.png})"]
     splice(docs / benchmark.page, "\n".join(lines), begin, end, at_end=benchmark.at_end)

@@ -23,16 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.multi_node import Nodes, three_nodes
-from benchmarks.runner import (
-    Benchmark,
-    figure,
-    found,
-    label_rows,
-    main,
-    ratios_to,
-    shown,
-    values,
-)
+from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratios_to, shown, stamp, values
 from tests.e2e.multi_node import local_operator
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.testenv.cluster import Cluster
@@ -76,10 +67,19 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
+NOTES = """
+How to read it. With a spare the round is whole again before the replacement pod has even started: the operator's
+fold that removes the deleted member takes the spare in the same write (torchrun, operator); without the operator
+the survivors restart on the lost member and the spare, moved to the wait list, joins their next round, which
+completes at once at max nodes (tensorplay). Without a spare the round is whole only when the Job controller's
+replacement pod has started and its agent joined.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
     lines = [
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         "(`python -m benchmarks.spare_pods`): the example Job's 3 pods one per node, the member of rank 0 deleted "
         "(`kubectl delete pod`). *One spare*: `--nnodes=1:2`, full size 2, the third pod a spare. *No spare*: "
         "`--nnodes=1:3`, full size 3. Seconds from the deletion, every repeat; the ratio compares the medians of "
@@ -93,14 +93,6 @@ def section(report: dict[str, Any]) -> list[str]:
         text = f"{row['ratio']:.2f}x of {BASELINES[case]}" if "ratio" in row else ""
         cells = " | ".join(shown(row[key]) for key in KEYS)
         lines.append(f"| {case} | {cells} | {text} |")
-    lines += [
-        "",
-        "How to read it. With a spare the round is whole again before the replacement pod has even started: the "
-        "operator's fold that removes the deleted member takes the spare in the same write (torchrun, operator); "
-        "without the operator the survivors restart on the lost member and the spare, moved to the wait list, "
-        "joins their next round, which completes at once at max nodes (tensorplay). Without a spare the round is "
-        "whole only when the Job controller's replacement pod has started and its agent joined.",
-    ]
     return lines
 
 

@@ -50,7 +50,7 @@ from typing import Any
 from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_worker, wait_for
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, count_modified, go, start_operator
-from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main, marker_handles
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles, stamp
 
 SPARE, BASELINE = "one spare", "no spare"
 MODES = (SPARE, BASELINE)
@@ -338,7 +338,7 @@ TITLE, IMAGE = "Hot spares: a member lost, a spare promoted", "hot spares"
 
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.spares "
+        f"{stamp(report)} with `python -m benchmarks.spares "
         f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, the "
         "operator running and knowing the job's pods (played: no kubelet), an elastic job of N agents "
         "(`--nnodes=N-8:N`, the default 30 s last call) as threads in 8 processes, the victim alone in a ninth, "
@@ -515,7 +515,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 BENCHMARK = Benchmark.of(
     globals(),
     setup=plane,
-    fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "frameworks": args.frameworks},
+    fields=arguments("sizes", "repeats", "frameworks"),
     **AT_SCALE,
     numbered=True,
     dated=True,

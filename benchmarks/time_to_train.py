@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.run import Bench, checkout, control_plane
-from benchmarks.runner import AT_SCALE, Benchmark, figure, log, main
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, stamp
 
 #: (label, backend, rank assignment, code)
 VARIANTS = (
@@ -85,7 +85,7 @@ TITLE, IMAGE = "Time to train (issue #28)", "time to train"
 
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.time_to_train "
+        f"{stamp(report)} with `python -m benchmarks.time_to_train "
         + (
             f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`"
             if report["repeats"] != "per run"
@@ -152,7 +152,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 BENCHMARK = Benchmark.of(
     globals(),
     setup=both_releases,
-    fields=lambda args: {"sizes": args.sizes, "repeats": args.repeats, "previous": args.previous},
+    fields=arguments("sizes", "repeats", "previous"),
     **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},
     case_major=True,
     quick={"sizes": [8], "only": ["tensorplay, store"]},

@@ -29,17 +29,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from benchmarks.runner import (
-    Benchmark,
-    figure,
-    found,
-    label_rows,
-    main,
-    ratios_to,
-    shown,
-    unique_legend,
-    values,
-)
+from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratios_to, shown, stamp, unique_legend, values
 from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.real_pods import RENDEZVOUS
 from tests.e2e.workloads import (
@@ -134,7 +124,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
 def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
     lines = [
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         "(`python -m benchmarks.workloads`): three real nodes, the controllers built from source, the operator from "
         "the chart. Seconds from the fault, every repeat; the ratios compare medians with the Indexed Job's of the "
         "same run.",
