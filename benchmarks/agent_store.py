@@ -224,9 +224,7 @@ def plot(report: dict[str, Any]) -> Any:
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="*", default=[128, 1024])
     parser.add_argument("--p10d-max", type=int, default=1024)
-    parser.add_argument("--limit", type=float, default=300.0)
     parser.add_argument("--p10d-limit", type=float, default=60.0, help="seconds; p10d answers in 2 s or never")
 
 
@@ -239,6 +237,8 @@ BENCHMARK = Benchmark.of(
     ],
     measure=lambda stores, case, repeat, args: stores.measure(case, args),
     setup=stores,
+    sizes=[128, 1024],
+    limit=300.0,
     table="rows",
     grouped=True,
     **AT_SCALE,

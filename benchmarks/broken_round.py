@@ -189,16 +189,13 @@ def plot(report: dict[str, Any]) -> Any:
     return made
 
 
-def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline-repeats", type=int, default=1, help="repeats of each case on the previous release")
-    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
-    parser.add_argument("--limit", type=float, default=120.0, help="seconds before a repeat counts as not recovered")
-
-
 BENCHMARK = Benchmark.of(
     globals(),
     measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
     setup=both_releases,
+    baseline_repeats=1,
+    previous="dc5d934",
+    limit=120.0,
     fields=arguments("repeats", "previous"),
     timed=False,
     quick={"baseline_repeats": 0},

@@ -200,9 +200,7 @@ BENCHMARK = Benchmark.of(
     setup=replicas,
     repeats=5,
     timed=False,
-    options=lambda parser: parser.add_argument(
-        "--limit", type=float, default=60.0, help="seconds before a repeat counts as failed"
-    ),
+    limit=60.0,
 )
 
 if __name__ == "__main__":

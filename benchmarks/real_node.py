@@ -323,12 +323,9 @@ def measure(context: Planes, case: dict[str, Any], repeat: int, args: argparse.N
     return demo(case["path"])
 
 
-def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--baseline-repeats", type=int, default=1, help="repeats of the node failure baseline")
-    parser.add_argument("--limit", type=float, default=240.0, help="seconds before a repeat counts as failed")
-
-
-BENCHMARK = Benchmark.of(globals(), setup=planes, timed=False, quick={"baseline_repeats": 0})
+BENCHMARK = Benchmark.of(
+    globals(), setup=planes, baseline_repeats=1, limit=240.0, timed=False, quick={"baseline_repeats": 0}
+)
 
 if __name__ == "__main__":
     raise SystemExit(main(BENCHMARK))

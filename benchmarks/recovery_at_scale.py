@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, agent_env, control_plane, go, round_worker, start_operator
-from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles, stamp
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles
 
 BASELINE = "pod deleted, operator stopped"
 #: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
@@ -185,20 +185,20 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
 TITLE, IMAGE = "Recovery at scale (issue #28)", "recovery at scale"
 
 
+INTRO = """
+{stamp} with {command}: one control plane, an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call,
+15 s heartbeat expiry) as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with
+`TORCH_ELASTIC_WORKER_IDENTICAL=1`. Seconds after the failure, each the slowest survivor's: *detected* (its
+`num_nodes_waiting` turned positive), *formed* (its `next_rendezvous` returned, the bootstrap address included),
+*ranks* (its rank assignment), *held* (every survivor held its new ranks). *requests/survivor*: API requests of the
+survivors' handlers from the failure until they all held new ranks (heartbeats included), per survivor. *ratio*:
+median *held* over the baseline's (no operator) at the same N and framework. Every repeat, in order. Starting the
+workers is not included.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"{stamp(report)} with `python -m benchmarks.recovery_at_scale "
-        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, "
-        "an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call, 15 s heartbeat expiry) "
-        "as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with "
-        "`TORCH_ELASTIC_WORKER_IDENTICAL=1`. Seconds after the failure, each the slowest survivor's: "
-        "*detected* (its `num_nodes_waiting` turned positive), *formed* (its `next_rendezvous` returned, "
-        "the bootstrap address included), *ranks* (its rank assignment), *held* (every survivor held its "
-        "new ranks). *requests/survivor*: API requests of the survivors' handlers from the failure until "
-        "they all held new ranks (heartbeats included), per survivor. *ratio*: median *held* over the "
-        "baseline's (no operator) at the same N and framework. "
-        "Every repeat, in order. Starting the workers is not included.",
-        "",
         *(
             [
                 "Merged from these invocations (`--keep`; each run's date is in the JSON): "
@@ -313,17 +313,14 @@ def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Na
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 1024])
-    parser.add_argument("--frameworks", nargs="+", default=["tensorplay", "torch"], choices=["tensorplay", "torch"])
     parser.add_argument("--modes", nargs="+", default=[label for label, *_ in MODES], choices=[m[0] for m in MODES])
-    parser.add_argument(
-        "--keep", action="store_true", help="merge into the JSON, replacing the runs of these sizes, frameworks, modes"
-    )
 
 
 BENCHMARK = Benchmark.of(
     globals(),
     setup=control_plane,
+    sizes=[128, 1024],
+    frameworks=["tensorplay", "torch"],
     fields=arguments("sizes", "repeats", "frameworks"),
     **AT_SCALE,
     dated=True,

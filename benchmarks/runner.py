@@ -108,6 +108,16 @@ def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: flo
     axis.set_yticks(range(len(rows)), list(rows), fontsize=7)
 
 
+def case_points(
+    axis: Any, runs: Sequence[Run], cases: Sequence[str], styles: dict[str, tuple[str, str, str | None]]
+) -> None:
+    """Per case (a row), every repeat's measured ``key`` as a point, for each ``key: (marker, color, label)``."""
+    for index, case in enumerate(cases):
+        for key, (marker, color, label) in styles.items():
+            xs = found(runs, key, case=case)
+            axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if xs else None)
+
+
 def label_rows(
     axis: Any, labels: Sequence[str], xlabel: str, title: str, *, size: int = 8, title_size: int | None = None
 ) -> None:
@@ -223,7 +233,7 @@ def in_threads(target: Callable[[int], None], count: int) -> None:
 #: The functions a benchmark module may define, which ``Benchmark.of`` takes from it.
 HOOKS = ("cases", "schedule", "measure", "section", "plot", "setup", "options", "fields", "merge", "finish")
 #: The constants a benchmark module may define, which ``Benchmark.of`` takes from it (as the lower-case setting).
-CONSTANTS = ("TITLE", "IMAGE", "LABELS", "NOTES")
+CONSTANTS = ("TITLE", "IMAGE", "LABELS", "INTRO", "NOTES")
 #: What a failed repeat of an agents-at-scale benchmark raises: recorded as ``failed``, and the case stops there.
 AT_SCALE: dict[str, Any] = {
     "errors": (RuntimeError, AssertionError, TimeoutError),
@@ -256,12 +266,24 @@ class Benchmark(Generic[Context]):
     #: The section's heading, and the alt text of its PNG, shown at its end.
     title: str | None = None
     image: str | None = None
+    #: What was measured, how: the paragraph before the table, formatted with ``stamp`` (when, where) and
+    #: ``command`` (the command line with its sizes and repeats); white space folded.
+    intro: str | None = None
     #: How to read the table: a paragraph after it (white space folded: write it as a triple-quoted string).
     notes: str | None = None
     at_end: bool = True
     repeats: int = 3
     #: The ``--cases`` choices (labels of the ``case`` field); empty: no ``--cases``.
     labels: Sequence[str] = ()
+    #: The common arguments a benchmark takes, with its defaults (None: it does not take it): ``--sizes`` (N),
+    #: ``--frameworks``, ``--limit`` (seconds before a repeat counts as failed), ``--previous`` (the previous
+    #: release's commit, the same-run baseline of a release against the last) and ``--baseline-repeats``.
+    #: A benchmark with a ``merge`` hook takes ``--keep``.
+    sizes: Sequence[int] | None = None
+    frameworks: Sequence[str] | None = None
+    limit: float | None = None
+    previous: str | None = None
+    baseline_repeats: int | None = None
     #: Extra arguments, and what ``--quick`` sets (besides one repeat).
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     quick: dict[str, Any] = field(default_factory=dict)
@@ -323,6 +345,11 @@ def write_outputs(benchmark: Benchmark[Any], report: Report, docs: Path = DOCS) 
     begin, end = markers(benchmark.name)
     docs.mkdir(parents=True, exist_ok=True)
     lines = benchmark.section(report)
+    if benchmark.intro is not None:
+        sizes = " ".join(map(str, report.get("sizes", [])))
+        command = f"python -m benchmarks.{benchmark.name}" + (f" --sizes {sizes}" if sizes else "")
+        command = f"`{command} --repeats {report['repeats']}`"
+        lines = [" ".join(benchmark.intro.split()).format(stamp=stamp(report), command=command), "", *lines]
     if benchmark.title is not None:
         lines = [f"## {benchmark.title}", "", *lines]
     if benchmark.notes is not None:
@@ -343,6 +370,19 @@ def parse(benchmark: Benchmark[Any], argv: Sequence[str] | None = None) -> argpa
     parser.add_argument("--add", action="store_true", help="add this run's repeats to the JSON's")
     parser.add_argument("--out", type=Path, default=benchmark.out, help="the JSON (default: benchmarks/results)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where the page and the PNG go (default: docs)")
+    if benchmark.sizes is not None:
+        parser.add_argument("--sizes", type=int, nargs="+", default=list(benchmark.sizes), help="agents N")
+    if benchmark.frameworks is not None:
+        choices = ["tensorplay", "torch"]
+        parser.add_argument("--frameworks", nargs="+", default=list(benchmark.frameworks), choices=choices)
+    if benchmark.limit is not None:
+        parser.add_argument("--limit", type=float, default=benchmark.limit, help="seconds before a repeat fails")
+    if benchmark.previous is not None:
+        parser.add_argument("--previous", default=benchmark.previous, help="the git commit of the previous release")
+    if benchmark.baseline_repeats is not None:
+        parser.add_argument("--baseline-repeats", type=int, default=benchmark.baseline_repeats)
+    if benchmark.merge is not None:
+        parser.add_argument("--keep", action="store_true", help="merge into the JSON, replacing these cases' runs")
     benchmark.options(parser)
     args = parser.parse_args(argv)
     if args.quick:

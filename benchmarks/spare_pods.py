@@ -23,7 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.multi_node import Nodes, three_nodes
-from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratios_to, shown, stamp, values
+from benchmarks.runner import (
+    Benchmark,
+    case_points,
+    figure,
+    label_rows,
+    main,
+    ratios_to,
+    shown,
+    stamp,
+    unique_legend,
+    values,
+)
 from tests.e2e.multi_node import local_operator
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.testenv.cluster import Cluster
@@ -103,11 +114,8 @@ def plot(report: dict[str, Any]) -> Any:
         "training": ("s", "tab:orange", "members training at full size"),
         "replacement_running": ("x", "tab:grey", "replacement pod started"),
     }
-    for index, case in enumerate(CASES):
-        for key, (marker, color, label) in markers.items():
-            xs = found(report["runs"], key, case=case)
-            axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if index == 0 else None)
-    axis.legend(fontsize=7, loc="lower right")
+    case_points(axis, report["runs"], list(CASES), markers)
+    unique_legend(axis, fontsize=7, loc="lower right")
     title = f"A member pod deleted, with and without a spare ({report['date']})"
     label_rows(axis, list(CASES), "seconds from the deletion", title, title_size=9)
     return made

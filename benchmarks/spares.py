@@ -50,7 +50,7 @@ from typing import Any
 from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_worker, wait_for
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, count_modified, go, start_operator
-from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles, stamp
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles
 
 SPARE, BASELINE = "one spare", "no spare"
 MODES = (SPARE, BASELINE)
@@ -336,25 +336,24 @@ def _cells(runs: list[dict[str, Any]], key: str) -> str:
 TITLE, IMAGE = "Hot spares: a member lost, a spare promoted", "hot spares"
 
 
+INTRO = f"""
+{{stamp}} with {{command}}: one control plane, the operator running and knowing the job's pods (played: no kubelet),
+an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call) as threads in 8 processes, the victim
+alone in a ninth, 2 workers per agent with `TORCH_ELASTIC_WORKER_IDENTICAL=1`. The victim, a member of the round of
+N, is SIGKILLed and its pod deleted. *one spare*: one more agent (a tenth process) started once the round formed, so
+it waits on the redundancy list; *no spare*: the job as it was, in the same run, repeats in turn. Seconds after the
+failure. From a watch of the Rendezvous: *eviction* (the eviction landed), *folded* (the first state without the
+victim: the fold that applied the eviction), *re-formed* (the next round complete; *size*: its members), *promoted*
+(the spare a member of it). From the agents, each the slowest: *detected* (a survivor's `num_nodes_waiting` turned
+positive), *formed* (its `next_rendezvous` returned), *spare formed* (the spare's did), *ranks* (rank assignment),
+*held* (every survivor and the promoted spare held new ranks). *ratio*: *held* with a spare over *held* without,
+repeat by repeat; *median* of those. The issue's target: a spare promoted within {TARGET_SECONDS:.0f} s of the loss
+at N=1024. Every repeat, in order. Starting the workers is not included.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        f"{stamp(report)} with `python -m benchmarks.spares "
-        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, the "
-        "operator running and knowing the job's pods (played: no kubelet), an elastic job of N agents "
-        "(`--nnodes=N-8:N`, the default 30 s last call) as threads in 8 processes, the victim alone in a ninth, "
-        "2 workers per agent with `TORCH_ELASTIC_WORKER_IDENTICAL=1`. The victim, a member of the round of N, is "
-        "SIGKILLed and its pod deleted. *one spare*: one more agent (a tenth process) started once the round "
-        "formed, so it waits on the redundancy list; *no spare*: the job as it was, in the same run, repeats in "
-        "turn. Seconds after the failure. From a watch of the Rendezvous: *eviction* (the eviction landed), "
-        "*folded* (the first state without the victim: the fold that applied the eviction), *re-formed* (the "
-        "next round complete; *size*: its members), *promoted* (the spare a member of it). "
-        "From the agents, each the slowest: *detected* (a survivor's `num_nodes_waiting` turned positive), "
-        "*formed* (its `next_rendezvous` returned), *spare formed* (the spare's did), *ranks* (rank "
-        "assignment), *held* (every survivor and the promoted spare held new ranks). *ratio*: *held* with a "
-        f"spare over *held* without, repeat by repeat; *median* of those. The issue's target: a spare promoted "
-        f"within {TARGET_SECONDS:.0f} s of the loss at N=1024. Every repeat, in order. Starting the workers is "
-        "not included.",
-        "",
         "| N | framework | mode | eviction | folded | re-formed | size | promoted | detected | formed "
         "| spare formed | ranks | held | ratio | median | completed by |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -507,14 +506,14 @@ def finish(report: dict[str, Any]) -> None:
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024])
-    parser.add_argument("--frameworks", nargs="+", default=["tensorplay"], choices=["tensorplay", "torch"])
     parser.add_argument("--keep-workdir", action="store_true", help="keep the control plane's and agents' logs")
 
 
 BENCHMARK = Benchmark.of(
     globals(),
     setup=plane,
+    sizes=[1024],
+    frameworks=["tensorplay"],
     fields=arguments("sizes", "repeats", "frameworks"),
     **AT_SCALE,
     numbered=True,

@@ -140,18 +140,15 @@ def plot(report: dict[str, Any]) -> Any:
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 128, 1024])
-    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
-    parser.add_argument("--limit", type=float, default=180.0, help="seconds before a round counts as failed")
     parser.add_argument("--only", nargs="*", help="run only the variants whose label contains one of these")
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the JSON's runs of the sizes and variants not run this time"
-    )
 
 
 BENCHMARK = Benchmark.of(
     globals(),
     setup=both_releases,
+    sizes=[8, 128, 1024],
+    previous="dc5d934",
+    limit=180.0,
     fields=arguments("sizes", "repeats", "previous"),
     **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},
     case_major=True,

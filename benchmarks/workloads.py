@@ -29,7 +29,18 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratios_to, shown, stamp, unique_legend, values
+from benchmarks.runner import (
+    Benchmark,
+    case_points,
+    figure,
+    label_rows,
+    main,
+    ratios_to,
+    shown,
+    stamp,
+    unique_legend,
+    values,
+)
 from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.real_pods import RENDEZVOUS
 from tests.e2e.workloads import (
@@ -160,10 +171,7 @@ def plot(report: dict[str, Any]) -> Any:
         "training_again": ("s", "tab:orange", None),
         "completed": ("x", "tab:grey", "Kueue: the Job complete"),
     }
-    for index, case in enumerate(CASES):
-        for key, (marker, color, label) in markers.items():
-            xs = found(report["runs"], key, case=case)
-            axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if xs else None)
+    case_points(axis, report["runs"], CASES, markers)
     unique_legend(axis, fontsize=7, loc="center")  # the empty middle: 6 to 14 s
     title = f"The examples on JobSet, Trainer and Kueue ({report['date']})"
     label_rows(axis, CASES, "seconds from the fault", title, title_size=9)
