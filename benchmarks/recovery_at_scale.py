@@ -77,6 +77,23 @@ def start_worker(
         )  # fmt: skip
 
 
+def start_job(
+    bench: Bench, backend: str, name: str, nodes: int, tag: str, files: int
+) -> tuple[list[subprocess.Popen[str]], subprocess.Popen[str], list[Path]]:
+    """The job's agents: N-1 members as threads in ``PROCESSES`` processes, the victim (the last member) alone in
+    one more; and ``files`` result files, the victim's at ``PROCESSES``."""
+    survivors = nodes - 1
+    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
+    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
+    stamp = time.time_ns()
+    outs = [bench.workdir / f"{tag}-{nodes}-{stamp}-{i}.json" for i in range(files)]
+    workers = [
+        start_worker(bench, backend, name, nodes, i, count, first, out)
+        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
+    ]
+    return workers, start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[PROCESSES]), outs
+
+
 def wait_for(paths: list[Path], seconds: float, what: str, workers: list[subprocess.Popen[str]]) -> None:
     """Wait until every path exists; log how many do every 15 s (a step of minutes at N=1024 shows it moves)."""
     began = time.monotonic()
@@ -106,15 +123,7 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
         # A fresh operator per run: another run's cleanup (1024 pods gone) must not queue ahead of this one.
         operator = start_operator(bench, bench.workdir / f"operator-{name}")
     survivors = nodes - 1
-    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
-    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
-    stamp = time.time_ns()
-    outs = [bench.workdir / f"recovery-{nodes}-{stamp}-{i}.json" for i in range(PROCESSES + 1)]
-    workers = [
-        start_worker(bench, backend, name, nodes, i, count, first, out)
-        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
-    ]
-    victim = start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[-1])
+    workers, victim, outs = start_job(bench, backend, name, nodes, "recovery", PROCESSES + 1)
     everyone = [*workers, victim]
     try:
         go(everyone, ready=True)

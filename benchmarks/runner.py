@@ -108,14 +108,20 @@ def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: flo
     axis.set_yticks(range(len(rows)), list(rows), fontsize=7)
 
 
-def case_points(
-    axis: Any, runs: Sequence[Run], cases: Sequence[str], styles: dict[str, tuple[str, str, str | None]]
-) -> None:
-    """Per case (a row), every repeat's measured ``key`` as a point, for each ``key: (marker, color, label)``."""
+def case_plot(
+    report: Report, cases: Sequence[str], styles: dict[str, tuple[str, str, str | None]], xlabel: str, title: str,
+    legend: str,
+) -> Any:  # fmt: skip
+    """A row per case, every repeat's measured ``key`` a point for each ``key: (marker, color, label)``; the title
+    with the report's date, the legend at ``legend``."""
+    made, axis = figure(9, 3.2)
     for index, case in enumerate(cases):
         for key, (marker, color, label) in styles.items():
-            xs = found(runs, key, case=case)
+            xs = found(report["runs"], key, case=case)
             axis.scatter(xs, [index] * len(xs), marker=marker, s=28, color=color, label=label if xs else None)
+    unique_legend(axis, fontsize=7, loc=legend)
+    label_rows(axis, cases, xlabel, f"{title} ({report['date']})", title_size=9)
+    return made
 
 
 def label_rows(

@@ -23,18 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.multi_node import Nodes, three_nodes
-from benchmarks.runner import (
-    Benchmark,
-    case_points,
-    figure,
-    label_rows,
-    main,
-    ratios_to,
-    shown,
-    stamp,
-    unique_legend,
-    values,
-)
+from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, stamp, values
 from tests.e2e.multi_node import local_operator
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.testenv.cluster import Cluster
@@ -108,17 +97,13 @@ def section(report: dict[str, Any]) -> list[str]:
 
 
 def plot(report: dict[str, Any]) -> Any:
-    made, axis = figure(9, 3.2)
     markers = {
         "formed": ("o", "tab:blue", "round at full size"),
         "training": ("s", "tab:orange", "members training at full size"),
         "replacement_running": ("x", "tab:grey", "replacement pod started"),
     }
-    case_points(axis, report["runs"], list(CASES), markers)
-    unique_legend(axis, fontsize=7, loc="lower right")
-    title = f"A member pod deleted, with and without a spare ({report['date']})"
-    label_rows(axis, list(CASES), "seconds from the deletion", title, title_size=9)
-    return made
+    title = "A member pod deleted, with and without a spare"
+    return case_plot(report, list(CASES), markers, "seconds from the deletion", title, "lower right")
 
 
 BENCHMARK = Benchmark.of(

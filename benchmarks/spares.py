@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_worker, wait_for
+from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_job, start_worker, wait_for
 from benchmarks.round_worker import agent_address
 from benchmarks.run import GROUP, VERSION, Bench, control_plane, count_modified, go, start_operator
 from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles
@@ -208,15 +208,7 @@ def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, An
     operator = start_operator(bench, bench.workdir / f"operator-{name}")
     survivors = nodes - 1
     victim_addr, spare_addr = agent_address(survivors), agent_address(nodes) if spares else None
-    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
-    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
-    stamp = time.time_ns()
-    outs = [bench.workdir / f"spares-{nodes}-{stamp}-{i}.json" for i in range(PROCESSES + 2)]
-    workers = [
-        start_worker(bench, backend, name, nodes, i, count, first, out)
-        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
-    ]
-    victim = start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[PROCESSES])
+    workers, victim, outs = start_job(bench, backend, name, nodes, "spares", PROCESSES + 2)
     everyone = [*workers, victim]
     spare: subprocess.Popen[str] | None = None
     watch: StatusWatch | None = None

@@ -29,18 +29,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from benchmarks.runner import (
-    Benchmark,
-    case_points,
-    figure,
-    label_rows,
-    main,
-    ratios_to,
-    shown,
-    stamp,
-    unique_legend,
-    values,
-)
+from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, stamp, values
 from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.real_pods import RENDEZVOUS
 from tests.e2e.workloads import (
@@ -164,18 +153,14 @@ def section(report: dict[str, Any]) -> list[str]:
 
 
 def plot(report: dict[str, Any]) -> Any:
-    made, axis = figure(9, 3.2)
     markers = {
         "survivors_training": ("o", "tab:blue", "the others training again"),
         "replacement_training": ("s", "tab:orange", "the replacement training (Kueue: the new pods)"),
         "training_again": ("s", "tab:orange", None),
         "completed": ("x", "tab:grey", "Kueue: the Job complete"),
     }
-    case_points(axis, report["runs"], CASES, markers)
-    unique_legend(axis, fontsize=7, loc="center")  # the empty middle: 6 to 14 s
-    title = f"The examples on JobSet, Trainer and Kueue ({report['date']})"
-    label_rows(axis, CASES, "seconds from the fault", title, title_size=9)
-    return made
+    title = "The examples on JobSet, Trainer and Kueue"
+    return case_plot(report, CASES, markers, "seconds from the fault", title, "center")  # center: 6 to 14 s is empty
 
 
 BENCHMARK = Benchmark.of(
