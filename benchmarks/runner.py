@@ -83,21 +83,24 @@ def ratio(mine: Sequence[float], base: Sequence[float]) -> float | None:
     return statistics.median(mine) / statistics.median(base) if mine and base else None
 
 
-def figure(width: float, height: float, columns: int | None = None) -> tuple[Any, Any]:
+def figure(width: float, height: float, columns: int | None = None, rows: int = 1) -> tuple[Any, Any]:
     """A new figure (the one matplotlib setup): (the figure, its one axis; or, given ``columns``, the list of
-    that many axes in one row). The runner saves it."""
+    its ``rows`` x ``columns`` axes, row by row). The runner saves it (``save_figure``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made, axes = plt.subplots(1, columns or 1, figsize=(width, height), squeeze=False)
-    return made, (axes[0][0] if columns is None else list(axes[0]))
+    made, axes = plt.subplots(rows, columns or 1, figsize=(width, height), squeeze=False)
+    return made, (axes[0][0] if columns is None else list(axes.flat))
 
 
-def save_figure(made: Any, path: Path) -> None:
+def save_figure(made: Any, path: Path, dpi: int = 110) -> None:
+    import matplotlib.pyplot as plt
+
     made.tight_layout()
-    made.savefig(path, dpi=110)
+    made.savefig(path, dpi=dpi)
+    plt.close(made)
 
 
 def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: float | None = None, **style: Any) -> None:
