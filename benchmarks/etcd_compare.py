@@ -41,7 +41,7 @@ from benchmarks.nothing_slower import Run, a_round, operator_of, ratio
 from benchmarks.nothing_slower import rows as paired_rows
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, Bench, log
-from benchmarks.runner import figure, save_figure
+from benchmarks.runner import figure, quick_mode, save_figure
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- etcd-compare:begin (python -m benchmarks.etcd_compare) -->", "<!-- etcd-compare:end -->"
@@ -218,6 +218,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--summary", help="the sentences under the table (kept from the JSON when not given)")
     parser.add_argument("--out", type=Path, help="write the JSON, the page and the plot under this folder")
     parser.add_argument("--report", action="store_true", help="only rewrite the page and the plot from the JSON")
+    quick_mode(parser, argv, sizes=[8], steady_sizes=[8], steady_seconds=25.0, repeats=1)
     args = parser.parse_args(argv)
     if args.steady_sizes is None:
         args.steady_sizes = [1024] if 1024 in args.sizes else [max(args.sizes)]

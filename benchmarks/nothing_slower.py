@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, WRITER_VICTIM, Bench, checkout, log, recovery, release_env, start_operator
-from benchmarks.runner import figure, save_figure
+from benchmarks.runner import figure, quick_mode, save_figure
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- nothing-slower:begin (python -m benchmarks.nothing_slower) -->", "<!-- nothing-slower:end -->"
@@ -282,11 +282,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--recovery-agents", type=int, default=32, help="agents of the recovery job")
     parser.add_argument("--previous", default="f3c6c78", help="the previous release: the last that landed")
     parser.add_argument("--round-limit", type=float, default=300.0, help="seconds before a round counts as failed")
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     parser.add_argument("--out", type=Path, help="write the JSON, the page and the plot under this folder")
     parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    if "--quick" in argv:
-        parser.set_defaults(**QUICK)
+    quick_mode(parser, argv, **QUICK)
     args = parser.parse_args(argv)
     if args.recovery_repeats is None:
         args.recovery_repeats = args.repeats

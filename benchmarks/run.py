@@ -22,13 +22,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from benchmarks.report import new_report, save_report
-from benchmarks.runner import log, writer_lease
+from benchmarks.runner import log, quick_mode, repeated, writer_lease
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -864,6 +865,7 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--round-limit", type=float, default=300.0, help="give up on one round after this (s)")
+    quick_mode(parser, None, sizes=[8], backends=["p10d", "k8s"], repeats=1, steady_sizes=[], skip_recovery=True)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -881,17 +883,8 @@ def main() -> int:
             cas = bench.cas_latency(nodes)
             log(f"N={nodes}: median CAS latency {cas * 1000:.1f} ms -> floor {nodes * cas:.2f} s")
             for backend in args.backends:
-                runs = []
-                for repeat in range(repeats):
-                    try:
-                        runs.append(bench.round(backend, nodes, limit=args.round_limit))
-                        log(
-                            f"N={nodes} {backend} repeat {repeat + 1}/{repeats}: {runs[-1]['seconds']:.2f} s {runs[-1]}"
-                        )
-                    except RuntimeError as exc:
-                        log(f"N={nodes} {backend} repeat {repeat + 1}: FAILED {exc}")
-                        runs.append({"backend": backend, "nodes": nodes, "failed": str(exc)[:300]})
-                        break
+                one = partial(bench.round, backend, nodes, limit=args.round_limit)
+                runs = repeated(f"N={nodes} {backend}", repeats, one, (RuntimeError,))
                 done = [run for run in runs if "seconds" in run]
                 entry: dict[str, Any] = {
                     "backend": backend,

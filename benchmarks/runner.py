@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -234,6 +235,37 @@ def in_threads(target: Callable[[int], None], count: int) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def quick_mode(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **smoke: Any) -> None:
+    """``--quick``: a smoke run, ``smoke`` the defaults it changes (explicit arguments still win). For the
+    benchmarks with a command line of their own; ``Benchmark.quick`` is the same for the others."""
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {smoke} unless given")
+    if "--quick" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**smoke)
+
+
+def repeated(
+    what: str,
+    repeats: int,
+    measure: Callable[[], Run],
+    errors: tuple[type[BaseException], ...] = (RuntimeError, AssertionError, TimeoutError),
+) -> list[Run]:
+    """``measure()`` ``repeats`` times, every run kept, a progress line for each; a repeat that raised ``errors``
+    is kept as ``{"failed": why}`` and ends the repeats (within the limit or never: repeating only costs time).
+    For the benchmarks whose report is several tables (``run``, ``scale``)."""
+    runs: list[Run] = []
+    for repeat in range(repeats):
+        try:
+            run = measure()
+            log(f"{what} repeat {repeat + 1}/{repeats}: {json.dumps(run, default=str)[:300]}")
+        except errors as exc:
+            log(f"{what} repeat {repeat + 1}/{repeats}: FAILED {exc}")
+            run = {"failed": str(exc)[:300]}
+        runs.append(run)
+        if "failed" in run:
+            break
+    return runs
 
 
 # --- the benchmark and its run --------------------------------------------------------------------------------

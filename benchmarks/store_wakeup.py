@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.runner import quick_mode
+
 REPO = Path(__file__).resolve().parents[1]
 
 WAITER = """
@@ -35,6 +37,7 @@ for line in sys.stdin:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=100)
+    quick_mode(parser, None, samples=5)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from kube_rendezvous import create_backend
