@@ -41,7 +41,7 @@ from benchmarks.nothing_slower import Run, a_round, operator_of, ratio
 from benchmarks.nothing_slower import rows as paired_rows
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, Bench, log
-from benchmarks.runner import figure, quick_mode, save_figure
+from benchmarks.runner import figure, invocation, page_under, quick_mode, save_figure, stamp
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- etcd-compare:begin (python -m benchmarks.etcd_compare) -->", "<!-- etcd-compare:end -->"
@@ -140,15 +140,11 @@ def rows(report: dict[str, Any]) -> Iterator[tuple[str, int, int, list[dict[int,
 
 def write_report(report: dict[str, Any], where: Path = DOCS) -> None:
     """The section of ``benchmarks.md`` and ``etcd-compare.png``, in docs/ or ``where`` (a copy of the page)."""
-    page = where / "benchmarks.md"
-    if not page.exists():
-        where.mkdir(parents=True, exist_ok=True)
-        page.write_text((DOCS / "benchmarks.md").read_text())
-    command = " ".join(["python -m benchmarks.etcd_compare", *report["argv"]])
+    page = page_under(where)
     lines = [
         "## The test control plane on etcd 3.7.3 beside etcd 3.5.1",
         "",
-        f"Measured {report['date']} on {report['machine']} with `{command}` ({report['minutes']:.0f} min): every "
+        f"{stamp(report)} with `{invocation('etcd_compare', report)}` ({report['minutes']:.0f} min): every "
         "repeat runs each etcd on a fresh control plane of its own (etcd, kube-apiserver v1.37.2 and "
         "kube-controller-manager), which goes first alternating; this release's library and operator on both. "
         f"3.5.1 is the PyPI wheel (`{INSTALL_OLD}`, not a dependency); 3.7.3 is the build of "

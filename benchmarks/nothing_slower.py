@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, WRITER_VICTIM, Bench, checkout, log, recovery, release_env, start_operator
-from benchmarks.runner import figure, quick_mode, save_figure
+from benchmarks.runner import figure, invocation, page_under, quick_mode, save_figure, stamp
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- nothing-slower:begin (python -m benchmarks.nothing_slower) -->", "<!-- nothing-slower:end -->"
@@ -211,15 +211,11 @@ def rows(
 def write_report(report: dict[str, Any], out: Path | None = None) -> None:
     """The section of ``benchmarks.md`` and ``nothing-slower.png``, in docs/ or under ``out``."""
     where = out or DOCS
-    page = where / "benchmarks.md"
-    if not page.exists():  # under --out: a copy of the real page, so the splice is the one docs/ would get
-        where.mkdir(parents=True, exist_ok=True)
-        page.write_text((DOCS / "benchmarks.md").read_text())
-    command = " ".join(["python -m benchmarks.nothing_slower", *report["argv"]])
+    page = page_under(where)
     lines = [
         "## Nothing is slower: this release beside the previous one (issue #26)",
         "",
-        f"Measured {report['date']} on {report['machine']} with `{command}`: one control plane, every case on this "
+        f"{stamp(report)} with `{invocation('nothing_slower', report)}`: one control plane, every case on this "
         f"release and on the previous release ({report['previous']}, its library and its operator), side by side "
         "in every repeat (which goes first alternates). Rounds and the steady state run with the release's "
         f"operator; recovery is SIGKILL of one of {report['recovery_agents']} agents to the survivors training "

@@ -630,6 +630,14 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", re.MULTILIN
 REJOINING, FORMED, STARTING = "Rendezvous'ing worker group", "Rendezvous complete", "Starting worker group"
 
 
+def started(name: str) -> Bench:
+    """A control plane in a new work folder (``kube-rendezvous-<name>-``), for a benchmark of several tables."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"kube-rendezvous-{name}-"))
+    log(f"starting the control plane in {workdir}")
+    return Bench(workdir)
+
+
 @contextmanager
 def control_plane(workdir: Path, args: object = None) -> Iterator[Bench]:
     """A benchmark's control plane (``Bench``), stopped on the way out: the ``setup`` of most benchmarks."""
@@ -867,14 +875,7 @@ def main() -> int:
     parser.add_argument("--round-limit", type=float, default=300.0, help="give up on one round after this (s)")
     quick_mode(parser, None, sizes=[8], backends=["p10d", "k8s"], repeats=1, steady_sizes=[], skip_recovery=True)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-bench-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        rounds=[],
-    )
+    bench, report = started("bench"), new_report(rounds=[])
     if args.keep_rounds and (RESULTS / "results.json").exists():
         report["rounds"] = json.loads((RESULTS / "results.json").read_text())["rounds"]
     try:
@@ -915,15 +916,15 @@ def main() -> int:
             save(report)
     finally:
         bench.stop()
-    save(report)
+        save(report)
     from benchmarks.report import write_report
 
     write_report(report)
     return 0
 
 
-def save(report: dict[str, Any]) -> None:
-    save_report(RESULTS / "results.json", report)
+#: Save the report of ``python -m benchmarks.run`` (after every step).
+save = partial(save_report, RESULTS / "results.json")
 
 
 if __name__ == "__main__":

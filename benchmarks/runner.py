@@ -60,6 +60,16 @@ def arguments(*names: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
     return lambda args: {name: getattr(args, name) for name in names}
 
 
+def invocation(name: str, report: Report) -> str:
+    """The command line that measured ``report`` (its ``argv``), as a section quotes it."""
+    return " ".join([f"python -m benchmarks.{name}", *report["argv"]])
+
+
+def table_head(*columns: str) -> list[str]:
+    """A Markdown table's first two lines."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def values(runs: Iterable[Run], key: str, **match: Any) -> list[Any]:
     """``run.get(key)`` of every run whose fields equal ``match``, in order (None where it has none)."""
     return [run.get(key) for run in runs if all(run.get(name) == value for name, value in match.items())]
@@ -245,6 +255,16 @@ def quick_mode(parser: argparse.ArgumentParser, argv: Sequence[str] | None, **sm
         parser.set_defaults(**smoke)
 
 
+def page_under(where: Path, name: str = "benchmarks.md") -> Path:
+    """The page ``name`` under ``where``: docs/'s own, or (``--out``) a copy of it, so that the section spliced
+    into it is the one docs/ would get."""
+    page = where / name
+    if not page.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        page.write_text((DOCS / name).read_text())
+    return page
+
+
 def repeated(
     what: str,
     repeats: int,
@@ -308,7 +328,7 @@ class Benchmark(Generic[Context]):
     title: str | None = None
     image: str | None = None
     #: What was measured, how: the paragraph before the table, formatted with ``stamp`` (when, where) and
-    #: ``command`` (the command line with its sizes and repeats); white space folded.
+    #: ``command`` (the command line with its sizes and repeats) and the report's fields; white space folded.
     intro: str | None = None
     #: How to read the table: a paragraph after it (white space folded: write it as a triple-quoted string).
     notes: str | None = None
@@ -390,7 +410,8 @@ def write_outputs(benchmark: Benchmark[Any], report: Report, docs: Path = DOCS) 
         sizes = " ".join(map(str, report.get("sizes", [])))
         command = f"python -m benchmarks.{benchmark.name}" + (f" --sizes {sizes}" if sizes else "")
         command = f"`{command} --repeats {report['repeats']}`"
-        lines = [" ".join(benchmark.intro.split()).format(stamp=stamp(report), command=command), "", *lines]
+        intro = " ".join(benchmark.intro.split()).format_map({**report, "stamp": stamp(report), "command": command})
+        lines = [intro, "", *lines]
     if benchmark.title is not None:
         lines = [f"## {benchmark.title}", "", *lines]
     if benchmark.notes is not None:

@@ -23,7 +23,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator
+from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator, started
 from benchmarks.runner import figure, quick_mode, repeated, save_figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,10 +159,8 @@ def main() -> int:
         kill_joiner_sizes=[],
     )  # fmt: skip
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-scale-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
+    bench = started("scale")
+    workdir = bench.workdir
     report = new_report(
         rounds=[],
         steady=[],
@@ -257,8 +254,8 @@ def main() -> int:
     return 0
 
 
-def save(report: dict[str, Any]) -> None:
-    save_report(RESULTS / "scale.json", report)
+#: Save the report of ``python -m benchmarks.scale`` (after every step).
+save = partial(save_report, RESULTS / "scale.json")
 
 
 def _fmt(value: Any, digits: int = 2) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.multi_node import Nodes, three_nodes
-from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, stamp, values
+from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, table_head, values
 from tests.e2e.multi_node import local_operator
 from tests.e2e.placement import SpareRecovery, racks, spare_recovery
 from tests.testenv.cluster import Cluster
@@ -76,18 +76,19 @@ replacement pod has started and its agent joined.
 """
 
 
+INTRO = """
+{stamp}, {repeats} repeats (`python -m benchmarks.spare_pods`): the example Job's 3 pods one per node, the member of
+rank 0 deleted (`kubectl delete pod`). *One spare*: `--nnodes=1:2`, full size 2, the third pod a spare. *No spare*:
+`--nnodes=1:3`, full size 3. Seconds from the deletion, every repeat; the ratio compares the medians of *members
+training at full size* with the no-spare case of the same run.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
-    lines = [
-        f"{stamp(report)}, {report['repeats']} repeats "
-        "(`python -m benchmarks.spare_pods`): the example Job's 3 pods one per node, the member of rank 0 deleted "
-        "(`kubectl delete pod`). *One spare*: `--nnodes=1:2`, full size 2, the third pod a spare. *No spare*: "
-        "`--nnodes=1:3`, full size 3. Seconds from the deletion, every repeat; the ratio compares the medians of "
-        "*members training at full size* with the no-spare case of the same run.",
-        "",
-        "| case | round at full size | members training at full size | replacement pod started | ratio |",
-        "|---|---|---|---|---|",
-    ]
+    lines = table_head(
+        "case", "round at full size", "members training at full size", "replacement pod started", "ratio"
+    )
     for case in CASES:
         row = table[case]
         text = f"{row['ratio']:.2f}x of {BASELINES[case]}" if "ratio" in row else ""

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, stamp, values
+from benchmarks.runner import Benchmark, case_plot, main, ratios_to, shown, table_head, values
 from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.real_pods import RENDEZVOUS
 from tests.e2e.workloads import (
@@ -121,17 +121,17 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     return table
 
 
+INTRO = """
+{stamp}, {repeats} repeats (`python -m benchmarks.workloads`): three real nodes, the controllers built from source,
+the operator from the chart. Seconds from the fault, every repeat; the ratios compare medians with the Indexed Job's
+of the same run.
+"""
+
+
 def section(report: dict[str, Any]) -> list[str]:
     table = summary(report)
-    lines = [
-        f"{stamp(report)}, {report['repeats']} repeats "
-        "(`python -m benchmarks.workloads`): three real nodes, the controllers built from source, the operator from "
-        "the chart. Seconds from the fault, every repeat; the ratios compare medians with the Indexed Job's of the "
-        "same run.",
-        "",
-        "| case | the others training again | the replacement training with them | ratio (others, replacement) |",
-        "|---|---|---|---|",
-    ]
+    others, replacement = "the others training again", "the replacement training with them"
+    lines = table_head("case", others, replacement, "ratio (others, replacement)")
     for case in POD_CASES:
         row = table[case]
         text = (
