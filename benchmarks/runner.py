@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,7 +123,7 @@ def scatter_rows(axis: Any, rows: dict[str, list[float | None]], *, none_at: flo
 
 
 def case_plot(
-    report: Report, cases: Sequence[str], styles: dict[str, tuple[str, str, str | None]], xlabel: str, title: str,
+    report: Report, cases: Sequence[str], styles: Mapping[str, tuple[str, str, str | None]], xlabel: str, title: str,
     legend: str,
 ) -> Any:  # fmt: skip
     """A row per case, every repeat's measured ``key`` a point for each ``key: (marker, color, label)``; the title
@@ -320,8 +320,9 @@ class Benchmark(Generic[Context]):
     section: Callable[[Report], list[str]]
     plot: Callable[[Report], Any]
     cases: Callable[[argparse.Namespace], list[Run]] = lambda args: []
-    setup: Callable[[Path, argparse.Namespace], AbstractContextManager[Context]] = lambda workdir, args: nullcontext(
-        workdir  # type: ignore[arg-type,return-value]
+    #: The environment every case runs in, entered once (default: none, the work folder).
+    setup: Callable[[Path, argparse.Namespace], AbstractContextManager[Context]] = (
+        lambda workdir, args: nullcontext(workdir)  # type: ignore[arg-type]
     )
     page: str = "benchmarks.md"
     #: The section's heading, and the alt text of its PNG, shown at its end.

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator, started
-from benchmarks.runner import figure, quick_mode, repeated, save_figure
+from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, recovery, start_operator, started
+from benchmarks.runner import figure, log, quick_mode, repeated, save_figure
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
