@@ -145,8 +145,10 @@ def label_rows(
     ``title_size``, a small title and a grid of the seconds."""
     axis.set_yticks(range(len(labels)), list(labels), fontsize=size)
     axis.set_xlabel(xlabel)
-    axis.set_title(title, fontsize=title_size)
-    if title_size is not None:
+    if title_size is None:
+        axis.set_title(title)
+    else:
+        axis.set_title(title, fontsize=title_size)
         axis.grid(axis="x", alpha=0.3)
 
 
