@@ -183,7 +183,7 @@ def handler_api(handler: Any) -> Any:
     """The API client a handler of ours sends through (None for p10d's and c10d's handlers).
 
     TODO(public stats): the agent side's public stats object replaces this read of ``handler._api``."""
-    return getattr(handler, "_api", None)
+    return getattr(handler, "_api", None)  # TODO(public stats)
 
 
 def library_counters(handler: Any) -> tuple[dict[str, int], dict[str, int]] | None:
@@ -192,7 +192,7 @@ def library_counters(handler: Any) -> tuple[dict[str, int], dict[str, int]] | No
 
     TODO(public stats): the agent side's public stats object replaces these reads of ``handler._api`` and
     ``handler._store``."""
-    api, store = handler_api(handler), getattr(handler, "_store", None)
+    api, store = handler_api(handler), getattr(handler, "_store", None)  # TODO(public stats)
     if not isinstance(getattr(handler, "stats", None), dict) or api is None or store is None:
         return None
     counts = dict(handler.stats)
@@ -210,14 +210,14 @@ def backend_api(backend: Any) -> Any:
     """The API client of a compare-and-swap backend (``create_backend``).
 
     TODO(public stats): the agent side's public stats object replaces this read of ``backend._api``."""
-    return backend._api
+    return backend._api  # TODO(public stats)
 
 
 def round_store(store: Any) -> Any:
     """The round's prefixed view of a backend's store, as a round's handler gives it to the agent (round 0).
 
     TODO(public names): ``KubernetesPrefixStore`` has no public name; this is the one import of it."""
-    from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
+    from kube_rendezvous._store.prefixstore import KubernetesPrefixStore  # TODO(public names)
 
     return KubernetesPrefixStore("rdzv/none/0/", store, round_number=0)
 
@@ -226,7 +226,7 @@ def writer_lease(rendezvous: str) -> str:
     """The name of a Rendezvous' writer Lease.
 
     TODO(public names): ``writer_lease_name`` has no public name; this is the one import of it."""
-    from kube_rendezvous._kube.leases import writer_lease_name
+    from kube_rendezvous._kube.leases import writer_lease_name  # TODO(public names)
 
     name: str = writer_lease_name(rendezvous)
     return name
@@ -236,7 +236,7 @@ def key_watch_caches(stores: Iterable[Any]) -> list[Any]:
     """The key caches of the stores' key watches (stores without one left out).
 
     TODO(public stats): a public read of a store's key watch replaces this read of ``store._keys``."""
-    return [store._keys.cache for store in stores if store._keys is not None]
+    return [store._keys.cache for store in stores if store._keys is not None]  # TODO(public stats)
 
 
 def in_threads(target: Callable[[int], None], count: int) -> None:
