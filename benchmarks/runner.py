@@ -7,8 +7,8 @@ ratio (``ratio``), the docs section (``splice`` between the benchmark's markers)
 matplotlib setup). The project's rules for a benchmark: compare against the baseline measured in the same run, as
 a ratio; report every repeat, not only the median; save the JSON and a PNG; long steps show progress.
 
-The library's counters are read here only, each in one small function marked ``TODO(public stats)``: the agent
-side's public stats object replaces them in one place.
+The library's counters are read here only, each in one small function, through the library's public names (each
+client's, handler's and store's ``stats``: ``kube_rendezvous.Counters``).
 """
 
 from __future__ import annotations
@@ -180,20 +180,15 @@ def unique_legend(axis: Any, **options: Any) -> None:
 
 
 def handler_api(handler: Any) -> Any:
-    """The API client a handler of ours sends through (None for p10d's and c10d's handlers).
-
-    TODO(public stats): the agent side's public stats object replaces this read of ``handler._api``."""
-    return getattr(handler, "_api", None)  # TODO(public stats)
+    """The API client a handler of ours sends through (``handler.api``; None for p10d's and c10d's handlers)."""
+    return getattr(handler, "api", None)
 
 
 def library_counters(handler: Any) -> tuple[dict[str, int], dict[str, int]] | None:
     """A handler of ours: its API client's counters, and its own and its store's (``store_`` prefixed); None
-    for p10d's and c10d's handlers, which count nothing.
-
-    TODO(public stats): the agent side's public stats object replaces these reads of ``handler._api`` and
-    ``handler._store``."""
-    api, store = handler_api(handler), getattr(handler, "_store", None)  # TODO(public stats)
-    if not isinstance(getattr(handler, "stats", None), dict) or api is None or store is None:
+    for p10d's and c10d's handlers, which count nothing."""
+    api, store = handler_api(handler), getattr(handler, "rendezvous_store", None)
+    if not isinstance(getattr(handler, "stats", None), Mapping) or api is None or store is None:
         return None
     counts = dict(handler.stats)
     counts.update({f"store_{key}": value for key, value in store.stats.items()})
@@ -207,36 +202,28 @@ def api_requests(handlers: Iterable[Any]) -> int:
 
 
 def backend_api(backend: Any) -> Any:
-    """The API client of a compare-and-swap backend (``create_backend``).
-
-    TODO(public stats): the agent side's public stats object replaces this read of ``backend._api``."""
-    return backend._api  # TODO(public stats)
+    """The API client of a compare-and-swap backend (``create_backend``)."""
+    return backend.api
 
 
 def round_store(store: Any) -> Any:
-    """The round's prefixed view of a backend's store, as a round's handler gives it to the agent (round 0).
-
-    TODO(public names): ``KubernetesPrefixStore`` has no public name; this is the one import of it."""
-    from kube_rendezvous._store.prefixstore import KubernetesPrefixStore  # TODO(public names)
+    """The round's prefixed view of a backend's store, as a round's handler gives it to the agent (round 0)."""
+    from kube_rendezvous import KubernetesPrefixStore
 
     return KubernetesPrefixStore("rdzv/none/0/", store, round_number=0)
 
 
 def writer_lease(rendezvous: str) -> str:
-    """The name of a Rendezvous' writer Lease.
-
-    TODO(public names): ``writer_lease_name`` has no public name; this is the one import of it."""
-    from kube_rendezvous._kube.leases import writer_lease_name  # TODO(public names)
+    """The name of a Rendezvous' writer Lease."""
+    from kube_rendezvous import writer_lease_name
 
     name: str = writer_lease_name(rendezvous)
     return name
 
 
 def key_watch_caches(stores: Iterable[Any]) -> list[Any]:
-    """The key caches of the stores' key watches (stores without one left out).
-
-    TODO(public stats): a public read of a store's key watch replaces this read of ``store._keys``."""
-    return [store._keys.cache for store in stores if store._keys is not None]  # TODO(public stats)
+    """The key caches of the stores' key watches (``store.key_watch``; stores without one left out)."""
+    return [watch.cache for store in stores if (watch := store.key_watch) is not None]
 
 
 def in_threads(target: Callable[[int], None], count: int) -> None:

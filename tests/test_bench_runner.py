@@ -86,3 +86,44 @@ def test_grouped_runs_are_one_entry_per_case_with_every_repeat(tmp_path: Path) -
 def test_ratios_to_the_same_runs_baseline_are_medians_over_medians() -> None:
     runs = [{"case": "a", "x": 2.0}, {"case": "a", "x": 4.0}, {"case": "b", "x": 1.0}, {"case": "c", "x": None}]
     assert ratios_to(runs, "x", {"a": "b", "c": "b"}) == {"a": 3.0}  # c measured nothing: no ratio
+
+
+#: Private names of the frameworks (not ours) that the benchmarks call as their launchers do.
+FRAMEWORK_PRIVATE = {"_assign_worker_ranks"}
+#: The standard library's documented underscore names (``os._exit``: a worker that must not run exit handlers).
+STANDARD_PRIVATE = {("os", "_exit")}
+
+
+def test_no_benchmark_reads_a_private_name_of_the_library() -> None:
+    """Issue #50: the benchmarks read the library through its public names only: no import of a ``kube_rendezvous._``
+    module, no ``getattr(x, "_name")``, no ``x._name`` on anything but the benchmark's own ``self``/``cls``."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kube_rendezvous._"):
+                found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if "._" in a.name]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and node.attr not in FRAMEWORK_PRIVATE
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and not (isinstance(node.value, ast.Name) and (node.value.id, node.attr) in STANDARD_PRIVATE)
+            ):
+                found.append(f"{path.name}:{node.lineno} reads .{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")
+            ):
+                found.append(f"{path.name}:{node.lineno} getattr {node.args[1].value}")
+    assert found == []
