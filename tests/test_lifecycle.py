@@ -122,6 +122,35 @@ class TestRunsNeverInheritEachOthersEnd:
         assert len(job.results()) == 4, job.logs()
         assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
 
+    def test_a_re_run_whose_round_breaks_re_forms_although_the_killed_last_run_s_leases_stay(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """Seed 318 of the generated test (``run sigkill_all ... run sigterm``): the re-run trains, one of its agents
+        is SIGTERMed, and the survivor leaves the broken round to join the next. With every member of the re-run
+        leaving at once, the first version of the run rule handed the fold to the dead run's Leases (still asking to
+        join), and the survivor waited for ever. The run of a fold stays while one of its nodes is alive."""
+        quick = {"keep_alive_interval": "1", "last_call_timeout": "1"}
+        last = make_job(nnodes="2", run_id="run-a", steps=100000, step_seconds=0.2, rdzv_conf=quick)
+        killed = [last.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(killed, 4), 90, "run-a training", explain=last.last_lines)
+        last.stop()  # every agent and worker SIGKILLed: their Leases stay, asking to join
+        job = make_job(nnodes="1:2", run_id="run-b", steps=100000, step_seconds=0.2, rdzv_conf=quick)
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(agents, 4), 90, "run-b training", explain=job.last_lines)
+        victim, survivor = agents
+        victim.terminate()
+        victim.process.wait(60)
+        wait_until(
+            lambda: (
+                training_in_world([survivor], 2, min_step=0)
+                and survivor.output().rsplit(" formed", 1)[-1].count(" step ") >= 2
+            ),
+            60,
+            "the survivor training again in a round of its own",
+            explain=job.last_lines,
+        )
+        assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
+
     def test_with_create_false_a_rendezvous_of_an_ended_run_is_refused_naming_the_fix(
         self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
     ) -> None:
