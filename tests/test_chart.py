@@ -1157,6 +1157,28 @@ class TestInstallingTheChart:
         finally:
             uninstall(helm, control_plane, first)
 
+    def test_a_missing_training_namespace_fails_the_install_and_create_namespaces_creates_and_keeps_it(
+        self, helm: Helm, control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str
+    ) -> None:
+        team = f"team-{uuid.uuid4().hex[:6]}"
+        name = f"rdzv-{uuid.uuid4().hex[:8]}"
+        values = ("rbac.scope=namespace", f"trainingRBAC.namespaces={{{namespace},{team}}}")
+        sets = [arg for value in ("crds.install=false", *values) for arg in ("--set", value)]
+        kubeconfig = ("--kubeconfig", str(control_plane.admin_kubeconfig))
+        refused = helm.run("install", name, CHART, "--namespace", namespace, *kubeconfig, *sets, check=False)
+        assert refused.returncode != 0
+        assert f'namespaces "{team}" not found' in refused.stderr  # the error docs/operations.md quotes
+        helm.run("uninstall", name, "--namespace", namespace, *kubeconfig, "--ignore-not-found")
+        core = client.CoreV1Api(admin_api)
+        installed = install(helm, control_plane, name, namespace, *values, "trainingRBAC.createNamespaces=true")
+        try:
+            assert control_plane.kubectl("get", "role", "-n", team, "-l", f"{INSTANCE}={name}", "-o", "name").stdout
+            uninstall(helm, control_plane, installed)
+            assert core.read_namespace(team).status.phase == "Active"  # helm.sh/resource-policy: keep
+        finally:
+            uninstall(helm, control_plane, installed)
+            core.delete_namespace(team)
+
     def test_uninstall_leaves_no_operator_object_behind(
         self, helm: Helm, control_plane: ControlPlane, release: Release
     ) -> None:
