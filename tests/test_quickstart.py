@@ -69,7 +69,7 @@ def test_examples_train_py_trains_under_stock_torchrun_with_the_k8s_backend(
     job = ElasticJob(
         tmp_path / "job",
         "k8s",
-        f"{namespace}/quickstart",
+        f"{namespace}/job",  # the name rendezvous_status reads
         nnodes="2",
         rdzv_conf={"kubeconfig": str(agent_kubeconfig)},
         nproc_per_node=1,
