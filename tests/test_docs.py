@@ -95,7 +95,11 @@ def class_methods(name: str, seen: frozenset[str] = frozenset()) -> set[str] | N
 
 def defines(module: ModuleNames, cls: str | None, name: str) -> bool:
     """Whether ``module`` defines test ``name`` (a prefix when it ends with ``...``) in class ``cls``, or anywhere."""
-    names = class_methods(cls) or set() if cls else module.functions.union(*map(class_methods, module.classes))
+    names = (
+        (class_methods(cls) or set())
+        if cls
+        else module.functions.union(*(class_methods(c) or set() for c in module.classes))
+    )
     prefix = name.removesuffix("...")
     return name in names or (prefix != name and any(known.startswith(prefix) for known in names))
 
