@@ -1,4 +1,4 @@
-"""Every metric the operator advertises (README, ``metrics.py``) is scraped from its ``/metrics``
+"""Every metric the operator advertises (docs/configuration.md, ``metrics.py``) is scraped from its ``/metrics``
 after a scenario that must move it. The operator runs as its own process under its own
 ServiceAccount, its requests through the fault proxy so that an error and a lost compare-and-swap
 happen on purpose; the agents' states are written by a real backend.
@@ -26,7 +26,7 @@ from tests.test_operator import GROUP, PLURAL, VERSION, condition, operator_acco
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
-#: ``_spare_promotions_total``: scraped on three real nodes, ``tests/test_multi_node.py``); the README lists all but
+#: ``_spare_promotions_total``: scraped on three real nodes, ``tests/test_multi_node.py``); the docs list all but
 #: the Event counter.
 ADVERTISED = {
     "kube_rendezvous_rounds_completed_total",

@@ -102,6 +102,8 @@ class ElasticJob:
     launcher: str = "tensorplay"
     #: torchrun only: select the backend with PET_RDZV_BACKEND/ENDPOINT/ID instead of flags.
     select_by_environment: bool = False
+    #: The training script; None: the launcher's test script (``train_torch.py`` or ``train.py``).
+    script: Path | None = None
     agents: list[Agent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,7 +113,7 @@ class ElasticJob:
     def command(self, local_addr: str = "127.0.0.1") -> list[str]:
         conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
         launcher = [str(TORCHRUN)] if self.launcher == "torchrun" else [sys.executable, "-m", "kube_rendezvous.run"]
-        script = TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT
+        script = self.script or (TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT)
         rendezvous = [
             f"--rdzv-backend={self.backend}",
             f"--rdzv-endpoint={self.endpoint}",
