@@ -139,13 +139,7 @@ class Lifecycle:
         )
         run = Run(run_id, job)
         self.runs.append(run)
-        agents = [job.start_agent() for _ in range(AGENTS)]
-        wait_until(
-            lambda: training_in_world(agents, 2 * AGENTS),
-            TRAIN_SECONDS,
-            f"{run_id} training with {AGENTS} agents",
-            explain=job.last_lines,
-        )
+        job.start_training(AGENTS, timeout=TRAIN_SECONDS, what=f"{run_id} training with {AGENTS} agents")
 
     def do_close(self) -> None:
         run = self._current()
