@@ -13,6 +13,7 @@ from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import (
     REPO,
     apply,
+    example_job_training,
     example_objects,
     pod_log,
     rendezvous_status,
@@ -93,12 +94,10 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
     """restartPolicy Never: the kubelet marks the pod Failed, the operator evicts its node at once (no expiry
     wait), the survivors are carried into the next round and the Job controller's replacement joins it."""
     core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
-    apply(real_node, node_namespace, example_objects(last_call_seconds=LAST_CALL_SECONDS))
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-    trained = {
-        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
-    }
+    started = example_job_training(
+        real_node, node_api, node_namespace, example_objects(last_call_seconds=LAST_CALL_SECONDS)
+    )
+    first, trained = started.pods, started.trained
     before = rendezvous_status(objects, node_namespace)
 
     victim = sorted(first)[1]
@@ -131,14 +130,9 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     job = next(item for item in manifests if item["kind"] == "Job")
     job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     del job["spec"]["podFailurePolicy"]  # the API allows it with restartPolicy Never only
-    apply(real_node, node_namespace, manifests)
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-    before = rendezvous_status(objects, node_namespace)
+    started = example_job_training(real_node, node_api, node_namespace, manifests)
+    first, trained, before = started.pods, started.trained, started.status
     old_nodes = {item["node"] for item in before["participants"]}
-    trained = {
-        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
-    }
 
     victim = sorted(first)[2]
     container = core.read_namespaced_pod(victim, node_namespace).status.container_statuses[0].container_id
