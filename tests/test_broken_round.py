@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.harness import Agent, ElasticJob, entering_init
-from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
@@ -112,9 +112,7 @@ def test_a_participants_pod_deleted_while_the_others_workers_start_is_evicted_an
     # Heartbeats expire only after 5 s x 60 = 300 s: the round can only break through the eviction.
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{21 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{21 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:3",
         steps=3,

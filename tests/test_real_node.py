@@ -15,6 +15,7 @@ from tests.e2e.real_pods import (
     apply,
     example_job_training,
     example_objects,
+    namespace_with_crds,
     pod_log,
     rendezvous_status,
     round_with,
@@ -40,14 +41,9 @@ def node_api(real_node: Node) -> client.ApiClient:
 @pytest.fixture
 def node_namespace(real_node: Node, node_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace on the real node's cluster, with the CRDs applied; deleted afterwards."""
-    plane = real_node.plane
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
     name = f"real-{request.node.name.lower().replace('_', '-')[:30].strip('-')}-{int(time.time()) % 100000}"
-    core = client.CoreV1Api(node_api)
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name, grace_period_seconds=0)
+    with namespace_with_crds(real_node.plane, node_api, name):
+        yield name
 
 
 @pytest.fixture(scope="module")

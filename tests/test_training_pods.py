@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.harness import ElasticJob
-from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane
 
@@ -59,9 +59,7 @@ def test_a_round_completes_once_every_live_training_pod_joined_and_again_after_o
     form the next round at once, again without the last call."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{31 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{31 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:4",
         steps=40,
@@ -99,9 +97,7 @@ def test_a_running_pod_whose_agent_froze_is_not_waited_for_once_its_lease_expire
     live, but its agent is gone, so the 600 s last call is not waited out for it."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{61 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{61 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:4",
         steps=60,
@@ -137,9 +133,7 @@ def test_a_pod_still_starting_is_waited_for_until_the_last_call(
     (8 s) ends, then completes with the three."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{41 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{41 + index}" for index in range(3)])
     core.create_namespaced_pod(  # Pending: no kubelet will start it
         namespace,
         client.V1Pod(
@@ -167,9 +161,7 @@ def test_without_the_operator_the_last_call_holds_as_before(
     pods, so the round waits out the last call (8 s) before it completes with the three."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{51 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{51 + index}" for index in range(3)])
     job = make_job(nnodes="2:4", steps=3, rdzv_conf={"last_call_timeout": "8"})
     agents = job.start(addresses)
     job.wait_training(agents, min_step=0, what="3 agents training in a round of 3")

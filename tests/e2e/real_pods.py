@@ -8,7 +8,8 @@ token, ``KUBERNETES_SERVICE_HOST``) and ``POD_IP`` from the downward API, as in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -16,7 +17,7 @@ from typing import Any, Generic, TypeVar
 import yaml
 from kubernetes import client
 
-from tests.testenv import wait_until
+from tests.testenv import ControlPlane, wait_until
 from tests.testenv.images import TRAINING_IMAGE, training_mounts, venv_python
 from tests.testenv.node import Node
 
@@ -106,6 +107,17 @@ def training_environment(**environment: str) -> list[dict[str, str]]:
         **environment,
     }
     return [{"name": name, "value": value} for name, value in values.items()]
+
+
+@contextmanager
+def namespace_with_crds(plane: ControlPlane, api: client.ApiClient, name: str) -> Iterator[str]:
+    """Namespace ``name`` on ``plane``'s cluster, with the CRDs applied, while the block runs; deleted after."""
+    plane.kubectl("apply", "-f", str(REPO / "crds"))
+    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name, grace_period_seconds=0)
 
 
 def apply(node: Node, namespace: str, objects: list[dict[str, Any]]) -> None:
