@@ -24,9 +24,9 @@ from tests.testenv.node import Node
 REPO = Path(__file__).resolve().parents[2]
 RENDEZVOUS = "llama-train"
 #: Seconds the tests give a Job's pods to run (the scheduler, the kubelet, the image's mounts).
-RUNNING_SECONDS = 180
+POD_RUNNING_SECONDS = 180
 #: Seconds the tests give running pods to form a round, and each pod's agent to train a step in it.
-TRAINING_SECONDS = 120
+POD_TRAINING_SECONDS = 120
 #: Phases of a Rendezvous whose current round formed: ``Complete``, or ``Closed`` since.
 FORMED_PHASES = ("Complete", "Closed")
 
@@ -247,8 +247,8 @@ def start_training_pods(
     objects: list[dict[str, Any]] | None = None,
     formed: Callable[[Pods], dict[str, Any] | None] | None = None,
     what: str = "the training pods",
-    running_timeout: float = RUNNING_SECONDS,
-    timeout: float = TRAINING_SECONDS,
+    running_timeout: float = POD_RUNNING_SECONDS,
+    timeout: float = POD_TRAINING_SECONDS,
 ) -> TrainingPods[Pods]:
     """Apply ``objects`` (None: applied already), then wait until ``running`` gives the pods (name -> address, or
     more), until ``formed`` gives the Rendezvous status of their round (None: no round to wait for, as with c10d),
