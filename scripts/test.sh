@@ -17,4 +17,4 @@ echo "== pytest ($WORKERS parallel workers)"
 if [ "$WORKERS" = "0" ]; then
   exec $PY -m pytest "$@"
 fi
-exec $PY -m pytest -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"
+exec $PY -m pytest -n "$WORKERS" --dist loadscope --no-loadscope-reorder "$@"

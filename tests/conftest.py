@@ -126,7 +126,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 MACHINE_FIXTURES = frozenset({"three_nodes", "real_node", "workload_cluster", "pod_network"})
 #: Modules that start such a cluster themselves (the demo's script starts its own nodes).
 MACHINE_MODULES = frozenset({"tests.test_demo"})
-#: The group of the tests that need the machine's nodes or networks (pytest-xdist ``--dist loadgroup``).
+#: The modules whose tests use ``MACHINE_FIXTURES`` (checked at collection: the parallel scheduler, which runs before
+#: any collection, reads this list).
+MACHINE_FIXTURE_MODULES = frozenset(
+    {"tests.test_multi_node", "tests.test_network", "tests.test_real_node", "tests.test_workloads"}
+)
+#: The scope of the tests that need the machine's nodes or networks (``pytest_xdist_make_scheduler``).
 MACHINE_GROUP = "machine"
 #: Each module's seconds in the last profile (``scripts/profile_tests.py``): parallel workers take the longest
 #: first, so the run ends with short modules instead of one long one on a single worker.
@@ -134,22 +139,22 @@ PROFILE = Path(__file__).resolve().parent / "data" / "durations.json"
 
 
 def _schedule_for_workers(items: list[pytest.Item]) -> None:
-    """Put each test in a pytest-xdist group, and order the run: the machine's tests in one group (first: the
-    longest chain), every other module in a group of its own (its module-scoped fixtures start once), the
-    longest modules first (``PROFILE``). Outside a parallel run the groups only order the run."""
+    """Order the run as the parallel scheduler (``pytest_xdist_make_scheduler``) groups it: the machine's tests
+    first (one group: the longest chain), then every other module (a group of its own: its module-scoped fixtures
+    start once), the longest first (``PROFILE``). Check that every module that uses the machine is listed."""
     import json
 
     seconds: dict[str, float] = json.loads(PROFILE.read_text()) if PROFILE.exists() else {}
 
     def group(item: pytest.Item) -> str:
         module = _module_of(item)
-        if module in MACHINE_MODULES or MACHINE_FIXTURES & set(getattr(item, "fixturenames", ())):
-            return MACHINE_GROUP
-        return module
+        return MACHINE_GROUP if module in MACHINE_MODULES | MACHINE_FIXTURE_MODULES else module
 
+    users = {_module_of(item) for item in items if MACHINE_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    if not users <= MACHINE_FIXTURE_MODULES:
+        missing = sorted(users - MACHINE_FIXTURE_MODULES)
+        raise pytest.UsageError(f"{missing} use the machine's nodes or networks: add them to MACHINE_FIXTURE_MODULES")
     groups = {id(item): group(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
     total: dict[str, float] = {}
     for module, share in seconds.items():  # a module's seconds go to the groups of its tests, shared by count
         members = [groups[id(item)] for item in items if _module_of(item) == module]
@@ -163,6 +168,28 @@ def _schedule_for_workers(items: list[pytest.Item]) -> None:
 
 def _module_of(item: pytest.Item) -> str:
     return getattr(getattr(item, "module", None), "__name__", "")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler by module (``--dist loadscope``), with every module of the machine's tests in one
+    scope (``MACHINE_GROUP``): one worker runs them one after the other. Not ``--dist loadgroup`` with
+    ``xdist_group`` marks: xdist 3.8 writes the group into ``item._nodeid``, which pytest 9 no longer reads (the
+    machine's tests ran in two workers at once, and their clusters broke each other)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
+def scope_of(nodeid: str) -> str:
+    """The parallel scheduler's scope of the test ``nodeid``: ``MACHINE_GROUP`` for the machine's modules, else its
+    module's file."""
+    module = nodeid.split("::", 1)[0]
+    machine = {f"{name.replace('.', '/')}.py" for name in MACHINE_MODULES | MACHINE_FIXTURE_MODULES}
+    return MACHINE_GROUP if module in machine else module
 
 
 @pytest.fixture(scope="session")

@@ -189,3 +189,27 @@ class TestHarnessCommands:
         assert "NotFound" in str(failed.value) and "stderr" in str(failed.value)
         with pytest.raises(CommandFailed, match="why: stopped"):
             run_command(["sh", "-c", "echo 'why: stopped' >&2; exit 3"])
+
+
+def test_the_parallel_scheduler_runs_every_test_of_the_machine_in_one_scope() -> None:
+    """The machine's tests (real nodes, pod networks, the demo) go to one worker, one after another; every other
+    module is a scope of its own (``tests/conftest.py``)."""
+    from tests.conftest import MACHINE_GROUP, scope_of
+
+    scopes = {
+        nodeid: scope_of(nodeid)
+        for nodeid in (
+            "tests/test_multi_node.py::test_x",
+            "tests/test_real_node.py::test_y[a]",
+            "tests/test_demo.py::test_z",
+            "tests/test_network.py::test_w",
+            "tests/test_workloads.py::test_v",
+            "tests/test_store.py::TestA::test_b",
+            "tests/test_operator.py::test_c",
+        )
+    }
+    assert {scope for nodeid, scope in scopes.items() if "store" not in nodeid and "operator" not in nodeid} == {
+        MACHINE_GROUP
+    }
+    assert scopes["tests/test_store.py::TestA::test_b"] == "tests/test_store.py"
+    assert scopes["tests/test_operator.py::test_c"] == "tests/test_operator.py"
