@@ -41,6 +41,7 @@ ADVERTISED = {
     "kube_rendezvous_waiting_nodes",
     "kube_rendezvous_round",
     "kube_rendezvous_events_total",
+    "kube_rendezvous_phase",
 }
 
 
@@ -191,6 +192,19 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     assert value(after, "kube_rendezvous_waiting_nodes", **labels) == 0
     assert value(after, "kube_rendezvous_round", **labels) == 2
     assert value(after, "kube_rendezvous_events_total", reason="NodeJoined") == 3
-    assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted") == 1
+    assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted", **labels) == 1
+    phase = read(objects, namespace)["status"]["phase"]
+    assert value(after, "kube_rendezvous_phase", phase=phase, **labels) == 1
+    assert value(after, "kube_rendezvous_phase", **labels) == 1, "one phase is 1, the others 0"
+    assert value(after, "kube_rendezvous_operator_leader") == 1
+    assert value(after, "kube_rendezvous_operator_build_info") == 1
     moved = {name for name in ADVERTISED if value(after, name) != 0}
     assert moved == ADVERTISED - {"kube_rendezvous_waiting_nodes"}  # it was 1 above, 0 after the leave
+
+    # 4. The Rendezvous is deleted: every series of it goes with its record.
+    objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+
+    def forgotten() -> bool:
+        return not any({("namespace", namespace), ("name", "job")} <= tags for _, tags in scrape(operator))
+
+    wait_until(forgotten, 30, "the deleted Rendezvous's series to be dropped")

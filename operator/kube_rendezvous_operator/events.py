@@ -92,7 +92,11 @@ def observe_rendezvous(
         logger.info(
             "the training pods of %s/%s are those with %s (%s)", namespace, name, selector.describe(), selector.source
         )
-    metrics.observe(namespace, name, status)
+    record.state_fingerprint, state_written = events_rules.state_fingerprint(
+        record.state_fingerprint, status.get("state")
+    )
+    recovery = events_rules.recovery_seconds(previous.status if previous is not None else None, status)
+    metrics.observe(namespace, name, status, state_written=state_written, recovery=recovery)
     if previous is None or previous.status.get("state") != status.get("state"):
         check = conditions_rules.check_state(stored)
         ready = conditions_rules.find_condition(status, "Ready")

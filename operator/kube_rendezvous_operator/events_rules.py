@@ -16,6 +16,7 @@ from kube_rendezvous import (
     NodeId,
     RendezvousDocument,
     departure_line,
+    parse_time,
 )
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
@@ -193,3 +194,49 @@ def departure_event(
     if ("RoundBroken", message) in set(announced):
         return None
     return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def state_fingerprint(previous: int | None, text: object) -> tuple[int | None, bool]:
+    """The fingerprint of ``status.state`` ``text`` to keep, and whether it is a new write of the state.
+
+    The first state seen is a baseline (not counted); an absent state keeps the last fingerprint.
+    """
+    if not text:
+        return previous, False
+    fingerprint = hash(text)
+    return fingerprint, previous is not None and fingerprint != previous
+
+
+def _first_formed_after(status: Mapping[str, Any] | None, round_number: int) -> Mapping[str, Any] | None:
+    """The first round after ``round_number`` that ``status.recentRounds`` says formed, or None."""
+    formed = [
+        item
+        for item in (status or {}).get("recentRounds") or []
+        if isinstance(item, Mapping) and isinstance(item.get("round"), int) and item["round"] > round_number
+    ]
+    return min(formed, key=lambda item: int(item["round"])) if formed else None
+
+
+def recovery_seconds(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> float | None:
+    """Seconds from the last broken round (``status.lastDeparture.time``) to the next round forming (its
+    ``formedTime`` in ``status.recentRounds``), when that round formed since ``previous`` (the status seen last).
+
+    None when nothing recovered since ``previous``, or when there is no ``previous`` (an operator that just
+    started cannot tell whether the recovery was measured before it).
+    """
+    departure = status.get("lastDeparture")
+    if previous is None or not isinstance(departure, Mapping) or not isinstance(departure.get("round"), int):
+        return None
+    formed = _first_formed_after(status, departure["round"])
+    if formed is None:
+        return None
+    if previous.get("lastDeparture") == departure and _first_formed_after(previous, departure["round"]) is not None:
+        return None
+    try:
+        seconds = (parse_time(str(formed.get("formedTime"))) - parse_time(str(departure.get("time")))).total_seconds()
+    except ValueError:
+        return None
+    return max(0.0, seconds)

@@ -59,7 +59,7 @@ CONNECT_SECONDS = 10.0
 
 
 def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    """Keep Kopf's own writes rare and under our names; serve metrics."""
+    """Keep Kopf's own writes rare and under our names; serve metrics (this replica acts: ``LEADER`` 1)."""
     settings.persistence.finalizer = RELEASED_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kube-rendezvous.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -79,6 +79,7 @@ def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> 
         settings.scanning.disabled = True
     metrics.report_memory(lambda: len(memo.tracked()), memo.indexed_pods)
     metrics.serve(memo.config.metrics_port)
+    metrics.set_leader(True)
 
 
 def rendezvous_tasks(memo: OperatorMemo, key: Key, spec: dict[str, Any], uid: str) -> dict[str, lifecycle.Work]:

@@ -1,0 +1,90 @@
+"""The on-call signals' pure rules (issue 48): which state writes count, the recovery time of a broken round,
+and the metrics of one Rendezvous (namespace/name on each series, the phase gauge, all dropped on deletion)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kube_rendezvous_operator import events_rules, metrics
+from prometheus_client import REGISTRY
+
+pytestmark = pytest.mark.pure
+
+BROKEN = {"round": 3, "time": "2026-12-07T12:00:00Z", "count": 1, "nodes": [{"node": "a_1_0", "reason": "Evicted"}]}
+
+
+def formed(round_number: int, at: str) -> dict[str, Any]:
+    return {"round": round_number, "startTime": "2026-12-07T11:00:00Z", "formedTime": at, "nodes": 2}
+
+
+class TestStateWrites:
+    def test_the_first_state_is_a_baseline_and_each_other_one_a_write(self) -> None:
+        first, counted = events_rules.state_fingerprint(None, "a")
+        assert not counted and first is not None
+        same, counted = events_rules.state_fingerprint(first, "a")
+        assert (same, counted) == (first, False)
+        assert events_rules.state_fingerprint(first, "b")[1]
+
+    def test_an_absent_state_keeps_the_last_one(self) -> None:
+        first, _ = events_rules.state_fingerprint(None, "a")
+        assert events_rules.state_fingerprint(first, None) == (first, False)
+        assert events_rules.state_fingerprint(None, "") == (None, False)
+
+
+class TestRecovery:
+    def test_seconds_from_the_break_to_the_next_round_forming(self) -> None:
+        before = {"lastDeparture": BROKEN, "recentRounds": [formed(3, "2026-12-07T11:50:00Z")]}
+        after = dict(before, recentRounds=[formed(3, "2026-12-07T11:50:00Z"), formed(4, "2026-12-07T12:00:42Z")])
+        assert events_rules.recovery_seconds(before, after) == 42.0
+
+    def test_measured_once_and_not_for_the_rounds_after(self) -> None:
+        recovered = {"lastDeparture": BROKEN, "recentRounds": [formed(4, "2026-12-07T12:00:42Z")]}
+        assert events_rules.recovery_seconds(recovered, recovered) is None
+        later = dict(recovered, recentRounds=[formed(4, "2026-12-07T12:00:42Z"), formed(5, "2026-12-07T12:30:00Z")])
+        assert events_rules.recovery_seconds(recovered, later) is None
+
+    def test_a_break_and_its_recovery_seen_in_one_step_count(self) -> None:
+        before = {"recentRounds": [formed(3, "2026-12-07T11:50:00Z")]}
+        after = {"lastDeparture": BROKEN, "recentRounds": [formed(4, "2026-12-07T12:01:00Z")]}
+        assert events_rules.recovery_seconds(before, after) == 60.0
+
+    def test_nothing_while_the_round_forms_nor_on_first_sight(self) -> None:
+        forming = {"lastDeparture": BROKEN, "recentRounds": [formed(3, "2026-12-07T11:50:00Z")]}
+        assert events_rules.recovery_seconds({}, forming) is None
+        recovered = {"lastDeparture": BROKEN, "recentRounds": [formed(4, "2026-12-07T12:00:42Z")]}
+        assert events_rules.recovery_seconds(None, recovered) is None
+        assert events_rules.recovery_seconds({}, {"recentRounds": [formed(4, "2026-12-07T12:00:42Z")]}) is None
+
+
+def series(namespace: str, name: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.labels.get("namespace") == namespace and sample.labels.get("name") == name
+    }
+
+
+def test_one_phase_is_1_events_name_their_rendezvous_and_every_series_goes_with_it() -> None:
+    metrics.observe("team-s", "job", {"phase": "Joining", "round": 2}, state_written=False, recovery=None)
+    metrics.observe("team-s", "job", {"phase": "Complete", "round": 2}, state_written=True, recovery=3.0)
+    metrics.count_event("StateInvalid", "team-s", "job")
+    found = series("team-s", "job")
+    phases = {
+        dict(labels)["phase"]: got for (sample, labels), got in found.items() if sample == "kube_rendezvous_phase"
+    }
+    assert phases == {"Pending": 0, "Joining": 0, "LastCall": 0, "Complete": 1, "Closed": 0}
+    labels = frozenset({"namespace": "team-s", "name": "job", "reason": "StateInvalid"}.items())
+    assert found[("kube_rendezvous_events_total", labels)] == 1
+    assert found[("kube_rendezvous_recovery_seconds_count", frozenset({"namespace": "team-s", "name": "job"}.items()))]
+    metrics.forget("team-s", "job")
+    assert series("team-s", "job") == {}
+
+
+def test_build_info_and_leader() -> None:
+    metrics.set_leader(False)
+    assert REGISTRY.get_sample_value("kube_rendezvous_operator_leader") == 0
+    metrics.set_leader(True)
+    assert REGISTRY.get_sample_value("kube_rendezvous_operator_leader") == 1
+    assert metrics.package_version()
