@@ -22,7 +22,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import create_rendezvous, rendezvous_parameters, running_fault_proxy
-from tests.test_operator import GROUP, PLURAL, VERSION, condition, operator_account, read, reasons
+from tests.test_operator import GROUP, PLURAL, VERSION, judged, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
@@ -124,7 +124,7 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     #    then Kopf retries it and the writes count by kind.
     proxy.inject("status", count=1, status=503, methods={"PATCH"}, path=r"/rendezvouses/job/status$")
     create_rendezvous(objects, namespace, minNodes=1, maxNodes=3)
-    wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 60, "Ready")
+    wait_until(lambda: judged(read(objects, namespace)), 60, "Ready judged")
 
     # 2. Agents' states: round 1 completes with two nodes and one waiting; then round 2 forms with the
     #    waiting one and without 127.0.0.42 (NodeJoined and NodeLeft are posted when a round forms).

@@ -25,7 +25,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 from tests.e2e.harness import Agent, ElasticJob, training_in_world
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import create_rendezvous, holds_for, pod_failed, rendezvous_parameters
-from tests.test_operator import condition, events, read, running_operator
+from tests.test_operator import events, judged, read, running_operator
 from tests.testenv import ControlPlane, wait_until
 
 MakeJob = Callable[..., ElasticJob]
@@ -254,9 +254,7 @@ class TestResyncIsQuiet:
             def resyncs() -> float:
                 return operator.metric("kube_rendezvous_operator_resyncs_total")
 
-            wait_until(
-                lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready"
-            )
+            wait_until(lambda: judged(read(objects, namespace)), 30, "Ready judged")
             wait_until(lambda: resyncs() >= 1, 30, "a first resync")
             version = read(objects, namespace)["metadata"]["resourceVersion"]
             before = resyncs()

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.helpers import create_rendezvous
-from tests.test_operator import condition, operator_account, read
+from tests.test_operator import judged, operator_account, read
 from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -62,7 +62,8 @@ def holder(admin_api: client.ApiClient, namespace: str) -> str | None:
 
 
 def ready(objects: client.CustomObjectsApi, namespace: str, name: str) -> bool:
-    return (condition(read(objects, namespace, name), "Ready") or {}).get("status") == "True"
+    """Whether the acting replica judged the Rendezvous (Ready past its first Unknown)."""
+    return judged(read(objects, namespace, name))
 
 
 def formed_state(addresses: list[str]) -> dict[str, Any]:

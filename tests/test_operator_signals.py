@@ -1,12 +1,14 @@
-"""The on-call signals' pure rules (issue 48): which state writes count, the recovery time of a broken round,
-and the metrics of one Rendezvous (namespace/name on each series, the phase gauge, all dropped on deletion)."""
+"""The on-call signals' pure rules (issue 48): Ready (the job can train) and Progressing (a round forms), which
+state writes count, the recovery time of a broken round, and the metrics of one Rendezvous (namespace/name on
+each series, the phase gauge, all dropped on deletion)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from kube_rendezvous_operator import events_rules, metrics
+from kube_rendezvous import NodeId, RendezvousDocument
+from kube_rendezvous_operator import conditions_rules, events_rules, metrics
 from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.pure
@@ -16,6 +18,88 @@ BROKEN = {"round": 3, "time": "2026-12-07T12:00:00Z", "count": 1, "nodes": [{"no
 
 def formed(round_number: int, at: str) -> dict[str, Any]:
     return {"round": round_number, "startTime": "2026-12-07T11:00:00Z", "formedTime": at, "nodes": 2}
+
+
+VALID = conditions_rules.StateCheck(True, "StateValid", "the state is a valid state document")
+SPEC = {"minNodes": 2, "maxNodes": 4}
+
+
+def judged(status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, status, reason) of Ready and Progressing for ``status``."""
+    return [condition[:3] for condition in conditions_rules.job_conditions(SPEC, VALID, status, None)]
+
+
+class TestJobConditions:
+    @pytest.mark.parametrize(
+        ("status", "ready", "progressing"),
+        [
+            ({}, ("False", "NoStateYet"), ("True", "WaitingForAgents")),
+            (
+                {"phase": "Joining", "round": 1, "participantCount": 1},
+                ("False", "BelowMinNodes"),
+                ("True", "RoundForming"),
+            ),
+            ({"phase": "LastCall", "round": 1, "participantCount": 2}, ("False", "LastCall"), ("True", "RoundForming")),
+            (
+                {"phase": "Complete", "round": 1, "participantCount": 2},
+                ("True", "RoundComplete"),
+                ("False", "RoundComplete"),
+            ),
+            (
+                {"phase": "Complete", "round": 1, "participantCount": 3, "waitingCount": 1},
+                ("True", "RoundComplete"),
+                ("True", "NodesWaiting"),
+            ),
+            (
+                {"phase": "Complete", "round": 1, "participantCount": 1, "minNodes": 2},
+                ("False", "BelowMinNodes"),
+                ("False", "RoundComplete"),
+            ),
+            (
+                {"phase": "Complete", "round": 3, "participantCount": 2, "lastDeparture": {"round": 3}},
+                ("False", "RoundBroken"),
+                ("True", "RoundForming"),
+            ),
+            ({"phase": "Closed", "closed": True, "round": 4}, ("False", "Closed"), ("False", "Closed")),
+        ],
+    )
+    def test_ready_means_the_job_can_train_and_progressing_that_a_round_forms(
+        self, status: dict[str, Any], ready: tuple[str, str], progressing: tuple[str, str]
+    ) -> None:
+        assert judged(status) == [("Ready", *ready), ("Progressing", *progressing)]
+
+    def test_the_agents_minimum_wins_over_the_spec(self) -> None:
+        status = {"phase": "Complete", "round": 1, "participantCount": 2, "minNodes": 3}
+        assert judged(status)[0] == ("Ready", "False", "BelowMinNodes")
+
+    def test_an_invalid_state_or_spec_is_never_ready(self) -> None:
+        bad = conditions_rules.StateCheck(False, "StateInvalid", "status.state round: bad")
+        complete = {"phase": "Complete", "round": 1, "participantCount": 2}
+        found = conditions_rules.job_conditions(SPEC, bad, complete, None)
+        assert [condition[:3] for condition in found] == [
+            ("Ready", "False", "StateInvalid"),
+            ("Progressing", "False", "StateInvalid"),
+        ]
+        assert judged({**complete})[0][1] == "True"
+        broken = conditions_rules.job_conditions({"minNodes": 3, "maxNodes": 1}, VALID, complete, None)
+        assert broken[0][:3] == ("Ready", "False", "InvalidSpec")
+
+    def test_messages_do_not_move_with_each_join(self) -> None:
+        """A condition is written when it changes: its message names the round, not how many joined."""
+        one = conditions_rules.job_conditions(
+            SPEC, VALID, {"phase": "Joining", "round": 1, "participantCount": 1}, None
+        )
+        other = conditions_rules.job_conditions(SPEC, VALID, {"phase": "Joining", "round": 1, "waitingCount": 3}, None)
+        assert one == other
+
+    def test_the_decoded_state_wins_over_a_stale_summary(self) -> None:
+        a, b = NodeId("10.0.0.1", 1, 0), NodeId("10.0.0.2", 1, 0)
+        formed = RendezvousDocument(round=5, complete=True, participants={a: 0, b: 1})
+        stale = {"phase": "Joining", "round": 4, "participantCount": 1}
+        assert conditions_rules.job_conditions(SPEC, VALID, stale, formed)[0][:3] == ("Ready", "True", "RoundComplete")
+        forming = RendezvousDocument(round=6, participants={a: 0})
+        assert conditions_rules.with_document({}, forming)["phase"] == "Joining"
+        assert conditions_rules.with_document({}, None) == {}
 
 
 class TestStateWrites:

@@ -3,8 +3,9 @@
 Its decisions are ``events_rules``'s (the story of the rounds) and ``conditions_rules``'s (the state check).
 ``observe_rendezvous`` runs for every watch event of a Rendezvous but its last (``handlers.rendezvous_event``); it keeps
 what the other rules read of it in its record: the observed status and document, its keep-alive, its
-placement and its pod selector. It writes only on a change: an invalid state's Ready condition, the Closed
-condition (``conditions.update_condition``), and the Events.
+placement and its pod selector. It writes only on a change: the Ready and Progressing conditions as the
+round forms, completes or breaks (or the state turns invalid), the Closed condition
+(``conditions.update_conditions``), and the Events.
 
 It reads ``status.state`` only through ``conditions_rules.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a ``StateInvalid``
@@ -20,7 +21,7 @@ import kopf
 from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError, RendezvousDocument
 
 from . import conditions_rules, events_rules, metrics, pods_rules
-from .conditions import update_condition
+from .conditions import update_conditions
 from .memory import Observed, OperatorMemo, stored_state
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,9 @@ def observe_rendezvous(
     )
     recovery = events_rules.recovery_seconds(previous.status if previous is not None else None, status)
     metrics.observe(namespace, name, status, state_written=state_written, recovery=recovery)
+    check = conditions_rules.check_state(stored)
+    ready = conditions_rules.find_condition(status, "Ready")
     if previous is None or previous.status.get("state") != status.get("state"):
-        check = conditions_rules.check_state(stored)
-        ready = conditions_rules.find_condition(status, "Ready")
         if not check.ok:
             reported = (
                 previous is None  # a restarted operator: say it once
@@ -109,16 +110,6 @@ def observe_rendezvous(
             )
             if not reported:
                 post_event(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
-        if not check.ok or (ready is not None and ready.get("reason") == conditions_rules.STATE_INVALID):
-            update_condition(
-                memo.api,
-                namespace,
-                name,
-                status,
-                meta.get("generation"),
-                "state-check",
-                condition=conditions_rules.ready_condition(conditions_rules.spec_problems(spec), check),
-            )
         if stored.document is not None:
             evicted = status.get("evictedNodes") or []
             for event in events_rules.state_events(
@@ -137,15 +128,17 @@ def observe_rendezvous(
     held = events_rules.held_event(previous.status if previous is not None else None, status)
     if held is not None and (held.reason, held.message) not in announced:
         post_event(body, held, namespace, name)
-    if status.get("closed"):
-        closed = conditions_rules.find_condition(status, "Closed")
-        if closed is None or closed.get("status") != "True":
-            update_condition(
-                memo.api,
-                namespace,
-                name,
-                status,
-                meta.get("generation"),
-                "closed",
-                condition=conditions_rules.closed_condition(status),
-            )
+    # One write of every condition that changed (each write replaces the whole list): Ready and Progressing once
+    # reconcile_spec posted the first (Ready=Unknown) or the state is invalid, and Closed once closed.
+    wanted = (
+        conditions_rules.job_conditions(spec or {}, check, status, stored.document)
+        if ready is not None or not check.ok
+        else []
+    )
+    closed = conditions_rules.find_condition(status, "Closed")
+    closing = bool(status.get("closed")) and (closed is None or closed.get("status") != "True")
+    if closing:
+        wanted.append(conditions_rules.closed_condition(status))
+    if wanted:
+        kind = "closed" if closing else "conditions"
+        update_conditions(memo.api, namespace, name, status, meta.get("generation"), kind, conditions=wanted)
