@@ -22,7 +22,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import create_rendezvous, rendezvous_parameters, running_fault_proxy
-from tests.test_operator import GROUP, PLURAL, VERSION, judged, operator_account, read, reasons
+from tests.test_operator import GROUP, PLURAL, VERSION, condition, judged, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
@@ -136,7 +136,18 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     wait_until(
         lambda: value(scrape(operator), "kube_rendezvous_waiting_nodes", **labels) == 1, 30, "1 waiting node counted"
     )
-    second = backend.set_state(rendezvous_state(2, True, ["127.0.0.41", "127.0.0.43"], []), first[1])
+
+    # The round formed with at least minNodes: the job can train (Ready), a node waits for the next (Progressing).
+    def judged_formed() -> bool:
+        found = read(objects, namespace)
+        ready, progressing = condition(found, "Ready") or {}, condition(found, "Progressing") or {}
+        return (ready.get("reason"), progressing.get("reason")) == ("RoundComplete", "NodesWaiting")
+
+    wait_until(judged_formed, 30, "Ready=True (RoundComplete) and Progressing=True (NodesWaiting)")
+    # That write of the operator's moved the object on: the agents' next compare-and-swap reads it first.
+    current = backend.get_state()
+    assert current is not None
+    second = backend.set_state(rendezvous_state(2, True, ["127.0.0.41", "127.0.0.43"], []), current[1])
     assert second is not None and second[2]
     wait_until(lambda: "NodeLeft" in reasons(admin_api, namespace), 60, "NodeLeft")
     written = read(objects, namespace)["status"]["state"]
