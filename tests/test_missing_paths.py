@@ -102,6 +102,16 @@ class TestFailedPodIsEvicted:
         assert pod.status.phase == "Failed" and pod.metadata.deletion_timestamp is None
         evicted = [message for _, reason, message in events(admin_api, namespace) if reason == "NodeEvicted"]
         assert evicted == [f"evicted {victim.node_name}: pod {victim.name} is gone"]
+        # Told on the pod too, naming the rendezvous, the agent and why.
+        selector = f"involvedObject.name={victim.name},reason=NodeEvicted"
+        on_pod = wait_until(
+            lambda: [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items],
+            30,
+            "NodeEvicted on the pod",
+        )
+        assert len(on_pod) == 1
+        assert on_pod[0].startswith(f"rendezvous {namespace}/job evicted agent {victim.node_name} of pod {victim.name}")
+        assert on_pod[0].endswith(f": pod {victim.name} is gone")
 
 
 class TestResyncOnStart:

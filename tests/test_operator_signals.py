@@ -172,3 +172,41 @@ def test_build_info_and_leader() -> None:
     metrics.set_leader(True)
     assert REGISTRY.get_sample_value("kube_rendezvous_operator_leader") == 1
     assert metrics.package_version()
+
+
+#: A Job's pod on Kubernetes node gpu-7 (with an owner that is not its controller).
+POD: dict[str, Any] = {
+    "metadata": {
+        "name": "trainer-1",
+        "namespace": "team-a",
+        "uid": "uid-pod",
+        "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "uid-job", "controller": True},
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "not-a-controller", "uid": "uid-cm"},
+        ],
+    },
+    "spec": {"nodeName": "gpu-7"},
+}
+
+
+class TestEvictionToldOnThePodAndItsWorkload:
+    def test_the_pod_and_its_controller_are_told(self) -> None:
+        told = events_rules.told_on(POD)
+        assert [(item["kind"], item["metadata"]["name"], item["metadata"]["uid"]) for item in told] == [
+            ("Pod", "trainer-1", "uid-pod"),
+            ("Job", "llama", "uid-job"),
+        ]
+        assert {item["metadata"]["namespace"] for item in told} == {"team-a"}
+
+    def test_the_event_names_the_rendezvous_the_agent_and_the_kubernetes_node(self) -> None:
+        event = events_rules.pod_eviction_event("team-a", "llama", ["10.0.0.7_1_0"], POD, "pod trainer-1 is gone")
+        assert (event.reason, event.count) == ("NodeEvicted", 1)
+        assert event.message == (
+            "rendezvous team-a/llama evicted agent 10.0.0.7_1_0 of pod trainer-1 on Kubernetes node gpu-7: "
+            "pod trainer-1 is gone"
+        )
+
+    def test_an_unscheduled_pod_without_owner_is_told_alone(self) -> None:
+        pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}}
+        assert [item["kind"] for item in events_rules.told_on(pod)] == ["Pod"]
+        assert " on Kubernetes node" not in events_rules.pod_eviction_event("n", "r", ["a"], pod, "gone").message

@@ -15,7 +15,7 @@ Warning and Ready=False, and is otherwise ignored.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError, RendezvousDocument
@@ -31,6 +31,12 @@ def post_event(body: kopf.Body, event: events_rules.RendezvousEvent, namespace: 
     """Post ``event`` on the Rendezvous and count it."""
     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.count_event(event.reason, namespace, name, event.count)
+
+
+def post_on_related(objects: list[dict[str, Any]], event: events_rules.RendezvousEvent) -> None:
+    """Post ``event`` on other objects than a Rendezvous (a pod, its workload); counted on the Rendezvous only."""
+    for involved in objects:
+        kopf.event(kopf.Body(cast(kopf.RawBody, involved)), type=event.type, reason=event.reason, message=event.message)
 
 
 def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:

@@ -196,6 +196,32 @@ def departure_event(
     return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
 
 
+def told_on(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What an eviction of ``pod``'s nodes is told on besides the Rendezvous: the pod, and the workload that
+    controls it (its controller owner: a Job, a JobSet's Job, a PyTorchJob), as Event involved objects."""
+    meta = pod.get("metadata") or {}
+    namespace = meta.get("namespace")
+    reference: dict[str, Any] = {"name": meta.get("name"), "namespace": namespace, "uid": meta.get("uid")}
+    objects: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Pod", "metadata": reference}]
+    for owner in meta.get("ownerReferences") or []:
+        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("kind") and owner.get("name"):
+            owned = {"name": owner.get("name"), "namespace": namespace, "uid": owner.get("uid")}
+            objects.append({"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"), "metadata": owned})
+    return objects
+
+
+def pod_eviction_event(
+    namespace: str, rendezvous: str, nodes: list[str], pod: Mapping[str, Any], because: str
+) -> RendezvousEvent:
+    """``NodeEvicted`` as told on the pod and its workload: which rendezvous evicted which agents of which pod,
+    on which Kubernetes Node, and why."""
+    name = (pod.get("metadata") or {}).get("name")
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    where = f" on Kubernetes node {node_name}" if node_name else ""
+    message = f"rendezvous {namespace}/{rendezvous} evicted agent {_listed(nodes)} of pod {name}{where}: {because}"
+    return RendezvousEvent("Normal", "NodeEvicted", message, len(nodes))
+
+
 # -- metrics ---------------------------------------------------------------------------------
 
 
