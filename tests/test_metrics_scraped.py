@@ -212,6 +212,26 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     moved = {name for name in ADVERTISED if value(after, name) != 0}
     assert moved == ADVERTISED - {"kube_rendezvous_waiting_nodes"}  # it was 1 above, 0 after the leave
 
+    # The eviction broke round 2 (status.lastDeparture); round 3 forms: the recovery time is observed once.
+    assert read(objects, namespace)["status"]["lastDeparture"]["round"] == 2
+    assert value(after, "kube_rendezvous_recovery_seconds_count", **labels) == 0
+
+    def third_round() -> bool:
+        """Write round 3 over the newest state (the operator's condition writes move the object on too)."""
+        current = backend.get_state()
+        assert current is not None
+        written = backend.set_state(rendezvous_state(3, True, ["127.0.0.41"], []), current[1])
+        return written is not None and written[2]
+
+    wait_until(third_round, 30, "round 3 written", interval=0.5)
+    recovered = wait_until(
+        lambda: value(scrape(operator), "kube_rendezvous_recovery_seconds_count", **labels) == 1 or None,
+        30,
+        "the recovery to be observed",
+    )
+    assert recovered
+    assert value(scrape(operator), "kube_rendezvous_phase", phase="Complete", **labels) == 1
+
     # 4. The Rendezvous is deleted: every series of it goes with its record.
     objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
 
