@@ -210,3 +210,16 @@ class TestEvictionToldOnThePodAndItsWorkload:
         pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}}
         assert [item["kind"] for item in events_rules.told_on(pod)] == ["Pod"]
         assert " on Kubernetes node" not in events_rules.pod_eviction_event("n", "r", ["a"], pod, "gone").message
+
+
+def test_the_story_of_the_rounds_is_told_on_each_workload_once() -> None:
+    second = {**POD, "metadata": {**POD["metadata"], "name": "trainer-2", "uid": "uid-pod-2"}}
+    alone = {"metadata": {"name": "bare", "namespace": "team-a", "uid": "uid-bare"}}
+    assert [(item["kind"], item["metadata"]["name"]) for item in events_rules.workloads([POD, second, alone])] == [
+        ("Job", "llama")
+    ]
+    completed = events_rules.RendezvousEvent("Normal", "RoundCompleted", "round 3 completed with 2 nodes: a=0, b=1")
+    assert "RoundCompleted" in events_rules.WORKLOAD_REASONS and "NodeJoined" not in events_rules.WORKLOAD_REASONS
+    told = events_rules.on_workload(completed, "team-a", "llama")
+    assert told.message == "rendezvous team-a/llama: round 3 completed with 2 nodes: a=0, b=1"
+    assert (told.type, told.reason) == ("Normal", "RoundCompleted")

@@ -22,7 +22,7 @@ from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError,
 
 from . import conditions_rules, events_rules, metrics, pods_rules
 from .conditions import update_conditions
-from .memory import Observed, OperatorMemo, stored_state
+from .memory import Key, Observed, OperatorMemo, stored_state
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,17 @@ def post_event(body: kopf.Body, event: events_rules.RendezvousEvent, namespace: 
     """Post ``event`` on the Rendezvous and count it."""
     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.count_event(event.reason, namespace, name, event.count)
+
+
+def tell(body: kopf.Body, event: events_rules.RendezvousEvent, key: Key, memo: OperatorMemo) -> None:
+    """Post ``event`` on the Rendezvous ``key`` and, for the story of its rounds (``WORKLOAD_REASONS``), on the
+    workloads of its training pods (``kubectl describe job`` shows it)."""
+    namespace, name = key
+    post_event(body, event, namespace, name)
+    if event.reason in events_rules.WORKLOAD_REASONS:
+        owners = events_rules.workloads(memo.pods_of(key) or [])
+        if owners:
+            post_on_related(owners, events_rules.on_workload(event, namespace, name))
 
 
 def post_on_related(objects: list[dict[str, Any]], event: events_rules.RendezvousEvent) -> None:
@@ -115,7 +126,7 @@ def observe_rendezvous(
                 and str(ready.get("message", "")).startswith(check.message)
             )
             if not reported:
-                post_event(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
+                tell(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), key, memo)
         if stored.document is not None:
             evicted = status.get("evictedNodes") or []
             for event in events_rules.state_events(
@@ -127,10 +138,10 @@ def observe_rendezvous(
                 spares=seen_spares,
                 close_reason=status.get("closeReason"),
             ):
-                post_event(body, event, namespace, name)
+                tell(body, event, key, memo)
         broken = events_rules.departure_event(previous.status if previous is not None else None, status, announced)
         if broken is not None:
-            post_event(body, broken, namespace, name)
+            tell(body, broken, key, memo)
     held = events_rules.held_event(previous.status if previous is not None else None, status)
     if held is not None and (held.reason, held.message) not in announced:
         post_event(body, held, namespace, name)

@@ -196,18 +196,44 @@ def departure_event(
     return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
 
 
-def told_on(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """What an eviction of ``pod``'s nodes is told on besides the Rendezvous: the pod, and the workload that
-    controls it (its controller owner: a Job, a JobSet's Job, a PyTorchJob), as Event involved objects."""
+#: The Events of a Rendezvous also told on its workloads (the controllers of its training pods): the story of
+#: its rounds, not each node's.
+WORKLOAD_REASONS = frozenset({"RoundCompleted", "RoundBroken", "Closed", "StateInvalid"})
+
+
+def _controller_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The workload that controls ``pod`` (its controller owner: a Job, a JobSet's Job, ...) as an Event's
+    involved object, or None."""
     meta = pod.get("metadata") or {}
-    namespace = meta.get("namespace")
-    reference: dict[str, Any] = {"name": meta.get("name"), "namespace": namespace, "uid": meta.get("uid")}
-    objects: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Pod", "metadata": reference}]
     for owner in meta.get("ownerReferences") or []:
         if isinstance(owner, Mapping) and owner.get("controller") and owner.get("kind") and owner.get("name"):
-            owned = {"name": owner.get("name"), "namespace": namespace, "uid": owner.get("uid")}
-            objects.append({"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"), "metadata": owned})
-    return objects
+            owned = {"name": owner.get("name"), "namespace": meta.get("namespace"), "uid": owner.get("uid")}
+            return {"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"), "metadata": owned}
+    return None
+
+
+def told_on(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What an eviction of ``pod``'s nodes is told on besides the Rendezvous: the pod, and the workload that
+    controls it (``_controller_of``), as Event involved objects."""
+    meta = pod.get("metadata") or {}
+    reference: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    controller = _controller_of(pod)
+    return [{"apiVersion": "v1", "kind": "Pod", "metadata": reference}, *([controller] if controller else [])]
+
+
+def workloads(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct workloads that control ``pods`` (a Rendezvous's training pods), as Event involved objects."""
+    found: dict[object, dict[str, Any]] = {}
+    for pod in pods:
+        controller = _controller_of(pod)
+        if controller is not None:
+            found.setdefault(controller["metadata"]["uid"], controller)
+    return list(found.values())
+
+
+def on_workload(event: RendezvousEvent, namespace: str, rendezvous: str) -> RendezvousEvent:
+    """``event`` of Rendezvous ``namespace/rendezvous`` as told on one of its workloads: naming the rendezvous."""
+    return dataclasses.replace(event, message=f"rendezvous {namespace}/{rendezvous}: {event.message}")
 
 
 def pod_eviction_event(

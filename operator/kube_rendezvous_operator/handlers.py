@@ -18,10 +18,11 @@ its tasks and forgets it on its DELETED event (``lifecycle``). Objects of earlie
 
 This module holds Kopf's settings, ``register`` and the one Rendezvous event handler that starts and stops each
 Rendezvous's tasks (``lifecycle``). Every rule is an I/O module with a pure twin ``<module>_rules``:
-``conditions`` (Ready, Progressing and Closed), ``events`` (the state changes told as Events), ``pods`` (each Rendezvous's
-training pods), ``gone_pods`` and ``restarts`` (evictions from the pod watch), ``resync`` (the periodic pod
-census), ``not_ready`` (the NotReady-node rule), ``writer`` (the folder) and ``ttl``; ``evictions`` is their
-one eviction write. The operator's memory is one record per Rendezvous (``memory``), with no I/O.
+``conditions`` (Ready, Progressing and Closed), ``events`` (the state changes told as Events, on the Rendezvous
+and its workloads), ``pods`` (each Rendezvous's training pods), ``gone_pods`` and ``restarts`` (evictions
+from the pod watch), ``resync`` (the periodic pod census), ``not_ready`` (the NotReady-node rule), ``writer``
+(the folder) and ``ttl``; ``evictions`` is their one eviction write. The operator's memory is one record per
+Rendezvous (``memory``), with no I/O.
 """
 
 from __future__ import annotations
