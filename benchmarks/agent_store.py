@@ -16,17 +16,17 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import REPO, RESULTS, Bench, agent_env, log
-from benchmarks.scale import DOCS, percentile
+from benchmarks.run import Bench, agent_env, control_plane, go
+from benchmarks.runner import AT_SCALE, REPO, Benchmark, figure, main
+from benchmarks.scale import percentile
 
 PROCESSES = 8
-BEGIN, END = "<!-- agent-store:begin (python -m benchmarks.agent_store) -->", "<!-- agent-store:end -->"
 
 
 def run_once(bench: Bench, backend: str, nodes: int, limit: float) -> dict[str, Any]:
@@ -80,12 +80,7 @@ def run_once(bench: Bench, backend: str, nodes: int, limit: float) -> dict[str, 
         for first, count, out in zip(firsts, per, outs, strict=True)
     ]
     try:
-        for worker in workers:
-            assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
+        go(workers, ready=True)
         deadline = time.monotonic() + limit
         for worker in workers:
             worker.wait(max(1.0, deadline - time.monotonic()))
@@ -127,49 +122,36 @@ def run_once(bench: Bench, backend: str, nodes: int, limit: float) -> dict[str, 
     return run
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="*", default=[128, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--p10d-max", type=int, default=1024)
-    parser.add_argument("--limit", type=float, default=300.0)
-    parser.add_argument("--p10d-limit", type=float, default=60.0, help="seconds; p10d answers in 2 s or never")
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-agent-store-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(rows=[])
-    failed_at: dict[str, int] = {}
-    try:
-        for nodes in args.sizes:
-            for backend in ("p10d", "k8s") if nodes <= args.p10d_max else ("k8s",):
-                runs: list[dict[str, Any]] = []
-                if backend in failed_at:
-                    runs.append({"failed": f"not tried: {backend} already failed at N={failed_at[backend]}"})
-                for repeat in range(args.repeats if not runs else 0):
-                    limit = args.p10d_limit if backend == "p10d" else args.limit
-                    try:
-                        run = run_once(bench, backend, nodes, limit)
-                    except Exception as exc:  # noqa: BLE001 - a failed repeat is a result
-                        run = {"failed": f"{type(exc).__name__}: {exc}"[:300]}
-                    log(f"{backend} N={nodes} repeat {repeat + 1}/{args.repeats}: {run}")
-                    runs.append(run)
-                    if "failed" in run:
-                        failed_at[backend] = nodes
-                        break  # the failure is the result; repeating it only costs time
-                report["rows"].append({"backend": backend, "nodes": nodes, "runs": runs})
-                save_report(RESULTS / "agent_store.json", report)
-    finally:
-        bench.stop()
-    write_report(report)
-    return 0
+class Stores:
+    """The control plane, and the N at which each backend failed (it is not tried at a larger N)."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.failed_at: dict[str, int] = {}
+
+    def measure(self, case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+        backend, nodes = case["backend"], case["nodes"]
+        if backend in self.failed_at:
+            return {"failed": f"not tried: {backend} already failed at N={self.failed_at[backend]}"}
+        try:
+            return run_once(self.bench, backend, nodes, args.p10d_limit if backend == "p10d" else args.limit)
+        except Exception as exc:  # noqa: BLE001 - a failed repeat is a result
+            self.failed_at[backend] = nodes
+            return {"failed": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def write_report(report: dict[str, Any]) -> None:
+@contextmanager
+def stores(workdir: Path, args: argparse.Namespace) -> Iterator[Stores]:
+    with control_plane(workdir) as bench:
+        yield Stores(bench)
+
+
+TITLE = "The store after the round: rank assignment and exit barrier"
+
+
+def section(report: dict[str, Any]) -> list[str]:
     """The section of docs/benchmarks.md and docs/agent-store.png from ``report``."""
     lines = [
-        "## The store after the round: rank assignment and exit barrier",
-        "",
         f"Measured {report['date']} on one {report['machine']} machine. Command: `python -m benchmarks.agent_store`. "
         "Raw: [benchmarks/results/agent_store.json](../benchmarks/results/agent_store.json). "
         "Plot: ![agent store](agent-store.png)",
@@ -209,17 +191,11 @@ def write_report(report: dict[str, Any]) -> None:
             f"| {folds} | {conflicts} |"
         )
         failures += [f"\n{name} N={row['nodes']} failed: `{run['failed'][:200]}`" for run in runs if "failed" in run]
-    splice(DOCS / "benchmarks.md", "\n".join(lines + failures), BEGIN, END)
-    plot(report)
+    return lines + failures
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+def plot(report: dict[str, Any]) -> Any:
+    made, (left, right) = figure(10, 4, columns=2)
     for index, backend in enumerate(("p10d", "k8s")):
         xs, ys, rx, ry = [], [], [], []
         for row in report["rows"]:
@@ -244,12 +220,32 @@ def plot(report: dict[str, Any]) -> None:
         axis.legend()
     left.set_ylabel("seconds: rank assignment + exit barrier")
     right.set_ylabel("store requests in all")
-    figure.tight_layout()
-    figure.savefig(DOCS / "agent-store.png", dpi=110)
+    return made
 
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--p10d-max", type=int, default=1024)
+    parser.add_argument("--p10d-limit", type=float, default=60.0, help="seconds; p10d answers in 2 s or never")
+
+
+BENCHMARK = Benchmark.of(
+    globals(),
+    cases=lambda args: [
+        {"backend": backend, "nodes": nodes}
+        for nodes in args.sizes
+        for backend in (("p10d", "k8s") if nodes <= args.p10d_max else ("k8s",))
+    ],
+    measure=lambda stores, case, repeat, args: stores.measure(case, args),
+    setup=stores,
+    sizes=[128, 1024],
+    limit=300.0,
+    table="rows",
+    grouped=True,
+    **AT_SCALE,
+    at_end=False,
+    case_major=True,
+    quick={"sizes": [16]},
+)
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--report":
-        write_report(json.loads((RESULTS / "agent_store.json").read_text()))
-        sys.exit(0)
-    sys.exit(main())
+    raise SystemExit(main(BENCHMARK))

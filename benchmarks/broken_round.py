@@ -21,22 +21,20 @@ group timeout, 30 min). Every repeat goes to ``benchmarks/results/broken_round.j
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import RESULTS, Bench, checkout, log, operator_kubeconfig, release_env
+from benchmarks.run import Bench, checkout, control_plane, operator_kubeconfig, release_env
+from benchmarks.runner import Benchmark, arguments, figure, label_rows, log, main, stamp, unique_legend
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- broken-round:begin (python -m benchmarks.broken_round) -->", "<!-- broken-round:end -->"
 CASES = ("SIGTERM while starting", "SIGTERM while training", "pod deleted while starting")
 LAUNCHERS = ("tensorplay", "torchrun")
 CODES = ("this release", "previous release")
 LAST_CALL = "15"
+TITLE, IMAGE = "A round that loses a member (issue #29)", "broken round"
 
 
 class Cases:
@@ -97,18 +95,32 @@ class Cases:
             try:
                 wait_until(lambda: training_in_world(survivors, 4, min_step=0), limit, "the survivors training")
             except TimeoutError:
-                return {"case": case, "launcher": launcher, "code": code, "recovered": False, "limit": limit}
-            return {
-                "case": case,
-                "launcher": launcher,
-                "code": code,
-                "recovered": True,
-                "seconds": time.monotonic() - began,
-            }
+                return {"recovered": False, "limit": limit}
+            return {"recovered": True, "seconds": time.monotonic() - began}
         finally:
             job.stop()
             if operator is not None:
                 operator.stop()
+
+
+@contextmanager
+def both_releases(workdir: Path, args: argparse.Namespace) -> Iterator[Cases]:
+    previous = checkout(args.previous, workdir)
+    log(f"previous release {args.previous} in {previous}")
+    with control_plane(workdir) as bench:
+        yield Cases(bench, workdir, previous)
+
+
+def schedule(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
+    """Every case and launcher on this release ``--repeats`` times, then on the previous ``--baseline-repeats``."""
+    counts = {CODES[0]: args.repeats, CODES[1]: args.baseline_repeats}
+    return [
+        (repeat, {"case": case, "launcher": launcher, "code": code})
+        for code, count in counts.items()
+        for repeat in range(count)
+        for case in CASES
+        for launcher in LAUNCHERS
+    ]
 
 
 def ratio(report: dict[str, Any], case: str, launcher: str) -> str:
@@ -126,11 +138,18 @@ def ratio(report: dict[str, Any], case: str, launcher: str) -> str:
     return f"{this / before:.2f}x"
 
 
-def write_report(report: dict[str, Any]) -> None:
+NOTES = f"""
+In the SIGTERM cases (no operator), {LAST_CALL} s of each recovery is the job's last call: the two survivors are
+fewer than `--nnodes` max, so the round waits for more nodes until the last call ends. In the pod-deleted case the
+operator runs: it evicts the deleted pod's node and, seeing every running training pod joined, completes the round
+at once (`completedBy: TrainingPodsJoined`, issue #28), so no last call is waited out. The rest is the monitor
+interval, the re-rendezvous and the workers' restart.
+"""
+
+
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## A round that loses a member (issue #29)",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.broken_round --repeats "
+        f"{stamp(report)} with `python -m benchmarks.broken_round --repeats "
         f"{report['repeats']} --previous {report['previous']}`: one control plane, 3 agents x 2 workers, "
         f"`--nnodes=2:3`, last call {LAST_CALL} s, monitor interval 0.5 s. Seconds from the fault to every "
         "survivor training in the new round, every repeat; *not within N s*: the survivors had not trained "
@@ -151,30 +170,12 @@ def write_report(report: dict[str, Any]) -> None:
                     or "-"
                 )
             rows.append(f"| {case} | {launcher} | {cells[0]} | {cells[1]} | {ratio(report, case, launcher)} |")
-    rows += [
-        "",
-        f"In the SIGTERM cases (no operator), {LAST_CALL} s of each recovery is the job's last call: the two "
-        "survivors are fewer than `--nnodes` max, so the round waits for more nodes until the last call ends. "
-        "In the pod-deleted case the operator runs: it evicts the deleted pod's node and, seeing every running "
-        "training pod joined, completes the round at once (`completedBy: TrainingPodsJoined`, issue #28), so "
-        "no last call is waited out. The rest is the monitor interval, the re-rendezvous and the workers' "
-        "restart.",
-        "",
-        "![broken round](broken-round.png)",
-    ]
-    page = DOCS / "benchmarks.md"
-    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
-    plot(report)
+    return rows
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict[str, Any]) -> Any:
     labels = [f"{case}\n{launcher}" for case in CASES for launcher in LAUNCHERS]
-    figure, axis = plt.subplots(figsize=(9, 4.2))
+    made, axis = figure(9, 4.2)
     for offset, code, color in ((-0.15, CODES[0], "tab:green"), (0.15, CODES[1], "tab:red")):
         for index, (case, launcher) in enumerate((case, launcher) for case in CASES for launcher in LAUNCHERS):
             runs = [r for r in report["runs"] if (r["case"], r["launcher"], r["code"]) == (case, launcher, code)]
@@ -182,53 +183,23 @@ def plot(report: dict[str, Any]) -> None:
             markers = ["o" if r["recovered"] else "x" for r in runs]
             for x, marker in zip(xs, markers, strict=True):
                 axis.scatter(x, index + offset, color=color, marker=marker, label=code if index == 0 else None)
-    axis.set_yticks(range(len(labels)), labels, fontsize=7)
-    axis.set_xlabel("seconds from the fault to every survivor training (x: not recovered by the limit)")
-    handles, names = axis.get_legend_handles_labels()
-    unique = dict(zip(names, handles, strict=False))
-    axis.legend(unique.values(), unique.keys(), fontsize=8, loc="center right")
-    axis.set_title("A round that loses a member: every repeat")
-    figure.tight_layout()
-    figure.savefig(DOCS / "broken-round.png", dpi=110)
+    unique_legend(axis, fontsize=8, loc="center right")
+    xlabel = "seconds from the fault to every survivor training (x: not recovered by the limit)"
+    label_rows(axis, labels, xlabel, "A round that loses a member: every repeat", size=7)
+    return made
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case on this release")
-    parser.add_argument("--baseline-repeats", type=int, default=1, help="repeats of each case on the previous release")
-    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
-    parser.add_argument("--limit", type=float, default=120.0, help="seconds before a repeat counts as not recovered")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    args = parser.parse_args()
-    out = RESULTS / "broken_round.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-broken-round-"))
-    previous = checkout(args.previous, workdir)
-    log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        repeats=args.repeats,
-        previous=args.previous,
-        runs=[],
-    )
-    try:
-        cases = Cases(bench, workdir, previous)
-        plan = [(code, repeat) for repeat in range(args.repeats) for code in CODES[:1]]
-        plan += [(CODES[1], repeat) for repeat in range(args.baseline_repeats)]
-        for code, repeat in plan:
-            for case in CASES:
-                for launcher in LAUNCHERS:
-                    run = cases.run(case, launcher, code, args.limit)
-                    log(f"{code}, {case}, {launcher}, repeat {repeat + 1}: {run.get('seconds', 'not recovered')}")
-                    report["runs"].append(run)
-                    save_report(out, report)
-    finally:
-        bench.stop()
-    write_report(report)
-    return 0
-
+BENCHMARK = Benchmark.of(
+    globals(),
+    measure=lambda cases, case, repeat, args: cases.run(case["case"], case["launcher"], case["code"], args.limit),
+    setup=both_releases,
+    baseline_repeats=1,
+    previous="dc5d934",
+    limit=120.0,
+    fields=arguments("repeats", "previous"),
+    timed=False,
+    quick={"baseline_repeats": 0},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

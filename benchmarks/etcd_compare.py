@@ -37,9 +37,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.nothing_slower import METRICS, Run, a_round, kind, operator_of, ratio, runs_of, values
+from benchmarks.nothing_slower import Run, a_round, operator_of, ratio
+from benchmarks.nothing_slower import rows as paired_rows
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, Bench, log
+from benchmarks.runner import figure, invocation, page_under, quick_mode, save_figure, stamp
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- etcd-compare:begin (python -m benchmarks.etcd_compare) -->", "<!-- etcd-compare:end -->"
@@ -130,15 +132,7 @@ def measure_all(args: argparse.Namespace, paths: dict[str, Path], workdir: Path,
 
 def rows(report: dict[str, Any]) -> Iterator[tuple[str, int, int, list[dict[int, float]], list[str]]]:
     """The table's rows: (label, N, digits, both etcds' values by repeat, both etcds' first failure or "")."""
-    seen: list[tuple[str, int]] = []
-    for r in report["runs"]:
-        if (r["case"], r["nodes"]) not in seen:
-            seen.append((r["case"], r["nodes"]))
-    for case, nodes in seen:
-        for label, value, digits in METRICS[kind(case)]:
-            runs = [runs_of(report, case, nodes, code) for code in CODES]
-            failures = [next((r["failed"] for r in each if "failed" in r), "") for each in runs]
-            yield label.format(case=case), nodes, digits, [values(each, value) for each in runs], failures
+    yield from paired_rows(report, CODES)
     for key, said in (("too_large", TOO_LARGE), ("no_progress", NO_PROGRESS)):
         counts = [{p["repeat"]: float(p[key]) for p in report["planes"] if p["code"] == c and key in p} for c in CODES]
         yield f'kube-apiserver log lines "{said}" (whole plane)', 0, 0, counts, ["", ""]
@@ -146,15 +140,11 @@ def rows(report: dict[str, Any]) -> Iterator[tuple[str, int, int, list[dict[int,
 
 def write_report(report: dict[str, Any], where: Path = DOCS) -> None:
     """The section of ``benchmarks.md`` and ``etcd-compare.png``, in docs/ or ``where`` (a copy of the page)."""
-    page = where / "benchmarks.md"
-    if not page.exists():
-        where.mkdir(parents=True, exist_ok=True)
-        page.write_text((DOCS / "benchmarks.md").read_text())
-    command = " ".join(["python -m benchmarks.etcd_compare", *report["argv"]])
+    page = page_under(where)
     lines = [
         "## The test control plane on etcd 3.7.3 beside etcd 3.5.1",
         "",
-        f"Measured {report['date']} on {report['machine']} with `{command}` ({report['minutes']:.0f} min): every "
+        f"{stamp(report)} with `{invocation('etcd_compare', report)}` ({report['minutes']:.0f} min): every "
         "repeat runs each etcd on a fresh control plane of its own (etcd, kube-apiserver v1.37.2 and "
         "kube-controller-manager), which goes first alternating; this release's library and operator on both. "
         f"3.5.1 is the PyPI wheel (`{INSTALL_OLD}`, not a dependency); 3.7.3 is the build of "
@@ -185,15 +175,10 @@ def write_report(report: dict[str, Any], where: Path = DOCS) -> None:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """One panel per row: every repeat of each etcd as a point, side by side, a bar at each median."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     table = [row for row in rows(report) if row[3][0] or row[3][1]]
-    columns = 3
-    figure, axes = plt.subplots(-(-len(table) // columns), columns, figsize=(11, 2.6 * -(-len(table) // columns)))
-    for axis, (label, nodes, _, both, _) in zip(axes.flat, table, strict=False):
+    columns, lines = 3, -(-len(table) // 3)
+    made, axes = figure(11, 2.6 * lines, columns=columns, rows=lines)
+    for axis, (label, nodes, _, both, _) in zip(axes, table, strict=False):
         for x, (each, color) in enumerate(zip(both, ("tab:blue", "tab:orange"), strict=True)):
             points = list(each.values())
             axis.scatter([x + 0.06 * (i - (len(points) - 1) / 2) for i in range(len(points))], points, color=color)
@@ -208,12 +193,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
             + (f"\n3.7.3 / 3.5.1 = {found:.2f}x" if found else ""),
             fontsize=8,
         )
-    for axis in list(axes.flat)[len(table) :]:
+    for axis in axes[len(table) :]:
         axis.set_visible(False)
-    figure.suptitle("Test control plane: etcd 3.7.3 beside 3.5.1 (dot: a repeat; bar: median)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    made.suptitle("Test control plane: etcd 3.7.3 beside 3.5.1 (dot: a repeat; bar: median)", fontsize=10)
+    save_figure(made, path, dpi=100)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -231,6 +214,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--summary", help="the sentences under the table (kept from the JSON when not given)")
     parser.add_argument("--out", type=Path, help="write the JSON, the page and the plot under this folder")
     parser.add_argument("--report", action="store_true", help="only rewrite the page and the plot from the JSON")
+    quick_mode(parser, argv, sizes=[8], steady_sizes=[8], steady_seconds=25.0, repeats=1)
     args = parser.parse_args(argv)
     if args.steady_sizes is None:
         args.steady_sizes = [1024] if 1024 in args.sizes else [max(args.sizes)]

@@ -21,20 +21,18 @@ Every repeat is written to ``benchmarks/results/failover.json``, the table to
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import GROUP, RESULTS, VERSION, Bench, log, operator_kubeconfig
+from benchmarks.run import GROUP, VERSION, Bench, control_plane, operator_kubeconfig
+from benchmarks.runner import Benchmark, figure, found, label_rows, main, ratio, stamp
 from benchmarks.scale import percentile
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- failover:begin (python -m benchmarks.failover) -->", "<!-- failover:end -->"
+TITLE, IMAGE = "Operator failover (leader election)", "operator failover"
 MODES = ("standby, leader SIGKILLed", "standby, leader SIGTERMed", "one replica, restarted at once (baseline)")
 
 
@@ -75,7 +73,8 @@ class Failover:
     def ready(self, name: str) -> bool:
         obj: Any = self.bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
         conditions = (obj.get("status") or {}).get("conditions") or []
-        return any(item["type"] == "Ready" and item["status"] == "True" for item in conditions)
+        # Judged: Ready past its first Unknown (Ready=True means a round formed; without agents it stays False).
+        return any(item["type"] == "Ready" and item["status"] != "Unknown" for item in conditions)
 
     def create(self, name: str) -> None:
         body = {
@@ -87,6 +86,7 @@ class Failover:
         self.bench.objects.create_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", body)
 
     def measure(self, mode: str, repeat: int, limit: float) -> dict[str, Any]:
+        """One failover of ``mode``: the seconds from the signal to ``lease`` and ``acting``."""
         from tests.testenv import wait_until
 
         election = not mode.startswith("one replica")
@@ -106,7 +106,7 @@ class Failover:
         if standby is None:
             standby = self.replica("restarted", election=False)  # started the moment the old one died
         self.create(probe)
-        found: dict[str, Any] = {"mode": mode, "repeat": repeat}
+        found: dict[str, Any] = {"repeat": repeat}
         try:
             if election:
                 wait_until(
@@ -123,8 +123,13 @@ class Failover:
         finally:
             standby.stop()
             leader.stop()
-        log(f"{mode} #{repeat}: {found}")
         return found
+
+
+@contextmanager
+def replicas(workdir: Path, args: argparse.Namespace) -> Iterator[Failover]:
+    with control_plane(workdir) as bench:
+        yield Failover(bench, workdir)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -135,16 +140,20 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
-def write_report(report: dict[str, Any]) -> None:
-    by_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    for run in report["runs"]:
-        by_mode[run["mode"]].append(run)
-    base = [run["acting"] for run in by_mode[MODES[2]] if "acting" in run]
-    base_p50 = statistics.median(base) if base else None
+NOTES = """
+A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for `lease_duration` (10
+s) on the standby's own clock, trying every `retry_period` (2 s), so the *lease* column is bounded by 12 s after the
+leader's last renewal, which was up to 2 s before the kill. A SIGTERMed leader releases the Lease on its way out.
+The baseline has no standby and no Lease: it is a new process started the instant the old one died, which a
+Deployment never achieves (the kubelet's restart and the image's start come on top).
+"""
+
+
+def section(report: dict[str, Any]) -> list[str]:
+    runs = report["runs"]
+    base = found(runs, "acting", mode=MODES[2])
     lines = [
-        "## Operator failover (leader election)",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.failover "
+        f"{stamp(report)} with `python -m benchmarks.failover "
         f"--repeats {report['repeats']}`: the control plane, both replicas and this script on one machine. "
         "The clock starts at the signal to the leader. *lease*: the standby holds the Lease; *acting*: a "
         "Rendezvous created after the signal is Ready (the new leader's handlers run). Every repeat:",
@@ -152,88 +161,48 @@ def write_report(report: dict[str, Any]) -> None:
         "| mode | lease (s), every repeat | acting (s), every repeat | acting p50 / p90 / max | p50 vs baseline |",
         "|---|---|---|---|---|",
     ]
-    for mode, runs in by_mode.items():
-        leases = [run["lease"] for run in runs if "lease" in run]
-        acting = [run["acting"] for run in runs if "acting" in run]
-        failed = sum(1 for run in runs if "error" in run)
+    for mode in MODES:
+        leases, acting = found(runs, "lease", mode=mode), found(runs, "acting", mode=mode)
+        failed = sum(1 for run in runs if run["mode"] == mode and "error" in run)
         stats = summarize(acting) if acting else None
-        ratio = f"{statistics.median(acting) / base_p50:.2f}x" if acting and base_p50 else "-"
+        measured = ratio(acting, base)
+        ratio_text = f"{measured:.2f}x" if measured else "-"
         lease_text = ", ".join(f"{value:.2f}" for value in leases) or "-"
         acting_text = (", ".join(f"{value:.2f}" for value in acting) or "-") + (f" ({failed} failed)" if failed else "")
         stats_text = f"{stats['p50']:.2f} / {stats['p90']:.2f} / {stats['max']:.2f}" if stats else "-"
-        lines.append(f"| {mode} | {lease_text} | {acting_text} | {stats_text} | {ratio} |")
-    lines += [
-        "",
-        "A SIGKILLed leader cannot release its Lease: the standby takes it once it has not changed for "
-        "`lease_duration` (10 s) on the standby's own clock, trying every `retry_period` (2 s), so the "
-        "*lease* column is bounded by 12 s after the leader's last renewal, which was up to 2 s before the kill. "
-        "A SIGTERMed leader releases the Lease on its way out. The baseline has no standby and no Lease: it "
-        "is a new process started the instant the old one died, which a Deployment never achieves (the "
-        "kubelet's restart and the image's start come on top).",
-        "",
-        "![operator failover](failover.png)",
-    ]
-    page = DOCS / "benchmarks.md"
-    splice(page, "\n".join(lines), BEGIN, END, at_end=True)
-    plot(by_mode)
+        lines.append(f"| {mode} | {lease_text} | {acting_text} | {stats_text} | {ratio_text} |")
+    return lines
 
 
-def plot(by_mode: dict[str, list[dict[str, Any]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 3.6))
-    for index, runs in enumerate(by_mode.values()):
+def plot(report: dict[str, Any]) -> Any:
+    made, axis = figure(8, 3.6)
+    for index, mode in enumerate(MODES):
         for key, marker, color in (("lease", "o", "tab:blue"), ("acting", "s", "tab:orange")):
-            values = [run[key] for run in runs if key in run]
+            xs = found(report["runs"], key, mode=mode)
             axis.scatter(
-                values,
-                [index + (0.12 if key == "acting" else -0.12)] * len(values),
+                xs,
+                [index + (0.12 if key == "acting" else -0.12)] * len(xs),
                 marker=marker,
                 color=color,
                 label=key if index == 0 else None,
                 alpha=0.8,
             )
-    axis.set_yticks(range(len(by_mode)), list(by_mode), fontsize=8)
-    axis.set_xlabel("seconds after the signal to the leader")
     axis.axvline(15, linestyle="--", color="grey", linewidth=1)
-    axis.text(14.9, len(by_mode) - 0.7, "15 s target", fontsize=8, color="grey", ha="right")
+    axis.text(14.9, len(MODES) - 0.7, "15 s target", fontsize=8, color="grey", ha="right")
     axis.legend(loc="lower right", fontsize=8)
-    axis.set_title("Operator failover, every repeat")
-    figure.tight_layout()
-    figure.savefig(DOCS / "failover.png", dpi=110)
+    label_rows(axis, MODES, "seconds after the signal to the leader", "Operator failover, every repeat")
+    return made
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--limit", type=float, default=60.0, help="seconds before a repeat counts as failed")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    args = parser.parse_args()
-    out = RESULTS / "failover.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-failover-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        repeats=args.repeats,
-        runs=[],
-    )
-    try:
-        failover = Failover(bench, workdir)
-        for repeat in range(args.repeats):
-            for mode in MODES:
-                report["runs"].append(failover.measure(mode, repeat, args.limit))
-                save_report(out, report)
-    finally:
-        bench.stop()
-    write_report(report)
-    return 0
-
+BENCHMARK = Benchmark.of(
+    globals(),
+    cases=lambda args: [{"mode": mode} for mode in MODES],
+    measure=lambda failover, case, repeat, args: failover.measure(case["mode"], repeat, args.limit),
+    setup=replicas,
+    repeats=5,
+    timed=False,
+    limit=60.0,
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

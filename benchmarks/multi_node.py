@@ -19,18 +19,15 @@ Every repeat is kept; a repeat that did not recover within the window is recorde
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import tempfile
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import RESULTS, log
+from benchmarks.runner import Benchmark, figure, label_rows, main, ratio, shown, stamp, values
 from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     Recovery,
@@ -42,11 +39,9 @@ from tests.e2e.multi_node import (
     start_spread_job,
     three_node_cluster,
 )
-from tests.e2e.real_pods import REPO, example_objects
+from tests.e2e.real_pods import example_objects
 from tests.testenv.cluster import Cluster
 
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- multi-node:begin (python -m benchmarks.multi_node) -->", "<!-- multi-node:end -->"
 #: Each case and its baseline (None: none in this run).
 CASES: dict[str, str | None] = {
     "node failure, operator": "node failure, no operator",
@@ -55,6 +50,40 @@ CASES: dict[str, str | None] = {
     "rank-0 node, k8s (torchrun)": "rank-0 node, c10d (torchrun)",
     "rank-0 node, c10d (torchrun)": None,
 }
+WINDOW = 90.0
+TITLE = "A node lost on three real nodes"
+IMAGE, LABELS = TITLE.lower(), list(CASES)
+
+
+def fields(args: argparse.Namespace) -> dict[str, Any]:
+    return {"repeats": args.repeats, "window": WINDOW}
+
+
+class Nodes:
+    """Three real nodes, a fresh namespace per repeat, every node recovered after it."""
+
+    def __init__(self, cluster: Cluster, workdir: Path) -> None:
+        self.cluster, self.workdir, self.count = cluster, workdir, 0
+        self.core = client.CoreV1Api(config.new_client_from_config(str(cluster.plane.admin_kubeconfig)))
+
+    @contextmanager
+    def namespace(self, prefix: str) -> Iterator[str]:
+        self.count += 1
+        name = f"{prefix}-{self.count}"
+        self.core.create_namespace({"metadata": {"name": name}})
+        try:
+            yield name
+        finally:
+            for node in self.cluster.nodes:
+                if not node.running:
+                    node.recover()
+            self.core.delete_namespace(name, grace_period_seconds=0)
+
+
+@contextmanager
+def three_nodes(workdir: Path, args: argparse.Namespace) -> Iterator[Nodes]:
+    with three_node_cluster(workdir) as cluster:
+        yield Nodes(cluster, workdir)
 
 
 def drain(cluster: Cluster, namespace: str, workdir: Path) -> Recovery:
@@ -77,24 +106,30 @@ def run_case(cluster: Cluster, case: str, namespace: str, workdir: Path) -> Reco
     return rank0_node_killed(cluster, namespace, "k8s" if "k8s" in case else "c10d")
 
 
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+def measure(nodes: Nodes, case: dict[str, Any], repeat: int, args: argparse.Namespace) -> dict[str, Any]:
+    with nodes.namespace("bench") as namespace:
+        found = asdict(run_case(nodes.cluster, case["case"], namespace, nodes.workdir))
+    found.pop("details", None)
+    return found
 
 
-def write_report(report: dict[str, Any]) -> None:
+NOTES = """
+How to read it. *node failure, operator*: the heartbeats expire only after 90 s there, so the dead node leaves the
+round through the operator: the Node turns NotReady after the node-lifecycle controller's grace (16 s here, 40-50 s
+upstream), the pod's 5 s toleration ends, the pod is deleted and the operator evicts its node at once; its
+training-pods rule then completes the survivors' round with no last call. *node failure, no operator*: the 15 s
+heartbeat expiry, then the survivors' round waits out its 10 s last call. With upstream's grace the operator's path
+would be slower than the expiry; its value is that it does not depend on heartbeats (a pod deleted, a NotReady node
+with agents frozen). The replacement trains only once the Job controller replaced the deleted pod. *kubectl drain*:
+the agent gets SIGTERM and leaves at once. *rank-0 node*: stock torchrun; with torch's c10d the survivors wait on
+the dead store and never train again in the window, with k8s they re-form after the 15 s expiry.
+"""
+
+
+def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
-
-    def values(case: str, key: str) -> list[float]:
-        return [run[key] for run in runs if run["case"] == case and run.get(key) is not None]
-
-    def shown(case: str, key: str) -> str:
-        found = [run.get(key) for run in runs if run["case"] == case]
-        return ", ".join("none" if value is None else f"{value:.1f}" for value in found)
-
     lines = [
-        "## A node lost on three real nodes",
-        "",
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         f"(`python -m benchmarks.multi_node`): three real nodes, the example Job's 3 pods one per node. Seconds "
         f'from the fault, every repeat; "none" means not within the {report["window"]:.0f} s window. The ratio '
         "compares medians with the baseline of the same run.",
@@ -103,110 +138,46 @@ def write_report(report: dict[str, Any]) -> None:
         "|---|---|---|---|",
     ]
     for case, baseline in CASES.items():
-        ratio = ""
+        text = ""
         if baseline is not None:
-            mine, base = median(values(case, "survivors_training")), median(values(baseline, "survivors_training"))
-            if mine is not None and base is not None:
-                ratio = f"{mine / base:.2f}x of {baseline}"
-            elif mine is not None:
-                ratio = f"{baseline}: never within the window"
+            mine = [x for x in values(runs, "survivors_training", case=case) if x is not None]
+            base = [x for x in values(runs, "survivors_training", case=baseline) if x is not None]
+            found = ratio(mine, base)
+            if found is not None:
+                text = f"{found:.2f}x of {baseline}"
+            elif mine:
+                text = f"{baseline}: never within the window"
         lines.append(
-            f"| {case} | {shown(case, 'survivors_training')} | {shown(case, 'replacement_training')} | {ratio} |"
+            f"| {case} | {shown(values(runs, 'survivors_training', case=case))} "
+            f"| {shown(values(runs, 'replacement_training', case=case))} | {text} |"
         )
-    lines += [
-        "",
-        "How to read it. *node failure, operator*: the heartbeats expire only after 90 s there, so the dead node "
-        "leaves the round through the operator: the Node turns NotReady after the node-lifecycle controller's "
-        "grace (16 s here, 40-50 s upstream), the pod's 5 s toleration ends, the pod is deleted and the operator "
-        "evicts its node at once; its training-pods rule then completes the survivors' round with no last call. "
-        "*node failure, no operator*: the 15 s heartbeat expiry, then the survivors' round waits out its 10 s last "
-        "call. With upstream's grace the operator's path would be slower than the expiry; its value is that it "
-        "does not depend on heartbeats (a pod deleted, a NotReady node with agents frozen). The replacement "
-        "trains only once the Job controller replaced the deleted pod. *kubectl drain*: the agent gets SIGTERM "
-        "and leaves at once. *rank-0 node*: stock torchrun; with torch's c10d the survivors wait on the dead "
-        "store and never train again in the window, with k8s they re-form after the 15 s expiry.",
-        "",
-        "![a node lost on three real nodes](multi-node.png)",
-    ]
-    splice(DOCS / "benchmarks.md", "\n".join(lines), BEGIN, END, at_end=True)
-    plot(report)
+    return lines
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(9, 3.6))
+def plot(report: dict[str, Any]) -> Any:
+    made, axis = figure(9, 3.6)
     window = report["window"]
     for index, case in enumerate(CASES):
         for key, marker in (("survivors_training", "o"), ("replacement_training", "x")):
-            xs = [run.get(key) for run in report["runs"] if run["case"] == case]
+            xs = values(report["runs"], key, case=case)
             axis.scatter([window if x is None else x for x in xs], [index] * len(xs), marker=marker, s=28,
                          color="tab:red" if None in xs and key == "survivors_training" else None)  # fmt: skip
     axis.axvline(window, color="grey", linestyle=":", linewidth=1)
-    axis.set_yticks(range(len(CASES)), list(CASES), fontsize=8)
-    axis.set_xlabel("seconds from the fault (o: survivors training, x: replacement training; at the line: never)")
-    axis.set_title(f"A node lost on three real nodes ({report['date']}, {report['machine']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(DOCS / "multi-node.png", dpi=110)
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case (default 3)")
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), help="which cases")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    parser.add_argument("--add", action="store_true", help="add these repeats to the JSON's (same cases, new run)")
-    args = parser.parse_args()
-    out = RESULTS / "multi_node.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    window = 90.0
-    report = new_report(
-        repeats=args.repeats,
-        window=window,
-        runs=[],
+    label_rows(
+        axis,
+        list(CASES),
+        "seconds from the fault (o: survivors training, x: replacement training; at the line: never)",
+        f"A node lost on three real nodes ({report['date']}, {report['machine']})",
+        title_size=9,
     )
-    if args.add and out.exists():
-        earlier = json.loads(out.read_text())
-        report["runs"] = earlier["runs"]
-        report["repeats"] += earlier["repeats"]
-        report["date"] = f"{earlier['date']} and {report['date']}"
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-multi-node-"))
-    log(f"starting a control plane and three real nodes in {workdir}")
-    with three_node_cluster(workdir) as cluster:
-        plane = cluster.plane
-        core = client.CoreV1Api(config.new_client_from_config(str(plane.admin_kubeconfig)))
-        count = 0
-        for repeat in range(args.repeats):
-            for case in args.cases:
-                count += 1
-                namespace = f"bench-{count}"
-                core.create_namespace({"metadata": {"name": namespace}})
-                log(f"repeat {repeat + 1}/{args.repeats}: {case}")
-                started = time.monotonic()
-                try:
-                    recovery = run_case(cluster, case, namespace, workdir)
-                    run: dict[str, Any] = {"case": case, **asdict(recovery)}
-                except TimeoutError as exc:
-                    run = {"case": case, "error": str(exc)[:300]}
-                finally:
-                    for node in cluster.nodes:
-                        if not node.running:
-                            node.recover()
-                    core.delete_namespace(namespace, grace_period_seconds=0)
-                run["seconds"] = round(time.monotonic() - started, 1)
-                run.pop("details", None)
-                log(f"  {json.dumps(run)}")
-                report["runs"].append(run)
-                save_report(out, report)
-    write_report(report)
-    return 0
+    return made
 
+
+BENCHMARK = Benchmark.of(
+    globals(),
+    setup=three_nodes,
+    quick={"cases": ["node failure, no operator"]},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

@@ -10,22 +10,16 @@ plot to ``docs/network-faults.png``. Needs root, iproute2 and iptables, as the t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, main, stamp
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- network-faults:begin (python -m benchmarks.network_faults) -->", "<!-- network-faults:end -->"
+TITLE, IMAGE = "Faults at the packet level (issue #25)", "network faults"
 MEASURED = re.compile(r"^measured: (.+): ([0-9.]+) s$", re.MULTILINE)
 #: pytest -rA's summary lines (with -s a test's own output sits between its name and its outcome).
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR) (tests/test_network\.py::\S+)", re.MULTILINE)
@@ -60,8 +54,15 @@ FAULTS = {
 }
 
 
-def run_once(extra_env: dict[str, str], selection: str | None) -> dict[str, Any]:
-    """One pytest run of tests/test_network.py: every measurement and every test's outcome."""
+#: The long partition, run once more with ``--long``: its environment and its test.
+LONG = {"NETWORK_PARTITION_SECONDS": "300"}
+LONG_TEST = "partition_of_60_s"
+
+
+def run_once(extra_env: dict[str, str]) -> dict[str, Any]:
+    """One pytest run of tests/test_network.py (only the long partition's test with ``LONG``): every measurement
+    and every test's outcome."""
+    selection = LONG_TEST if extra_env == LONG else None
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-v", "-rA", "tests/test_network.py"]
     if selection:
         command += ["-k", selection]
@@ -69,27 +70,30 @@ def run_once(extra_env: dict[str, str], selection: str | None) -> dict[str, Any]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, **extra_env}, capture_output=True, text=True)
     return {
         "seconds": round(time.monotonic() - began, 1),
-        "env": extra_env,
         "measured": [{"what": what, "seconds": float(value)} for what, value in MEASURED.findall(done.stdout)],
         "returncode": done.returncode,
         "outcomes": {name.split("::")[1]: outcome for outcome, name in OUTCOME.findall(done.stdout)},
     }
 
 
-def write_report(report: dict[str, Any]) -> None:
+def measured(report: dict[str, Any]) -> dict[str, list[str]]:
+    """Every measurement of every run, by what it measured (the long partition's apart)."""
     values: dict[str, list[str]] = {}
     for run in report["runs"]:
         suffix = " (300 s partition)" if run["env"].get("NETWORK_PARTITION_SECONDS") == "300" else ""
         for item in run["measured"]:
             values.setdefault(item["what"] + suffix, []).append(f"{item['seconds']:.1f}")
+    return values
+
+
+def section(report: dict[str, Any]) -> list[str]:
+    values = measured(report)
     outcomes: dict[str, list[str]] = {}
     for run in report["runs"]:
         for name, outcome in run["outcomes"].items():
             outcomes.setdefault(name.split("[")[0], []).append(outcome)
     rows = [
-        "## Faults at the packet level (issue #25)",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.network_faults --repeats "
+        f"{stamp(report)} with `python -m benchmarks.network_faults --repeats "
         f"{report['repeats']}`: each agent pod in a network namespace of its own, three pods x 2 workers, "
         "`--nnodes=2:3`, last call 5 s, heartbeat expiry 15 s, no operator unless the fault is the operator's; "
         "faults are iptables DROP rules inside one pod's namespace (no RST, no ICMP).",
@@ -108,54 +112,31 @@ def write_report(report: dict[str, Any]) -> None:
         ]
     rows += ["", "| measurement | seconds, every repeat |", "|---|---|"]
     rows += [f"| {what} | {', '.join(found)} |" for what, found in values.items()]
-    rows += ["", "![network faults](network-faults.png)"]
-    page = DOCS / "reliability.md"
-    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
-    plot(values)
+
+    return rows
 
 
-def plot(values: dict[str, list[str]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(9, 0.5 * len(values) + 1.2))
+def plot(report: dict[str, Any]) -> Any:
+    values = measured(report)
+    made, axis = figure(9, 0.5 * len(values) + 1.2)
     for index, found in enumerate(values.values()):
         axis.scatter([float(value) for value in found], [index] * len(found), color="tab:blue", alpha=0.8)
-    axis.set_yticks(range(len(values)), [what[:70] for what in values], fontsize=7)
-    axis.set_xlabel("seconds, every repeat")
-    axis.set_title("Faults at the packet level")
-    figure.tight_layout()
-    figure.savefig(DOCS / "network-faults.png", dpi=110)
+    label_rows(axis, [what[:70] for what in values], "seconds, every repeat", "Faults at the packet level", size=7)
+    return made
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--long", action="store_true", help="also the 300 s partition, once")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    args = parser.parse_args()
-    out = RESULTS / "network_faults.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    report = new_report(
-        repeats=args.repeats,
-        runs=[],
-    )
-    plan: list[tuple[dict[str, str], str | None]] = [({}, None)] * args.repeats
-    if args.long:
-        plan.append(({"NETWORK_PARTITION_SECONDS": "300"}, "partition_of_60_s"))
-    for index, (env, selection) in enumerate(plan):
-        print(f"[network-faults {time.strftime('%H:%M:%S')}] run {index + 1} of {len(plan)} {env}", flush=True)
-        run = run_once(env, selection)
-        print(f"   {run['outcomes']}\n   {run['measured']}", flush=True)
-        report["runs"].append(run)
-        save_report(out, report)
-    write_report(report)
-    return 0
-
+BENCHMARK = Benchmark.of(
+    globals(),
+    schedule=lambda args: (
+        [(repeat, {"env": {}}) for repeat in range(args.repeats)] + ([(0, {"env": LONG})] if args.long else [])
+    ),
+    measure=lambda context, case, repeat, args: run_once(case["env"]),
+    page="reliability.md",
+    options=lambda parser: parser.add_argument("--long", action="store_true", help="also the 300 s partition, once"),
+    timed=False,
+    errors=(),
+    quick={"long": False},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

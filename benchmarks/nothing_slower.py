@@ -41,6 +41,7 @@ from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
 from benchmarks.run import REPO, RESULTS, WRITER_VICTIM, Bench, checkout, log, recovery, release_env, start_operator
+from benchmarks.runner import figure, invocation, page_under, quick_mode, save_figure, stamp
 
 DOCS = REPO / "docs"
 BEGIN, END = "<!-- nothing-slower:begin (python -m benchmarks.nothing_slower) -->", "<!-- nothing-slower:end -->"
@@ -191,32 +192,30 @@ def ratio(this: dict[int, float], previous: dict[int, float]) -> float | None:
     return statistics.median(this.values()) / statistics.median(previous.values())
 
 
-def rows(report: dict[str, Any]) -> Iterator[tuple[str, int, str, list[dict[int, float]], list[str]]]:
-    """The table's rows in the order the cases first ran: (label, N, the format of a value, both releases'
-    values, both releases' first failure or "")."""
+def rows(
+    report: dict[str, Any], codes: tuple[str, ...] = CODES
+) -> Iterator[tuple[str, int, int, list[dict[int, float]], list[str]]]:
+    """The table's rows in the order the cases first ran: (label, N, the digits of a value, both sides' (``codes``:
+    the releases, or the etcds) values by repeat, both sides' first failure or "")."""
     seen: list[tuple[str, int]] = []
     for r in report["runs"]:
         if (r["case"], r["nodes"]) not in seen:
             seen.append((r["case"], r["nodes"]))
     for case, nodes in seen:
         for label, value, digits in METRICS[kind(case)]:
-            runs = [runs_of(report, case, nodes, code) for code in CODES]
+            runs = [runs_of(report, case, nodes, code) for code in codes]
             failures = [next((r["failed"] for r in each if "failed" in r), "") for each in runs]
-            yield label.format(case=case), nodes, f"{{:.{digits}f}}", [values(each, value) for each in runs], failures
+            yield label.format(case=case), nodes, digits, [values(each, value) for each in runs], failures
 
 
 def write_report(report: dict[str, Any], out: Path | None = None) -> None:
     """The section of ``benchmarks.md`` and ``nothing-slower.png``, in docs/ or under ``out``."""
     where = out or DOCS
-    page = where / "benchmarks.md"
-    if not page.exists():  # under --out: a copy of the real page, so the splice is the one docs/ would get
-        where.mkdir(parents=True, exist_ok=True)
-        page.write_text((DOCS / "benchmarks.md").read_text())
-    command = " ".join(["python -m benchmarks.nothing_slower", *report["argv"]])
+    page = page_under(where)
     lines = [
         "## Nothing is slower: this release beside the previous one (issue #26)",
         "",
-        f"Measured {report['date']} on {report['machine']} with `{command}`: one control plane, every case on this "
+        f"{stamp(report)} with `{invocation('nothing_slower', report)}`: one control plane, every case on this "
         f"release and on the previous release ({report['previous']}, its library and its operator), side by side "
         "in every repeat (which goes first alternates). Rounds and the steady state run with the release's "
         f"operator; recovery is SIGKILL of one of {report['recovery_agents']} agents to the survivors training "
@@ -231,7 +230,7 @@ def write_report(report: dict[str, Any], out: Path | None = None) -> None:
     ]
     for label, nodes, digits, (this, previous), failures in rows(report):
         cells = [
-            ", ".join([*map(digits.format, each.values()), *([f"failed: {failed[:100]}"] if failed else [])])
+            ", ".join([*(f"{v:.{digits}f}" for v in each.values()), *([f"failed: {failed[:100]}"] if failed else [])])
             or "not reported"  # the release's runs do not give this value (its handler keeps no counters)
             for each, failed in zip((this, previous), failures, strict=True)
         ]
@@ -249,14 +248,10 @@ def write_report(report: dict[str, Any], out: Path | None = None) -> None:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Per row, every repeat's ratio (this over previous, the same repeat) and the ratio of medians."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib import ticker
 
     table = [row for row in rows(report) if ratio(row[3][0], row[3][1]) is not None]
-    figure, axis = plt.subplots(figsize=(9, 0.45 * len(table) + 1.6))
+    made, axis = figure(9, 0.45 * len(table) + 1.6)
     for index, (_, _, _, (this, previous), _) in enumerate(table):
         paired = [this[repeat] / previous[repeat] for repeat in this if previous.get(repeat)]
         axis.scatter(paired, [index] * len(paired), color="tab:gray", s=14)
@@ -270,8 +265,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axis.invert_yaxis()
     axis.set_xlabel("this release / previous release (dot: a repeat; diamond: ratio of medians)")
     axis.set_title(f"Nothing is slower: this release / {report['previous']} (left of 1x: faster or cheaper)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(made, path)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -284,11 +278,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--recovery-agents", type=int, default=32, help="agents of the recovery job")
     parser.add_argument("--previous", default="f3c6c78", help="the previous release: the last that landed")
     parser.add_argument("--round-limit", type=float, default=300.0, help="seconds before a round counts as failed")
-    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     parser.add_argument("--out", type=Path, help="write the JSON, the page and the plot under this folder")
     parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    if "--quick" in argv:
-        parser.set_defaults(**QUICK)
+    quick_mode(parser, argv, **QUICK)
     args = parser.parse_args(argv)
     if args.recovery_repeats is None:
         args.recovery_repeats = args.repeats

@@ -16,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.runner import quick_mode
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=60.0)
+    quick_mode(parser, None, nodes=4, seconds=10.0)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     import threading

@@ -23,27 +23,23 @@ the markers) and a plot to ``docs/real-node.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import RESULTS, log
+from benchmarks.runner import REPO, Benchmark, figure, label_rows, log, main, stamp
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import apply, example_objects, rendezvous_status, round_with, running_pods, worker_rounds
 from tests.testenv import ControlPlane, wait_until
 from tests.testenv.cluster import Cluster
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- real-node:begin (python -m benchmarks.real_node) -->", "<!-- real-node:end -->"
 JOBS = {"tensorplay": "training-job.yaml", "torchrun": "torch/indexed-job.yaml"}
 
 
@@ -203,10 +199,10 @@ def label(run: dict[str, Any]) -> str:
     return f"demo, {run['path']}"
 
 
-def write_report(report: dict[str, Any]) -> None:
+def section(report: dict[str, Any]) -> list[str]:
     runs = report["runs"]
     lines = [
-        f"Measured {report['date']} on {report['machine']}, {report['repeats']} repeats "
+        f"{stamp(report)}, {report['repeats']} repeats "
         "(`python -m benchmarks.real_node`); seconds, every repeat; the ratio compares medians with the "
         "baseline of the same run.",
         "",
@@ -259,71 +255,77 @@ def write_report(report: dict[str, Any]) -> None:
         shown = ", ".join(f"{x:.1f}" for x in real) + (f" ({failed} failed)" if failed else "")
         lines.append(f"| demo, real node | {what} | {shown} | {ratio} (to simulated) |")
         lines.append(f"| demo, simulated | {what} | {', '.join(f'{x:.1f}' for x in simulated)} | |")
-    splice(DOCS / "benchmarks.md", "\n".join(lines), BEGIN, END, at_end=True)
-    plot(report)
+    return lines
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict[str, Any]) -> Any:
     keys = ("survivors_training", "replacement_training", "not_ready", "evicted", "round")
     series = sorted({(label(run), key) for run in report["runs"] for key in keys if key in run})
-    figure, axis = plt.subplots(figsize=(9, 0.42 * len(series) + 1.2))
+    made, axis = figure(9, 0.42 * len(series) + 1.2)
     for index, (name, key) in enumerate(series):
         xs = [run[key] for run in report["runs"] if label(run) == name and key in run]
         axis.scatter(xs, [index] * len(xs), s=22)
-    axis.set_yticks(range(len(series)), [f"{name}: {key.replace('_', ' ')}" for name, key in series], fontsize=7)
-    axis.set_xlabel("seconds (every repeat)")
-    axis.set_title(f"Recovery on a real node ({report['date']}, {report['machine']})", fontsize=9)
-    axis.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(DOCS / "real-node.png", dpi=110)
+    labels = [f"{name}: {key.replace('_', ' ')}" for name, key in series]
+    title = f"Recovery on a real node ({report['date']}, {report['machine']})"
+    label_rows(axis, labels, "seconds (every repeat)", title, size=7, title_size=9)
+    return made
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each case (default 3)")
-    parser.add_argument("--baseline-repeats", type=int, default=1, help="repeats of the node failure baseline")
-    parser.add_argument("--limit", type=float, default=240.0, help="seconds before a repeat counts as failed")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    args = parser.parse_args()
-    out = RESULTS / "real_node.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    report = new_report(
-        repeats=args.repeats,
-        runs=[],
-    )
+class Planes:
+    """The real node's control plane, started at its first case and stopped before the demo's (it starts its own)."""
 
-    def record(run: dict[str, Any]) -> None:
-        log(f"{label(run)}: { ({k: v for k, v in run.items() if k not in ('case', 'launcher')}) }")
-        report["runs"].append(run)
-        save_report(out, report)
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: RealNode | None = None
 
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-real-node-"))
-    log(f"starting a control plane and a real node in {workdir}")
-    bench = RealNode(workdir)
+    def bench(self) -> RealNode:
+        if self.started is None:
+            log(f"starting a control plane and a real node in {self.workdir}")
+            self.started = RealNode(self.workdir)
+        return self.started
+
+    def close(self) -> None:
+        if self.started is not None:
+            self.started.stop()
+            self.started = None
+
+
+@contextmanager
+def planes(workdir: Path, args: argparse.Namespace) -> Iterator[Planes]:
+    made = Planes(workdir)
     try:
-        for _ in range(args.repeats):
-            for launcher in JOBS:
-                for operator in (True, False):
-                    record(pod_deleted(bench, launcher, operator, args.limit))
-        for repeat in range(args.repeats):
-            record(node_failure(bench, True, args.limit))
-            if repeat < args.baseline_repeats:
-                record(node_failure(bench, False, args.limit))
+        yield made
     finally:
-        bench.stop()
-    for _ in range(args.repeats):
-        for path in ("real node", "simulated"):
-            record(demo(path))
-    write_report(report)
-    return 0
+        made.close()
 
+
+def schedule(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
+    """Pods deleted, then node failures (the baseline ``--baseline-repeats`` times), then the demo."""
+    deleted = [
+        {"case": "pod deleted", "launcher": launcher, "operator": op} for launcher in JOBS for op in (True, False)
+    ]
+    plan = [(repeat, case) for repeat in range(args.repeats) for case in deleted]
+    for repeat in range(args.repeats):
+        for rule in (True, False)[: 1 + (repeat < args.baseline_repeats)]:
+            plan.append(
+                (repeat, {"case": "node failure", "launcher": "tensorplay", "operator": True, "notready_rule": rule})
+            )
+    demo_cases = [{"case": "demo", "launcher": "tensorplay", "path": path} for path in ("real node", "simulated")]
+    return plan + [(repeat, case) for repeat in range(args.repeats) for case in demo_cases]
+
+
+def measure(context: Planes, case: dict[str, Any], repeat: int, args: argparse.Namespace) -> dict[str, Any]:
+    if case["case"] == "pod deleted":
+        return pod_deleted(context.bench(), case["launcher"], case["operator"], args.limit)
+    if case["case"] == "node failure":
+        return node_failure(context.bench(), case["notready_rule"], args.limit)
+    context.close()
+    return demo(case["path"])
+
+
+BENCHMARK = Benchmark.of(
+    globals(), setup=planes, baseline_repeats=1, limit=240.0, timed=False, quick={"baseline_repeats": 0}
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

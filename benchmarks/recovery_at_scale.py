@@ -34,19 +34,15 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
 from benchmarks.round_worker import agent_address
-from benchmarks.run import GROUP, REPO, RESULTS, VERSION, Bench, agent_env, log, start_operator
+from benchmarks.run import GROUP, VERSION, Bench, agent_env, control_plane, go, round_worker, start_operator
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles
 
-DOCS = REPO / "docs"
-BEGIN = "<!-- recovery-at-scale:begin (python -m benchmarks.recovery_at_scale) -->"
-END = "<!-- recovery-at-scale:end -->"
 BASELINE = "pod deleted, operator stopped"
 #: (label, the operator runs, the victim's pod is deleted, the signal the victim gets)
 MODES = (
@@ -73,54 +69,44 @@ def create_pods(bench: Bench, name: str, nodes: int) -> None:
 def start_worker(
     bench: Bench, backend: str, name: str, nodes: int, index: int, count: int, first: int, out: Path
 ) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.round_worker",
-        "--backend",
-        backend,
-        "--endpoint",
-        f"bench/{name}",
-        "--run-id",
-        "none",
-        "--nodes",
-        str(nodes),
-        "--min-nodes",
-        str(nodes - 8),
-        "--threads",
-        str(count),
-        "--out",
-        str(out),
-        "--kubeconfig",
-        str(bench.trainer),
-        "--worker",
-        str(index),
-        "--assign-ranks",
-        "identical",
-        "--recover",
-        str(RECOVER_SECONDS),
-        "--addr-start",
-        str(first),
-    ]
+    extra = ["--recover", str(RECOVER_SECONDS), "--addr-start", str(first)]
     with (bench.workdir / "agents.log").open("a") as log_file:  # the handlers' warnings, not the console
-        return subprocess.Popen(
-            command,
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            text=True,
-            env=agent_env(),
-        )
+        return round_worker(
+            backend, f"bench/{name}", "none", nodes, nodes - 8, count, out, bench.trainer, index, "identical", extra,
+            stderr=log_file, env=agent_env(),
+        )  # fmt: skip
+
+
+def start_job(
+    bench: Bench, backend: str, name: str, nodes: int, tag: str, files: int
+) -> tuple[list[subprocess.Popen[str]], subprocess.Popen[str], list[Path]]:
+    """The job's agents: N-1 members as threads in ``PROCESSES`` processes, the victim (the last member) alone in
+    one more; and ``files`` result files, the victim's at ``PROCESSES``."""
+    survivors = nodes - 1
+    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
+    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
+    stamp = time.time_ns()
+    outs = [bench.workdir / f"{tag}-{nodes}-{stamp}-{i}.json" for i in range(files)]
+    workers = [
+        start_worker(bench, backend, name, nodes, i, count, first, out)
+        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
+    ]
+    return workers, start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[PROCESSES]), outs
 
 
 def wait_for(paths: list[Path], seconds: float, what: str, workers: list[subprocess.Popen[str]]) -> None:
-    deadline = time.monotonic() + seconds
+    """Wait until every path exists; log how many do every 15 s (a step of minutes at N=1024 shows it moves)."""
+    began = time.monotonic()
+    shown = began
     while any(not path.exists() for path in paths):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - began > seconds:
             raise RuntimeError(f"{what}: not within {seconds:.0f} s")
         if any(worker.poll() not in (None, 0) for worker in workers):
             raise RuntimeError(f"{what}: an agent process failed")
+        if now - shown >= 15:
+            shown = now
+            log(f"  {what}: {sum(path.exists() for path in paths)}/{len(paths)} processes done, {now - began:.0f} s")
         time.sleep(0.2)
 
 
@@ -137,25 +123,10 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
         # A fresh operator per run: another run's cleanup (1024 pods gone) must not queue ahead of this one.
         operator = start_operator(bench, bench.workdir / f"operator-{name}")
     survivors = nodes - 1
-    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
-    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
-    stamp = time.time_ns()
-    outs = [bench.workdir / f"recovery-{nodes}-{stamp}-{i}.json" for i in range(PROCESSES + 1)]
-    workers = [
-        start_worker(bench, backend, name, nodes, i, count, first, out)
-        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
-    ]
-    victim = start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[-1])
+    workers, victim, outs = start_job(bench, backend, name, nodes, "recovery", PROCESSES + 1)
     everyone = [*workers, victim]
     try:
-        for worker in everyone:
-            assert worker.stdout is not None
-            if worker.stdout.readline().strip() != "ready":
-                raise RuntimeError("an agent process could not create its handlers")
-        for worker in everyone:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
+        go(everyone, ready=True)
         wait_for(outs, 300, f"the first round of {nodes}", everyone)
         first = [item for out in outs for item in json.loads(out.read_text())["results"]]
         errors = [item["error"] for item in first if "error" in item]
@@ -220,22 +191,23 @@ def one_run(bench: Bench, backend: str, nodes: int, mode: tuple[str, bool, bool,
             core.delete_collection_namespaced_pod("bench", grace_period_seconds=0, _request_timeout=120)
 
 
-def write_report(report: dict[str, Any]) -> None:
+TITLE, IMAGE = "Recovery at scale (issue #28)", "recovery at scale"
+
+
+INTRO = """
+{stamp} with {command}: one control plane, an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call,
+15 s heartbeat expiry) as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with
+`TORCH_ELASTIC_WORKER_IDENTICAL=1`. Seconds after the failure, each the slowest survivor's: *detected* (its
+`num_nodes_waiting` turned positive), *formed* (its `next_rendezvous` returned, the bootstrap address included),
+*ranks* (its rank assignment), *held* (every survivor held its new ranks). *requests/survivor*: API requests of the
+survivors' handlers from the failure until they all held new ranks (heartbeats included), per survivor. *ratio*:
+median *held* over the baseline's (no operator) at the same N and framework. Every repeat, in order. Starting the
+workers is not included.
+"""
+
+
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Recovery at scale (issue #28)",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.recovery_at_scale "
-        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, "
-        "an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call, 15 s heartbeat expiry) "
-        "as threads in 8 processes, the victim alone in a ninth, 2 workers per agent with "
-        "`TORCH_ELASTIC_WORKER_IDENTICAL=1`. Seconds after the failure, each the slowest survivor's: "
-        "*detected* (its `num_nodes_waiting` turned positive), *formed* (its `next_rendezvous` returned, "
-        "the bootstrap address included), *ranks* (its rank assignment), *held* (every survivor held its "
-        "new ranks). *requests/survivor*: API requests of the survivors' handlers from the failure until "
-        "they all held new ranks (heartbeats included), per survivor. *ratio*: median *held* over the "
-        "baseline's (no operator) at the same N and framework. "
-        "Every repeat, in order. Starting the workers is not included.",
-        "",
         *(
             [
                 "Merged from these invocations (`--keep`; each run's date is in the JSON): "
@@ -281,23 +253,15 @@ def write_report(report: dict[str, Any]) -> None:
                 requests = ", ".join(f"{r['requests_per_survivor']:.1f}" for r in done) or "-"
                 row = " | ".join([*cells, held, ratio, completed, requests])
                 rows.append(f"| {nodes} | {framework} | {label} | {row} |")
-    rows += ["", "![recovery at scale](recovery-at-scale.png)"]
-    page = DOCS / "benchmarks.md"
-    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
-    plot(report)
+
+    return rows
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
+def plot(report: dict[str, Any]) -> Any:
     sizes = report["sizes"]
-    figure, axes = plt.subplots(1, len(sizes), figsize=(5.0 * len(sizes), 3.6), squeeze=False)
+    made, axes = figure(5.0 * len(sizes), 3.6, columns=len(sizes))
     markers = {"detected": ("tab:orange", "|"), "formed": ("tab:blue", "|"), "held": ("tab:green", "o")}
-    for axis, nodes in zip(axes[0], sizes, strict=True):
+    for axis, nodes in zip(axes, sizes, strict=True):
         labels: list[str] = []
         for framework in report["frameworks"]:
             for label, *_ in MODES:
@@ -311,46 +275,39 @@ def plot(report: dict[str, Any]) -> None:
                         continue
                     for key, (color, marker) in markers.items():
                         axis.scatter(r[key], index, color=color, marker=marker, s=80 if marker == "|" else 18)
-        axis.set_yticks(range(len(labels)), labels if axis is axes[0][0] else [""] * len(labels), fontsize=7)
+        axis.set_yticks(range(len(labels)), labels if axis is axes[0] else [""] * len(labels), fontsize=7)
         axis.set_title(f"N={nodes}")
         axis.set_xlabel("seconds after the failure")
-    handles = [
-        Line2D([], [], color=color, marker=marker, linestyle="", label=key) for key, (color, marker) in markers.items()
+    axes[-1].legend(handles=marker_handles(markers), fontsize=7, loc="lower right")
+    made.suptitle("Recovery at scale: every repeat (x: failed)")
+    return made
+
+
+def measure(bench: Bench, case: dict[str, Any], repeat: int, args: argparse.Namespace) -> dict[str, Any]:
+    backend = "k8s" if case["framework"] == "tensorplay" else "torch-k8s"
+    run = one_run(bench, backend, case["nodes"], next(mode for mode in MODES if mode[0] == case["mode"]))
+    log(
+        "  "
+        + ", ".join(f"{k} {v:.1f}" for k, v in run.items() if isinstance(v, float))
+        + f", completed by {run['completed_by']}"
+    )
+    return run
+
+
+def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    modes = [label for label, *_ in MODES if label in args.modes]
+    return [
+        {"nodes": nodes, "framework": framework, "mode": mode}
+        for nodes in args.sizes
+        for mode in modes
+        for framework in args.frameworks
     ]
-    axes[0][-1].legend(handles=handles, fontsize=7, loc="lower right")
-    figure.suptitle("Recovery at scale: every repeat (x: failed)")
-    figure.tight_layout()
-    figure.savefig(DOCS / "recovery-at-scale.png", dpi=110)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--frameworks", nargs="+", default=["tensorplay", "torch"], choices=["tensorplay", "torch"])
-    parser.add_argument("--modes", nargs="+", default=[label for label, *_ in MODES], choices=[m[0] for m in MODES])
-    parser.add_argument(
-        "--keep", action="store_true", help="merge into the JSON, replacing the runs of these sizes, frameworks, modes"
-    )
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    args = parser.parse_args()
-    out = RESULTS / "recovery_at_scale.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    invocation = " ".join(sys.argv[1:])
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-recovery-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        sizes=args.sizes,
-        repeats=args.repeats,
-        frameworks=args.frameworks,
-        runs=[],
-    )
-    if args.keep and out.exists():
-        kept = json.loads(out.read_text())
-        redone = {(n, f, m) for n in args.sizes for f in args.frameworks for m in args.modes}
+def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--keep``: merge into the JSON, replacing the runs of these sizes, frameworks and modes."""
+    if args.keep and kept is not None:
+        redone = {(case["nodes"], case["framework"], case["mode"]) for case in cases(args)}
         runs = [r for r in kept["runs"] if (r["nodes"], r["framework"], r["mode"]) not in redone]
         for r in runs:
             r.setdefault("measured", kept["date"])
@@ -361,34 +318,24 @@ def main() -> int:
             invocations=[*kept.get("invocations", [f"{kept['date']}: --sizes {' '.join(map(str, kept['sizes']))}"])],
         )
     report.setdefault("invocations", [])
-    report["invocations"].append(f"{report['date']}: {invocation}")
-    try:
-        for nodes in args.sizes:
-            for label, operator_runs, *rest in [mode for mode in MODES if mode[0] in args.modes]:
-                for framework in args.frameworks:
-                    backend = "k8s" if framework == "tensorplay" else "torch-k8s"
-                    for repeat in range(args.repeats):
-                        try:
-                            run = one_run(bench, backend, nodes, (label, operator_runs, *rest))  # type: ignore[arg-type]
-                            log(
-                                f"{framework} N={nodes} {label} {repeat + 1}/{args.repeats}: "
-                                + ", ".join(f"{k} {v:.1f}" for k, v in run.items() if isinstance(v, float))
-                                + f", completed by {run['completed_by']}"
-                            )
-                        except (RuntimeError, AssertionError, TimeoutError) as exc:
-                            log(f"{framework} N={nodes} {label} {repeat + 1}/{args.repeats}: FAILED {exc}")
-                            run = {"failed": str(exc)[:300]}
-                        report["runs"].append(
-                            {"nodes": nodes, "framework": framework, "mode": label, "measured": report["date"], **run}
-                        )
-                        save_report(out, report)
-                        if "failed" in run:
-                            break
-    finally:
-        bench.stop()
-    write_report(report)
-    return 0
+    report["invocations"].append(f"{report['date']}: {' '.join(sys.argv[1:])}")
 
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--modes", nargs="+", default=[label for label, *_ in MODES], choices=[m[0] for m in MODES])
+
+
+BENCHMARK = Benchmark.of(
+    globals(),
+    setup=control_plane,
+    sizes=[128, 1024],
+    frameworks=["tensorplay", "torch"],
+    fields=arguments("sizes", "repeats", "frameworks"),
+    **AT_SCALE,
+    dated=True,
+    case_major=True,
+    quick={"sizes": [16], "frameworks": ["tensorplay"], "modes": [BASELINE]},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

@@ -149,12 +149,9 @@ def write_report(report: dict[str, Any]) -> None:
 
 
 def plot(report: dict[str, Any], sizes: list[int], by: dict[tuple[str, int], dict[str, Any]]) -> None:
-    import matplotlib
+    from benchmarks.runner import figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    made, (left, right) = figure(11, 4.2, columns=2)
     for backend, style in (("p10d", "o-"), ("k8s", "s-"), ("torch-c10d", "^--"), ("torch-k8s", "v--")):
         points = [
             (n, by[(backend, n)]["median_seconds"]) for n in sizes if "median_seconds" in by.get((backend, n), {})
@@ -183,8 +180,7 @@ def plot(report: dict[str, Any], sizes: list[int], by: dict[tuple[str, int], dic
     right.set_xlabel("agents N")
     right.set_title("k8s: API cost per agent per round")
     right.legend()
-    figure.tight_layout()
-    figure.savefig(DOCS / "benchmarks.png", dpi=110)
+    save_figure(made, DOCS / "benchmarks.png")
 
 
 if __name__ == "__main__":

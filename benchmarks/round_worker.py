@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any
 
+from benchmarks.runner import api_requests, in_threads, library_counters
+
 
 def create_handler(backend: str, params: dict[str, Any]) -> Any:
     """A handler for ``backend`` from its framework's own registry."""
@@ -155,24 +157,12 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
 
-    threads = [threading.Thread(target=join, args=(index,)) for index in range(len(handlers))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(join, len(handlers))
 
     def stats() -> tuple[list[dict[str, int]], list[dict[str, int]]]:
         """Per handler of ours: its API client's counters, and its own and its store's counters."""
-        api_stats, handler_stats = [], []
-        for handler in handlers:
-            api, store = getattr(handler, "_api", None), getattr(handler, "_store", None)
-            if not isinstance(getattr(handler, "stats", None), dict) or api is None or store is None:
-                continue  # p10d's and c10d's handlers count nothing
-            api_stats.append(dict(api.stats))
-            counts = dict(handler.stats)
-            counts.update({f"store_{key}": value for key, value in store.stats.items()})
-            handler_stats.append(counts)
-        return api_stats, handler_stats
+        counted = [found for found in map(library_counters, handlers) if found is not None]  # not p10d's, c10d's
+        return [api for api, _ in counted], [counts for _, counts in counted]
 
     api_stats, backend_stats = stats()
     report = {"started": started, "results": results, "api": api_stats, "backend": backend_stats}
@@ -213,12 +203,7 @@ def recover(backend: str, handlers: list[Any], seconds: float, interval: float, 
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "detected": detected}
 
-    def requests() -> int:
-        """API requests of this process's handlers so far (handlers may share one client)."""
-        clients = {id(api): api for api in (getattr(handler, "_api", None) for handler in handlers) if api is not None}
-        return sum(int(api.stats.get("requests", 0)) for api in clients.values())
-
-    before = requests()
+    before = api_requests(handlers)
     started: dict[int, threading.Thread] = {}
     until = time.monotonic() + seconds
     while time.monotonic() < until and len(started) < len(handlers):
@@ -229,7 +214,7 @@ def recover(backend: str, handlers: list[Any], seconds: float, interval: float, 
         time.sleep(interval)
     for thread in started.values():
         thread.join(max(0.0, until - time.monotonic()))
-    write_json(out, {"results": results, "requests": requests() - before})
+    write_json(out, {"results": results, "requests": api_requests(handlers) - before})
 
 
 if __name__ == "__main__":

@@ -19,22 +19,21 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from benchmarks.report import new_report, save_report
+from benchmarks.runner import log, quick_mode, repeated, writer_lease
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 GROUP, VERSION = "kube-rendezvous.io", "v1alpha1"
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 #: Niceness of the benchmark's agent processes (p10d's and ours alike). In a cluster the API
@@ -70,6 +69,43 @@ def agent_env() -> dict[str, str]:
 def lower_priority() -> None:
     """Called first by a benchmark agent process: run at the niceness ``agent_env`` asked for."""
     os.nice(int(os.environ.get("BENCH_AGENT_NICE", "0")))
+
+
+def round_worker(
+    backend: str,
+    endpoint: str,
+    run_id: str,
+    nodes: int,
+    least: int,
+    threads: int,
+    out: Path,
+    kubeconfig: Path,
+    index: int,
+    assign_ranks: str,
+    extra: list[str],
+    **popen: Any,
+) -> subprocess.Popen[str]:
+    """A ``benchmarks.round_worker`` process of ``threads`` handlers (its pipes: ``ready``, then ``go``)."""
+    command = [
+        *(sys.executable, "-m", "benchmarks.round_worker", "--backend", backend, "--endpoint", endpoint),
+        *("--run-id", run_id, "--nodes", str(nodes), "--min-nodes", str(least), "--threads", str(threads)),
+        *("--out", str(out), "--kubeconfig", str(kubeconfig), "--worker", str(index)),
+        *("--assign-ranks", assign_ranks, *extra),
+    ]
+    return subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
+
+
+def go(workers: list[subprocess.Popen[str]], ready: bool = False) -> None:
+    """Tell every round worker to join (``ready``: first read each one's ``ready`` line)."""
+    if ready:
+        for worker in workers:
+            assert worker.stdout is not None
+            if worker.stdout.readline().strip() != "ready":
+                raise RuntimeError("an agent process could not create its handlers")
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
 
 
 class Bench:
@@ -218,36 +254,10 @@ class Bench:
         outs = [self.workdir / f"{backend}-{nodes}-{time.time_ns()}-{i}.json" for i in range(processes)]
 
         def start_worker(index: int, count: int, out: Path, **options: Any) -> subprocess.Popen[str]:
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.round_worker",
-                "--backend",
-                backend,
-                "--endpoint",
-                endpoint,
-                "--run-id",
-                run_id,
-                "--nodes",
-                str(nodes),
-                "--min-nodes",
-                str(least),
-                "--threads",
-                str(count),
-                "--out",
-                str(out),
-                "--kubeconfig",
-                str(self.trainer),
-                "--hold",
-                str(hold),
-                "--worker",
-                str(index),
-                "--assign-ranks",
-                assign_ranks,
-            ]
-            return subprocess.Popen(
-                command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **options
-            )
+            return round_worker(
+                backend, endpoint, run_id, nodes, least, count, out, self.trainer, index, assign_ranks,
+                ["--hold", str(hold)], **options,
+            )  # fmt: skip
 
         workers = [
             start_worker(i, count, out, env=env) for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
@@ -267,10 +277,7 @@ class Bench:
                 raise RuntimeError(f"{backend}: {nodes} handlers could not even be created within {limit:.0f} s")
         watcher = StateWatcher(self, name, hold, [worker.pid for worker in workers]) if (name and hold) else None
         counter = WriteCounter(self, name) if name else None
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
+        go(workers)
         chaos: dict[str, Any] = {}
         chaos_thread = None
         if during is not None and name is not None:  # chaos alongside the round (``scale.freeze_writer``)
@@ -357,7 +364,7 @@ class Bench:
 
     def cas_latency(self, nodes: int, samples: int = 40) -> float:
         """Median seconds of one successful compare-and-swap of an N-node state."""
-        from kube_rendezvous._engine.backend import create_backend
+        from kube_rendezvous import create_backend
         from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
         name = self.new_rendezvous(nodes)
@@ -623,6 +630,24 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", re.MULTILIN
 REJOINING, FORMED, STARTING = "Rendezvous'ing worker group", "Rendezvous complete", "Starting worker group"
 
 
+def started(name: str) -> Bench:
+    """A control plane in a new work folder (``kube-rendezvous-<name>-``), for a benchmark of several tables."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"kube-rendezvous-{name}-"))
+    log(f"starting the control plane in {workdir}")
+    return Bench(workdir)
+
+
+@contextmanager
+def control_plane(workdir: Path, args: object = None) -> Iterator[Bench]:
+    """A benchmark's control plane (``Bench``), stopped on the way out: the ``setup`` of most benchmarks."""
+    bench = Bench(workdir)
+    try:
+        yield bench
+    finally:
+        bench.stop()
+
+
 def logged_times(text: str, marker: str) -> list[float]:
     """Wall-clock times (``time.time()``'s scale) of the lines of ``text`` that contain ``marker``."""
     times = []
@@ -665,11 +690,10 @@ WRITER_VICTIM = "k8s-heartbeat-expiry, writer killed"
 
 def writer_holder(bench: Bench, rendezvous_name: str) -> str:
     """The identity holding the writer Lease of ``rendezvous_name``."""
-    from kube_rendezvous._kube.leases import writer_lease_name
     from kubernetes import client, config
 
     leases = client.CoordinationV1Api(config.new_client_from_config(str(bench.plane.admin_kubeconfig)))
-    holder: str = leases.read_namespaced_lease(writer_lease_name(rendezvous_name), "bench").spec.holder_identity
+    holder: str = leases.read_namespaced_lease(writer_lease(rendezvous_name), "bench").spec.holder_identity
     return holder
 
 
@@ -849,15 +873,9 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--round-limit", type=float, default=300.0, help="give up on one round after this (s)")
+    quick_mode(parser, None, sizes=[8], backends=["p10d", "k8s"], repeats=1, steady_sizes=[], skip_recovery=True)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-bench-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        rounds=[],
-    )
+    bench, report = started("bench"), new_report(rounds=[])
     if args.keep_rounds and (RESULTS / "results.json").exists():
         report["rounds"] = json.loads((RESULTS / "results.json").read_text())["rounds"]
     try:
@@ -866,17 +884,8 @@ def main() -> int:
             cas = bench.cas_latency(nodes)
             log(f"N={nodes}: median CAS latency {cas * 1000:.1f} ms -> floor {nodes * cas:.2f} s")
             for backend in args.backends:
-                runs = []
-                for repeat in range(repeats):
-                    try:
-                        runs.append(bench.round(backend, nodes, limit=args.round_limit))
-                        log(
-                            f"N={nodes} {backend} repeat {repeat + 1}/{repeats}: {runs[-1]['seconds']:.2f} s {runs[-1]}"
-                        )
-                    except RuntimeError as exc:
-                        log(f"N={nodes} {backend} repeat {repeat + 1}: FAILED {exc}")
-                        runs.append({"backend": backend, "nodes": nodes, "failed": str(exc)[:300]})
-                        break
+                one = partial(bench.round, backend, nodes, limit=args.round_limit)
+                runs = repeated(f"N={nodes} {backend}", repeats, one, (RuntimeError,))
                 done = [run for run in runs if "seconds" in run]
                 entry: dict[str, Any] = {
                     "backend": backend,
@@ -907,15 +916,15 @@ def main() -> int:
             save(report)
     finally:
         bench.stop()
-    save(report)
+        save(report)
     from benchmarks.report import write_report
 
     write_report(report)
     return 0
 
 
-def save(report: dict[str, Any]) -> None:
-    save_report(RESULTS / "results.json", report)
+#: Save the report of ``python -m benchmarks.run`` (after every step).
+save = partial(save_report, RESULTS / "results.json")
 
 
 if __name__ == "__main__":

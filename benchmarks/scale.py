@@ -23,14 +23,15 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, log, recovery, start_operator
+from benchmarks.run import GROUP, RESULTS, VERSION, WRITER_VICTIM, Bench, recovery, start_operator, started
+from benchmarks.runner import figure, log, quick_mode, repeated, save_figure
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -53,17 +54,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def rounds(bench: Bench, label: str, backend: str, nodes: int, repeats: int, limit: float) -> dict[str, Any]:
-    runs: list[dict[str, Any]] = []
-    for repeat in range(repeats):
-        try:
-            run = bench.round(backend, nodes, limit=limit)
-            log(f"{label} N={nodes} repeat {repeat + 1}/{repeats}: {run['seconds']:.2f} s {run}")
-        except RuntimeError as exc:
-            log(f"{label} N={nodes} repeat {repeat + 1}/{repeats}: FAILED {exc}")
-            run = {"failed": str(exc)[:300]}
-        runs.append(run)
-        if "failed" in run:
-            break  # a round that did not form within the limit is the result; repeating only costs time
+    runs = repeated(f"{label} N={nodes}", repeats, lambda: bench.round(backend, nodes, limit=limit), (RuntimeError,))
     return {"label": label, "nodes": nodes, **summarize(runs)}
 
 
@@ -119,6 +110,16 @@ def freeze_writer(bench: Bench, operator: subprocess.Popen[bytes], log_path: Pat
     return during
 
 
+def frozen_round(
+    bench: Bench, nodes: int, limit: float, operator: subprocess.Popen[bytes], log_path: Path
+) -> dict[str, Any]:
+    """One round of ``nodes`` with the writer frozen mid-round (``freeze_writer``), held to see it keep every node."""
+    hold = FREEZE_SECONDS + AFTER_SECONDS + 30
+    run = bench.round("k8s", nodes, hold=hold, limit=limit, during=freeze_writer(bench, operator, log_path, nodes))
+    run.pop("steady", None)
+    return run
+
+
 def chaos_rows(entries: list[dict[str, Any]], cells: Callable[[int, dict[str, Any]], list[Any]]) -> list[str]:
     """One table row per chaos repeat: N, the round's seconds, then ``cells(N, chaos)``; a failed repeat says why."""
     rows = []
@@ -153,11 +154,13 @@ def main() -> int:
         help="add to benchmarks/results/scale.json instead of replacing it (e.g. --sizes with no value "
         "--solo-sizes with no value --recovery-repeats 0 to measure only the steady state)",
     )
+    quick_mode(
+        parser, None, sizes=[8], repeats=1, solo_sizes=[], steady_sizes=[], recovery_repeats=0, chaos_sizes=[],
+        kill_joiner_sizes=[],
+    )  # fmt: skip
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-scale-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
+    bench = started("scale")
+    workdir = bench.workdir
     report = new_report(
         rounds=[],
         steady=[],
@@ -188,44 +191,20 @@ def main() -> int:
             save(report)
         for nodes in args.chaos_sizes:
             report["chaos"] = [entry for entry in report.get("chaos", []) if entry["nodes"] != nodes]
-            runs = []
-            for repeat in range(args.repeats):
-                log_path = workdir / "operator" / "operator.log"
-                try:
-                    run = bench.round(
-                        "k8s",
-                        nodes,
-                        hold=FREEZE_SECONDS + AFTER_SECONDS + 30,
-                        limit=args.round_limit,
-                        during=freeze_writer(bench, operator, log_path, nodes),
-                    )
-                    run.pop("steady", None)
-                except (RuntimeError, TimeoutError, AssertionError) as exc:  # AssertionError: a duplicate rank
-                    run = {"failed": str(exc)[:300]}
-                log(f"chaos N={nodes} repeat {repeat + 1}/{args.repeats}: {run}")
-                runs.append(run)
-                if "failed" in run:
-                    break
+            frozen = partial(
+                frozen_round, bench, nodes, args.round_limit, operator, workdir / "operator" / "operator.log"
+            )
+            runs = repeated(f"chaos N={nodes}", args.repeats, frozen)  # AssertionError: a duplicate rank
             report.setdefault("chaos", []).append({"nodes": nodes, **summarize(runs)})
             save(report)
         for nodes in args.kill_joiner_sizes:
             report["chaos_kill_joiner"] = [
                 entry for entry in report.get("chaos_kill_joiner", []) if entry["nodes"] != nodes
             ]
-            runs = []
-            for repeat in range(args.repeats):
-                try:
-                    run = bench.round("k8s", nodes, limit=args.round_limit, kill_joiner=True)
-                except (
-                    RuntimeError,
-                    TimeoutError,
-                    AssertionError,
-                ) as exc:  # AssertionError: a lost join or a duplicate rank
-                    run = {"failed": str(exc)[:300]}
-                log(f"kill mid-join N={nodes} repeat {repeat + 1}/{args.repeats}: {run}")
-                runs.append(run)
-                if "failed" in run:
-                    break
+            killed = partial(bench.round, "k8s", nodes, limit=args.round_limit, kill_joiner=True)
+            runs = repeated(
+                f"kill mid-join N={nodes}", args.repeats, killed
+            )  # AssertionError: a lost join, a rank twice
             report["chaos_kill_joiner"].append({"nodes": nodes, **summarize(runs)})
             save(report)
         for nodes in args.steady_sizes:
@@ -275,8 +254,8 @@ def main() -> int:
     return 0
 
 
-def save(report: dict[str, Any]) -> None:
-    save_report(RESULTS / "scale.json", report)
+#: Save the report of ``python -m benchmarks.scale`` (after every step).
+save = partial(save_report, RESULTS / "scale.json")
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -432,12 +411,7 @@ BEGIN, END = "<!-- scale:begin (python -m benchmarks.scale) -->", "<!-- scale:en
 
 
 def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
+    made, axis = figure(7, 4.2)
     labels = sorted({entry["label"] for entry in report["rounds"]})
     for index, label in enumerate(labels):
         xs, ys = [], []
@@ -454,8 +428,7 @@ def plot(report: dict[str, Any]) -> None:
     axis.set_ylabel("seconds to complete one round")
     axis.set_title("One round: every repeat")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(DOCS / "scale.png", dpi=110)
+    save_figure(made, DOCS / "scale.png")
 
 
 if __name__ == "__main__":

@@ -40,20 +40,18 @@ import shutil
 import signal
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_worker
-from benchmarks.report import new_report, save_report, splice
+from benchmarks.recovery_at_scale import PROCESSES, RECOVER_SECONDS, create_pods, start_job, start_worker, wait_for
 from benchmarks.round_worker import agent_address
-from benchmarks.run import GROUP, REPO, RESULTS, VERSION, Bench, count_modified, log, start_operator
+from benchmarks.run import GROUP, VERSION, Bench, control_plane, count_modified, go, start_operator
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, marker_handles
 
-DOCS = REPO / "docs"
-BEGIN = "<!-- spares:begin (python -m benchmarks.spares) -->"
-END = "<!-- spares:end -->"
 SPARE, BASELINE = "one spare", "no spare"
 MODES = (SPARE, BASELINE)
 #: The issue's target: a spare promoted within this many seconds of the loss (at N=1024).
@@ -85,7 +83,7 @@ class Milestones:
         self.completed_by: str | None = None
 
     def observe(self, status: dict[str, Any], at: float) -> None:
-        from kube_rendezvous._rules.document import decode_document
+        from kube_rendezvous import decode_document
 
         document = decode_document(status["state"]) if status.get("state") else None
         members = [] if document is None else [node.addr for node in document.participants]
@@ -180,33 +178,6 @@ def summarize(runs: list[dict[str, Any]], nodes: int, framework: str) -> dict[st
     }
 
 
-def _progress_wait(paths: list[Path], seconds: float, what: str, workers: list[subprocess.Popen[str]]) -> None:
-    """Wait until every path exists; log how many do every 15 s (a step of minutes at N=1024 shows it moves)."""
-    began = time.monotonic()
-    shown = began
-    while any(not path.exists() for path in paths):
-        now = time.monotonic()
-        if now - began > seconds:
-            raise RuntimeError(f"{what}: not within {seconds:.0f} s")
-        if any(worker.poll() not in (None, 0) for worker in workers):
-            raise RuntimeError(f"{what}: an agent process failed")
-        if now - shown >= 15:
-            shown = now
-            log(f"  {what}: {sum(path.exists() for path in paths)}/{len(paths)} processes done, {now - began:.0f} s")
-        time.sleep(0.2)
-
-
-def _go(workers: list[subprocess.Popen[str]]) -> None:
-    for worker in workers:
-        assert worker.stdout is not None
-        if worker.stdout.readline().strip() != "ready":
-            raise RuntimeError("an agent process could not create its handlers")
-    for worker in workers:
-        assert worker.stdin is not None
-        worker.stdin.write("go\n")
-        worker.stdin.flush()
-
-
 def _status(bench: Bench, name: str) -> dict[str, Any]:
     found: Any = bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
     return dict(found.get("status") or {})
@@ -220,7 +191,7 @@ def _seen(milestones: Milestones, failed_at: float) -> str:
 
 def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, Any]:
     """One failure with ``spares`` (0 or 1) spare agents; the phases in seconds after the failure."""
-    from kube_rendezvous._rules.document import decode_document
+    from kube_rendezvous import decode_document
     from kubernetes import client, config
 
     from tests.testenv import wait_until
@@ -237,23 +208,15 @@ def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, An
     operator = start_operator(bench, bench.workdir / f"operator-{name}")
     survivors = nodes - 1
     victim_addr, spare_addr = agent_address(survivors), agent_address(nodes) if spares else None
-    counts = [survivors // PROCESSES + (1 if i < survivors % PROCESSES else 0) for i in range(PROCESSES)]
-    firsts = [sum(counts[:i]) for i in range(PROCESSES)]
-    stamp = time.time_ns()
-    outs = [bench.workdir / f"spares-{nodes}-{stamp}-{i}.json" for i in range(PROCESSES + 2)]
-    workers = [
-        start_worker(bench, backend, name, nodes, i, count, first, out)
-        for i, (count, first, out) in enumerate(zip(counts, firsts, outs, strict=False))
-    ]
-    victim = start_worker(bench, backend, name, nodes, PROCESSES, 1, survivors, outs[PROCESSES])
+    workers, victim, outs = start_job(bench, backend, name, nodes, "spares", PROCESSES + 2)
     everyone = [*workers, victim]
     spare: subprocess.Popen[str] | None = None
     watch: StatusWatch | None = None
     try:
         log(f"  {label}: {nodes} agents form their round")
         began = time.monotonic()
-        _go(everyone)
-        _progress_wait(outs[: PROCESSES + 1], 300, f"the first round of {nodes}", everyone)
+        go(everyone, ready=True)
+        wait_for(outs[: PROCESSES + 1], 300, f"the first round of {nodes}", everyone)
         first = [item for out in outs[: PROCESSES + 1] for item in json.loads(out.read_text())["results"]]
         errors = [item["error"] for item in first if "error" in item]
         if errors or sorted(item["rank"] for item in first) != list(range(nodes)):
@@ -262,7 +225,7 @@ def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, An
         if spares:
             spare = start_worker(bench, backend, name, nodes, PROCESSES + 1, 1, nodes, outs[-1])
             everyone.append(spare)
-            _go([spare])
+            go([spare], ready=True)
 
             def spare_waits() -> bool:
                 state = _status(bench, name).get("state")
@@ -290,7 +253,7 @@ def one_run(bench: Bench, backend: str, nodes: int, spares: int) -> dict[str, An
         waited = [*recovered, *([outs[-1]] if spares else [])]
         watched = [*workers, *([spare] if spare is not None else [])]
         try:
-            _progress_wait(waited, RECOVER_SECONDS + 30, f"{label}: agents holding new ranks", watched)
+            wait_for(waited, RECOVER_SECONDS + 30, f"{label}: agents holding new ranks", watched)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc} ({_seen(watch.stop(), failed_at)})") from exc
         milestones = watch.stop()
@@ -362,27 +325,27 @@ def _cells(runs: list[dict[str, Any]], key: str) -> str:
     return ", ".join("-" if r.get(key) is None else f"{r[key]:.2f}" for r in runs) or "-"
 
 
-def write_report(report: dict[str, Any]) -> None:
+TITLE, IMAGE = "Hot spares: a member lost, a spare promoted", "hot spares"
+
+
+INTRO = f"""
+{{stamp}} with {{command}}: one control plane, the operator running and knowing the job's pods (played: no kubelet),
+an elastic job of N agents (`--nnodes=N-8:N`, the default 30 s last call) as threads in 8 processes, the victim
+alone in a ninth, 2 workers per agent with `TORCH_ELASTIC_WORKER_IDENTICAL=1`. The victim, a member of the round of
+N, is SIGKILLed and its pod deleted. *one spare*: one more agent (a tenth process) started once the round formed, so
+it waits on the redundancy list; *no spare*: the job as it was, in the same run, repeats in turn. Seconds after the
+failure. From a watch of the Rendezvous: *eviction* (the eviction landed), *folded* (the first state without the
+victim: the fold that applied the eviction), *re-formed* (the next round complete; *size*: its members), *promoted*
+(the spare a member of it). From the agents, each the slowest: *detected* (a survivor's `num_nodes_waiting` turned
+positive), *formed* (its `next_rendezvous` returned), *spare formed* (the spare's did), *ranks* (rank assignment),
+*held* (every survivor and the promoted spare held new ranks). *ratio*: *held* with a spare over *held* without,
+repeat by repeat; *median* of those. The issue's target: a spare promoted within {TARGET_SECONDS:.0f} s of the loss
+at N=1024. Every repeat, in order. Starting the workers is not included.
+"""
+
+
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Hot spares: a member lost, a spare promoted",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.spares "
-        f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`: one control plane, the "
-        "operator running and knowing the job's pods (played: no kubelet), an elastic job of N agents "
-        "(`--nnodes=N-8:N`, the default 30 s last call) as threads in 8 processes, the victim alone in a ninth, "
-        "2 workers per agent with `TORCH_ELASTIC_WORKER_IDENTICAL=1`. The victim, a member of the round of N, is "
-        "SIGKILLed and its pod deleted. *one spare*: one more agent (a tenth process) started once the round "
-        "formed, so it waits on the redundancy list; *no spare*: the job as it was, in the same run, repeats in "
-        "turn. Seconds after the failure. From a watch of the Rendezvous: *eviction* (the eviction landed), "
-        "*folded* (the first state without the victim: the fold that applied the eviction), *re-formed* (the "
-        "next round complete; *size*: its members), *promoted* (the spare a member of it). "
-        "From the agents, each the slowest: *detected* (a survivor's `num_nodes_waiting` turned positive), "
-        "*formed* (its `next_rendezvous` returned), *spare formed* (the spare's did), *ranks* (rank "
-        "assignment), *held* (every survivor and the promoted spare held new ranks). *ratio*: *held* with a "
-        f"spare over *held* without, repeat by repeat; *median* of those. The issue's target: a spare promoted "
-        f"within {TARGET_SECONDS:.0f} s of the loss at N=1024. Every repeat, in order. Starting the workers is "
-        "not included.",
-        "",
         "| N | framework | mode | eviction | folded | re-formed | size | promoted | detected | formed "
         "| spare formed | ranks | held | ratio | median | completed by |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -427,20 +390,15 @@ def write_report(report: dict[str, Any]) -> None:
                     f"the loss; within {TARGET_SECONDS:.0f} s in {summary['within_target']} of {len(promoted)}; "
                     f"in the fold that applied the eviction in {summary['in_eviction_fold']} of {len(promoted)}."
                 )
-    rows += ["", *targets, "", "![hot spares](spares.png)"]
-    splice(DOCS / "benchmarks.md", "\n".join(rows), BEGIN, END, at_end=True)
-    plot(report)
+    rows += ["", *targets]
+    return rows
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(report: dict[str, Any]) -> Any:
     from matplotlib.lines import Line2D
 
     sizes = report["sizes"]
-    figure, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes) + 1.5, 3.2), squeeze=False)
+    made, axes = figure(4.5 * len(sizes) + 1.5, 3.2, columns=len(sizes))
     repeats = max(1, int(report["repeats"]))
     markers = {
         "evicted": ("tab:red", "|"),
@@ -448,7 +406,7 @@ def plot(report: dict[str, Any]) -> None:
         "promoted": ("tab:purple", "^"),
         "held": ("tab:green", "o"),
     }
-    for axis, nodes in zip(axes[0], sizes, strict=True):
+    for axis, nodes in zip(axes, sizes, strict=True):
         labels: list[str] = []
         for framework in report["frameworks"]:
             for mode in MODES:
@@ -465,107 +423,95 @@ def plot(report: dict[str, Any]) -> None:
                         if r.get(key) is not None:
                             axis.scatter(r[key], row, color=color, marker=marker, s=60 if marker == "|" else 20)
         axis.axvline(TARGET_SECONDS, color="grey", linestyle=":", linewidth=1)
-        axis.set_yticks(range(len(labels)), labels if axis is axes[0][0] else [""] * len(labels), fontsize=8)
+        axis.set_yticks(range(len(labels)), labels if axis is axes[0] else [""] * len(labels), fontsize=8)
         axis.set_ylim(-0.6, len(labels) - 0.4)
         axis.set_title(f"N={nodes}")
         axis.set_xlabel("seconds after the failure")
-    handles = [
-        Line2D([], [], color=color, marker=marker, linestyle="", label=key) for key, (color, marker) in markers.items()
-    ]
+    handles = marker_handles(markers)
     handles.append(Line2D([], [], color="grey", linestyle=":", label=f"target {TARGET_SECONDS:.0f} s"))
-    axes[0][-1].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    figure.suptitle("Hot spares: a member lost, every repeat (x: failed)")
-    figure.tight_layout()
-    figure.savefig(DOCS / "spares.png", dpi=110)
+    axes[-1].legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    made.suptitle("Hot spares: a member lost, every repeat (x: failed)")
+    return made
 
 
-def measure(bench: Bench, backend: str, nodes: int, mode: str, where: str) -> dict[str, Any]:
-    """``one_run`` of ``mode``, logged (the spare's promotion against the target on a line of its own);
-    ``{"failed": why}`` when it failed."""
+def measure(context: tuple[Bench, set[str]], case: dict[str, Any], repeat: int, args: Any) -> dict[str, Any]:
+    """``one_run`` of the case's mode, logged (the spare's promotion against the target on a line of its own)."""
+    bench, failed = context
+    backend = "k8s" if case["framework"] == "tensorplay" else "torch-k8s"
+    mode = case["mode"]
     try:
-        run = one_run(bench, backend, nodes, 1 if mode == SPARE else 0)
-    except (RuntimeError, AssertionError, TimeoutError) as exc:
-        log(f"{where}: FAILED {exc}")
-        return {"failed": str(exc)[:300]}
+        run = one_run(bench, backend, case["nodes"], 1 if mode == SPARE else 0)
+    except (RuntimeError, AssertionError, TimeoutError):
+        failed.add(mode)
+        raise
     phases = ", ".join(f"{key} {run[key]:.2f}" for key in PHASES if run.get(key) is not None)
-    log(f"{where}: {phases}, new round of {run['size']}, completed by {run['completed_by']}")
+    log(f"  {phases}, new round of {run['size']}, completed by {run['completed_by']}")
     if mode == SPARE:
         promoted = float(run["promoted"])
         verdict = "within" if promoted <= TARGET_SECONDS else "NOT within"
         fold = "in the eviction fold" if run.get("removed") == promoted else "NOT in the eviction fold"
-        log(
-            f"{where}: SPARE PROMOTED {promoted:.2f} s after the loss ({verdict} the {TARGET_SECONDS:.0f} s target; "
-            f"{fold})"
-        )
+        log(f"  SPARE PROMOTED {promoted:.2f} s after the loss ({verdict} the {TARGET_SECONDS:.0f} s target; {fold})")
     return run
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--frameworks", nargs="+", default=["tensorplay"], choices=["tensorplay", "torch"])
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    parser.add_argument("--keep-workdir", action="store_true", help="keep the control plane's and agents' logs")
-    args = parser.parse_args()
+@contextmanager
+def plane(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[Bench, set[str]]]:
+    """The control plane; its and the agents' logs kept where asked or where a run failed."""
     if min(args.sizes) < 9:
-        parser.error("--sizes: at least 9 (the job is --nnodes=N-8:N)")
-    out = RESULTS / "spares.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-spares-"))
-    log(f"starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(sizes=args.sizes, repeats=args.repeats, frameworks=args.frameworks, runs=[])
-    try:
-        for nodes in args.sizes:
-            for framework in args.frameworks:
-                backend = "k8s" if framework == "tensorplay" else "torch-k8s"
-                broken: set[str] = set()
-                for repeat in range(args.repeats):
-                    for mode in MODES:  # in turn, so that the machine's load weighs on both alike
-                        if mode in broken:
-                            continue
-                        where = f"{framework} N={nodes} {mode} {repeat + 1}/{args.repeats}"
-                        log(f"{where}: starting")
-                        run = measure(bench, backend, nodes, mode, where)
-                        if "failed" in run:
-                            broken.add(mode)
-                        report["runs"].append(
-                            {
-                                "nodes": nodes,
-                                "framework": framework,
-                                "mode": mode,
-                                "repeat": repeat,
-                                "measured": report["date"],
-                                **run,
-                            }
-                        )
-                        save_report(out, report)
-                summary = summarize(report["runs"], nodes, framework)
-                report.setdefault("summaries", []).append({"nodes": nodes, "framework": framework, **summary})
-                save_report(out, report)
-                ratios = ", ".join("-" if x is None else f"{x:.2f}" for x in summary["per_repeat"])
-                log(
-                    f"{framework} N={nodes}: held with a spare / without, per repeat: {ratios}; median "
-                    + ("-" if summary["median"] is None else f"{summary['median']:.2f}")
-                )
-                log(
-                    f"{framework} N={nodes}: spare promoted "
-                    + ", ".join("-" if s is None else f"{s:.2f}" for s in summary["promoted"])
-                    + f" s after the loss; within {TARGET_SECONDS:.0f} s in {summary['within_target']} "
-                    f"of {len(summary['promoted'])}; in the eviction fold in {summary['in_eviction_fold']}"
-                )
-    finally:
-        bench.stop()
-        if args.keep_workdir or any("failed" in r for r in report["runs"]):
-            log(f"logs kept in {workdir} (agents.log, operator-*/operator.log); delete it when done")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    write_report(report)
-    return 0
+        raise SystemExit("--sizes: at least 9 (the job is --nnodes=N-8:N)")
+    failed: set[str] = set()
+    with control_plane(workdir) as bench:
+        yield bench, failed
+    if args.keep_workdir or failed:
+        log(f"logs kept in {workdir} (agents.log, operator-*/operator.log); delete it when done")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
+
+def schedule(args: argparse.Namespace) -> list[tuple[int, dict[str, Any]]]:
+    """Per size and framework, every repeat runs both modes in turn (the machine's load weighs on both alike)."""
+    return [
+        (repeat, {"nodes": nodes, "framework": framework, "mode": mode})
+        for nodes in args.sizes
+        for framework in args.frameworks
+        for repeat in range(args.repeats)
+        for mode in MODES
+    ]
+
+
+def finish(report: dict[str, Any]) -> None:
+    """The spare's effect per size and framework, in the JSON and in the log."""
+    report["summaries"] = []
+    for nodes in report["sizes"]:
+        for framework in report["frameworks"]:
+            summary = summarize(report["runs"], nodes, framework)
+            report["summaries"].append({"nodes": nodes, "framework": framework, **summary})
+            ratios = ", ".join("-" if x is None else f"{x:.2f}" for x in summary["per_repeat"])
+            median = "-" if summary["median"] is None else f"{summary['median']:.2f}"
+            log(f"{framework} N={nodes}: held with a spare / without, per repeat: {ratios}; median {median}")
+            log(
+                f"{framework} N={nodes}: spare promoted "
+                + ", ".join("-" if s is None else f"{s:.2f}" for s in summary["promoted"])
+                + f" s after the loss; within {TARGET_SECONDS:.0f} s in {summary['within_target']} "
+                f"of {len(summary['promoted'])}; in the eviction fold in {summary['in_eviction_fold']}"
+            )
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keep-workdir", action="store_true", help="keep the control plane's and agents' logs")
+
+
+BENCHMARK = Benchmark.of(
+    globals(),
+    setup=plane,
+    sizes=[1024],
+    frameworks=["tensorplay"],
+    fields=arguments("sizes", "repeats", "frameworks"),
+    **AT_SCALE,
+    numbered=True,
+    dated=True,
+    quick={"sizes": [16]},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

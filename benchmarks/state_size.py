@@ -33,15 +33,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.runner import backend_api, figure, log, quick_mode, save_figure
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
 SECTION_BEGIN, SECTION_END = "<!-- state-size:begin -->", "<!-- state-size:end -->"
 TARGETS = {"whole_status_1024": 16 * 1024, "whole_status_8192": 128 * 1024, "write_128": 4000}
-
-
-def log(message: str) -> None:
-    print(f"[state-size {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def realistic_state(nodes: int, pids: str, seed: int = 0) -> Any:
@@ -67,8 +65,7 @@ def realistic_state(nodes: int, pids: str, seed: int = 0) -> Any:
 
 
 def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
-    from kube_rendezvous._engine.backend import create_backend
-    from kube_rendezvous._rules.document import decode_document
+    from kube_rendezvous import create_backend, decode_document
     from kubernetes import client, config
 
     from tests.helpers import rendezvous_parameters
@@ -94,7 +91,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                 )
                 state = realistic_state(nodes, pids)
                 raw = pickle.dumps(state)
-                api = backend._api
+                api = backend_api(backend)
                 sent_before = api.stats["bytes_sent"]
                 written = backend.set_state(raw)
                 assert written is not None and written[2]
@@ -173,12 +170,7 @@ def section(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    made, axis = figure(7, 4.5)
     for pids, color in (("pid-1", "tab:blue"), ("random-pids", "tab:orange")):
         rows = [row for row in report["rows"] if row["pids"] == pids]
         nodes = [row["nodes"] for row in rows]
@@ -195,14 +187,14 @@ def plot(report: dict[str, Any]) -> None:
     axis.set_ylabel("KiB")
     axis.set_title("Rendezvous status size: typed document vs first release's pickle")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(DOCS / "state-size.png", dpi=110)
+    save_figure(made, DOCS / "state-size.png")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[8, 128, 1024, 8192])
     parser.add_argument("--repeats", type=int, default=5, help="decode-time repeats per row")
+    quick_mode(parser, None, sizes=[8, 128], repeats=1)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from benchmarks.report import splice

@@ -16,12 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.runner import quick_mode
+
 REPO = Path(__file__).resolve().parents[1]
 
 WAITER = """
 import json, sys, time
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
-from kube_rendezvous._engine.backend import create_backend
+from kube_rendezvous import create_backend
 _, store = create_backend(RendezvousParameters(backend="k8s", endpoint=sys.argv[1], run_id="wake", min_nodes=1,
                                                max_nodes=1, config={"kubeconfig": sys.argv[2]}))
 for line in sys.stdin:
@@ -35,9 +37,10 @@ for line in sys.stdin:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=100)
+    quick_mode(parser, None, samples=5)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from kube_rendezvous._engine.backend import create_backend
+    from kube_rendezvous import create_backend
     from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
     from tests.testenv import ControlPlane

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
 from types import SimpleNamespace
 from typing import Any
+
+from benchmarks.runner import in_threads, key_watch_caches, round_store
 
 
 def main() -> None:
@@ -40,8 +41,7 @@ def main() -> None:
     raw: list[Any] = []
     for _ in range(args.threads):
         if args.backend == "k8s":
-            from kube_rendezvous._engine.backend import create_backend
-            from kube_rendezvous._store.prefixstore import KubernetesPrefixStore
+            from kube_rendezvous import create_backend
             from tensorplay.distributed.elastic.rendezvous.api import RendezvousParameters
 
             params = RendezvousParameters(
@@ -54,7 +54,7 @@ def main() -> None:
             )
             _, store = create_backend(params)
             raw.append(store)
-            stores.append(KubernetesPrefixStore("rdzv/none/0/", store, round_number=0))
+            stores.append(round_store(store))
         else:
             from tensorplay.distributed import TCPStore
 
@@ -83,13 +83,9 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             results[index] = {"error": f"{type(exc).__name__}: {exc}", "seconds": time.time() - started}
 
-    threads = [threading.Thread(target=agent, args=(index,)) for index in range(len(stores))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(agent, len(stores))
     counts = [dict(store.stats) for store in raw]
-    caches = [store._keys.cache for store in raw if store._keys is not None]  # the process's key watches
+    caches = key_watch_caches(raw)  # the process's key watches
     watches = {id(cache): dict(cache.stats) for cache in caches}
     with open(args.out, "w") as handle:
         json.dump({"started": started, "results": results, "store": counts, "watches": list(watches.values())}, handle)

@@ -26,17 +26,14 @@ Recovery (a pod deleted, an agent frozen) at N=128 and N=1024: ``benchmarks.reco
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import new_report, save_report, splice
-from benchmarks.run import RESULTS, Bench, checkout, log
+from benchmarks.run import Bench, checkout, control_plane
+from benchmarks.runner import AT_SCALE, Benchmark, arguments, figure, log, main, stamp
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
-BEGIN, END = "<!-- time-to-train:begin (python -m benchmarks.time_to_train) -->", "<!-- time-to-train:end -->"
 #: (label, backend, rank assignment, code)
 VARIANTS = (
     ("tensorplay, store", "k8s", "store", "this release"),
@@ -50,34 +47,45 @@ VARIANTS = (
 )
 
 
-def run_variant(
-    bench: Bench, variant: tuple[str, str, str, str], nodes: int, repeats: int, limit: float, previous: Path
-) -> list[dict[str, Any]]:
-    label, backend, assign, code = variant
+@contextmanager
+def both_releases(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[Bench, Path]]:
+    previous = checkout(args.previous, workdir)
+    log(f"previous release {args.previous} in {previous}")
+    with control_plane(workdir) as bench:
+        yield bench, previous
+
+
+def measure(context: tuple[Bench, Path], case: dict[str, Any], repeat: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One round of the variant and its rank assignment; ``ratio``: train over round."""
+    bench, previous = context
+    _, backend, assign, code = next(variant for variant in VARIANTS if variant[0] == case["label"])
     env = {"PYTHONPATH": f"{previous / 'backend'}"} if code == "previous release" else None
-    runs: list[dict[str, Any]] = []
-    for repeat in range(repeats):
-        try:
-            run = bench.round(backend, nodes, limit=limit, assign_ranks=assign, env=env)
-            run["ratio"] = run["train_seconds"] / run["seconds"]
-            log(
-                f"{label} N={nodes} repeat {repeat + 1}/{repeats}: round {run['seconds']:.2f} s, "
-                f"ranks {run['assign_seconds']:.2f} s, train {run['train_seconds']:.2f} s"
-            )
-        except (RuntimeError, AssertionError) as exc:
-            log(f"{label} N={nodes} repeat {repeat + 1}/{repeats}: FAILED {exc}")
-            run = {"failed": str(exc)[:300]}
-        runs.append({"label": label, "nodes": nodes, **run})
-        if "failed" in run:
-            break  # a round that did not form within the limit is the result; repeating only costs time
-    return runs
+    run = bench.round(backend, case["nodes"], limit=args.limit, assign_ranks=assign, env=env)
+    run["ratio"] = run["train_seconds"] / run["seconds"]
+    return run
 
 
-def write_report(report: dict[str, Any]) -> None:
+def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    variants = [v for v in VARIANTS if not args.only or any(part in v[0] for part in args.only)]
+    return [{"label": v[0], "nodes": nodes} for nodes in args.sizes for v in variants]
+
+
+def merge(kept: dict[str, Any] | None, report: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--keep``: the JSON's runs of the sizes and variants not run this time."""
+    if not args.keep or kept is None:
+        return
+    rerun = {(case["nodes"], case["label"]) for case in cases(args)}
+    report["runs"] = [r for r in kept["runs"] if (r["nodes"], r["label"]) not in rerun]
+    report["sizes"] = sorted(set(kept["sizes"]) | set(args.sizes))
+    report["repeats"] = "per run"
+
+
+TITLE, IMAGE = "Time to train (issue #28)", "time to train"
+
+
+def section(report: dict[str, Any]) -> list[str]:
     rows = [
-        "## Time to train (issue #28)",
-        "",
-        f"Measured {report['date']} on {report['machine']} with `python -m benchmarks.time_to_train "
+        f"{stamp(report)} with `python -m benchmarks.time_to_train "
         + (
             f"--sizes {' '.join(map(str, report['sizes']))} --repeats {report['repeats']}`"
             if report["repeats"] != "per run"
@@ -106,21 +114,14 @@ def write_report(report: dict[str, Any]) -> None:
             if failed:
                 cells[2] = (cells[2] + ", " if done else "") + f"failed: {failed[0]['failed'][:80]}"
             rows.append(f"| {nodes} | {label} | " + " | ".join(cells) + " |")
-    rows += ["", "![time to train](time-to-train.png)"]
-    page = DOCS / "benchmarks.md"
-    splice(page, "\n".join(rows), BEGIN, END, at_end=True)
-    plot(report)
+
+    return rows
 
 
-def plot(report: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: dict[str, Any]) -> Any:
     sizes = report["sizes"]
-    figure, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4.2), squeeze=False)
-    for axis, nodes in zip(axes[0], sizes, strict=True):
+    made, axes = figure(4.2 * len(sizes), 4.2, columns=len(sizes))
+    for axis, nodes in zip(axes, sizes, strict=True):
         labels = []
         for index, (label, *_) in enumerate(VARIANTS):
             runs = [r for r in report["runs"] if r["nodes"] == nodes and r["label"] == label]
@@ -131,57 +132,28 @@ def plot(report: dict[str, Any]) -> None:
                     continue
                 axis.scatter(r["seconds"], index, color="tab:blue", marker="|", s=120)
                 axis.scatter(r["train_seconds"], index, color="tab:green", marker="o", s=18)
-        axis.set_yticks(range(len(labels)), labels if axis is axes[0][0] else [""] * len(labels), fontsize=7)
+        axis.set_yticks(range(len(labels)), labels if axis is axes[0] else [""] * len(labels), fontsize=7)
         axis.set_title(f"N={nodes}")
         axis.set_xlabel("seconds (|: round, o: ranks held; x: failed)")
-    figure.suptitle("Time to train: every repeat")
-    figure.tight_layout()
-    figure.savefig(DOCS / "time-to-train.png", dpi=110)
+    made.suptitle("Time to train: every repeat")
+    return made
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 128, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--previous", default="dc5d934", help="the git commit of the previous release")
-    parser.add_argument("--limit", type=float, default=180.0, help="seconds before a round counts as failed")
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="*", help="run only the variants whose label contains one of these")
-    parser.add_argument("--report", action="store_true", help="only rewrite the page and plot from the JSON")
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the JSON's runs of the sizes and variants not run this time"
-    )
-    args = parser.parse_args()
-    out = RESULTS / "time_to_train.json"
-    if args.report:
-        write_report(json.loads(out.read_text()))
-        return 0
-    workdir = Path(tempfile.mkdtemp(prefix="kube-rendezvous-time-to-train-"))
-    previous = checkout(args.previous, workdir)
-    log(f"previous release {args.previous} in {previous}; starting the control plane in {workdir}")
-    bench = Bench(workdir)
-    report = new_report(
-        sizes=args.sizes,
-        repeats=args.repeats,
-        previous=args.previous,
-        runs=[],
-    )
-    variants = [v for v in VARIANTS if not args.only or any(part in v[0] for part in args.only)]
-    if args.keep and out.exists():
-        rerun = {(nodes, v[0]) for nodes in args.sizes for v in variants}
-        kept = json.loads(out.read_text())
-        report["runs"] = [r for r in kept["runs"] if (r["nodes"], r["label"]) not in rerun]
-        report["sizes"] = sorted(set(kept["sizes"]) | set(args.sizes))
-        report["repeats"] = "per run"
-    try:
-        for nodes in args.sizes:
-            for variant in variants:
-                report["runs"] += run_variant(bench, variant, nodes, args.repeats, args.limit, previous)
-                save_report(out, report)
-    finally:
-        bench.stop()
-    write_report(report)
-    return 0
 
+
+BENCHMARK = Benchmark.of(
+    globals(),
+    setup=both_releases,
+    sizes=[8, 128, 1024],
+    previous="dc5d934",
+    limit=180.0,
+    fields=arguments("sizes", "repeats", "previous"),
+    **{**AT_SCALE, "errors": (RuntimeError, AssertionError)},
+    case_major=True,
+    quick={"sizes": [8], "only": ["tensorplay, store"]},
+)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(BENCHMARK))

@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from tests.e2e.harness import ElasticJob
 from tests.helpers import create_rendezvous
-from tests.testenv import ControlPlane, wait_until
+from tests.testenv import ControlPlane, free_port, wait_until
 from tests.testenv.cluster import Cluster
 from tests.testenv.node import Node
 
@@ -403,12 +403,15 @@ def objects(admin_api: client.ApiClient) -> client.CustomObjectsApi:
 
 @pytest.fixture
 def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[Callable[..., ElasticJob]]:
-    """Make elastic tensorplay jobs on Rendezvous ``<namespace>/job`` (k8s backend); stopped afterwards."""
+    """Make elastic jobs (``ElasticJob``'s options) on Rendezvous ``<namespace>/job`` (k8s backend), or with
+    ``backend="p10d"`` on a free local port; stopped afterwards."""
     jobs: list[ElasticJob] = []
 
-    def make(**options: Any) -> ElasticJob:
-        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
-        job = ElasticJob(tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, **options)
+    def make(backend: str = "k8s", **options: Any) -> ElasticJob:
+        conf = {"kubeconfig": str(agent_kubeconfig)} if backend == "k8s" else {}
+        conf.update(options.pop("rdzv_conf", {}))
+        endpoint = f"{namespace}/job" if backend == "k8s" else f"127.0.0.1:{free_port()}"
+        job = ElasticJob(tmp_path / f"job-{len(jobs)}", backend, endpoint, rdzv_conf=conf, **options)
         jobs.append(job)
         return job
 

@@ -1,4 +1,4 @@
-"""The benchmarks' agent processes run at a lower priority than the control plane (README, Benchmarks)."""
+"""The benchmarks' agent processes run at a lower priority than the control plane (docs/testing.md, Benchmarks)."""
 
 from __future__ import annotations
 

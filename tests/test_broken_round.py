@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.harness import Agent, ElasticJob, entering_init, training_in_world
-from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.e2e.harness import Agent, ElasticJob, entering_init
+from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.helpers import create_rendezvous
 from tests.testenv import ControlPlane, wait_until
 
@@ -40,7 +40,7 @@ def status_of(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
 
 def start_three_with_one_held(job: ElasticJob, addresses: list[str]) -> tuple[Agent, list[Agent]]:
     """Three agents whose round forms with all three; the third's workers hold before init_process_group."""
-    survivors = [job.start_agent(f"trainer-{index}", local_addr=addresses[index]) for index in range(2)]
+    survivors = job.start(addresses[:2])
     victim = job.start_agent("trainer-2", local_addr=addresses[2], env={"HOLD_BEFORE_INIT": "1"})
     agents = [*survivors, victim]
     wait_until(
@@ -53,7 +53,7 @@ def start_three_with_one_held(job: ElasticJob, addresses: list[str]) -> tuple[Ag
 
 def recovered(job: ElasticJob, survivors: list[Agent], since: float, what: str) -> float:
     """Wait for every survivor's workers to train in a new round of 2 agents; return the seconds it took."""
-    wait_until(lambda: training_in_world(survivors, 4, min_step=0), RECOVERY_BOUND, f"survivors training after {what}")
+    job.wait_training(survivors, min_step=0, timeout=RECOVERY_BOUND, what=f"survivors training after {what}")
     seconds = time.monotonic() - since
     print(f"\n{what}: every survivor trained again {seconds:.1f} s later")
     assert job.wait(survivors, 240) == [0, 0], job.logs()
@@ -81,9 +81,8 @@ def test_a_participant_sigtermed_while_the_others_train_breaks_the_round_at_once
     job = make_job(
         nnodes="2:3", steps=20, step_seconds=0.5, launcher=launcher, rdzv_conf={"last_call_timeout": LAST_CALL}
     )
-    agents = [job.start_agent() for _ in range(3)]
-    by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
-    victim = by_group[1]
+    agents = job.start(3)
+    victim = job.wait_training(agents)[1]
     signalled = time.monotonic()
     victim.terminate()
     survivors = [agent for agent in agents if agent is not victim]
@@ -113,9 +112,7 @@ def test_a_participants_pod_deleted_while_the_others_workers_start_is_evicted_an
     # Heartbeats expire only after 5 s x 60 = 300 s: the round can only break through the eviction.
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{21 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{21 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:3",
         steps=3,
@@ -150,10 +147,9 @@ def test_a_planned_scale_up_re_forms_the_round_with_no_round_broken_warning(
     # The members leave and join again to let a waiting node in (the framework's scale-up): nothing broke.
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=3)
     job = make_job(nnodes="2:3", steps=30, step_seconds=0.5, launcher=launcher, rdzv_conf={"last_call_timeout": "2"})
-    first = [job.start_agent() for _ in range(2)]
-    wait_until(lambda: training_in_world(first, 4), 120, "2 agents training together")
+    first = job.start_training(2)
     agents = [*first, job.start_agent()]
-    wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training together after the scale-up")
+    job.wait_training(agents, min_step=0, what="3 agents training together after the scale-up")
     core = client.CoreV1Api(admin_api)
 
     def events() -> list[tuple[str, str]]:

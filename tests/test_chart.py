@@ -196,6 +196,16 @@ class TestTheSchemaRejectsBadValues:
             ("watchNamespaces={Not_A_Namespace}", "/watchNamespaces/0"),
             ("metrics.port=80", "/metrics/port"),
             ("operator.verbose=maybe", "/operator/verbose"),
+            # The overrides: runAsNonRoot stays true, no UID 0, no privileged container.
+            ("operator.securityContext.runAsNonRoot=false", "/operator/securityContext/runAsNonRoot"),
+            ("operator.podSecurityContext.runAsNonRoot=false", "/operator/podSecurityContext/runAsNonRoot"),
+            ("operator.securityContext.runAsUser=0", "/operator/securityContext/runAsUser"),
+            ("operator.securityContext.privileged=true", "/operator/securityContext/privileged"),
+            ("operator.securityContext.bogus=1", "additional properties 'bogus' not allowed"),
+            ("operator.affinity.nodeAffinty.x=1", "additional properties 'nodeAffinty' not allowed"),
+            ("operator.extraEnv[0].value=x", "missing property 'name'"),
+            ("operator.topologySpreadConstraints[0].maxSkew=1", "/operator/topologySpreadConstraints/0"),
+            ("trainingRBAC.createNamespaces=yes", "/trainingRBAC/createNamespaces"),
         ],
     )
     def test_an_unknown_or_mistyped_value_fails_the_render(self, helm: Helm, value: str, complaint: str) -> None:
@@ -216,7 +226,40 @@ class TestTheSchemaRejectsBadValues:
                     yield from open_levels(child, f"{where}/{index}")
 
         schema = json.loads((CHART / "values.schema.json").read_text())
-        assert list(open_levels(schema, "")) == []
+        # A parent chart's globals, and the Kubernetes types (affinity terms, selectors, ...) the
+        # API server validates: every level the chart itself defines is closed.
+        assert list(open_levels(schema, "")) == ["/definitions/kubernetesObject", "/properties/global"]
+
+
+class TestTheChartAsASubchart:
+    def test_a_parent_chart_with_global_values_renders_it(self, helm: Helm, tmp_path: Path) -> None:
+        parent = tmp_path / "platform"
+        parent.mkdir()
+        (parent / "Chart.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v2",
+                    "name": "platform",
+                    "version": "1.0.0",
+                    "dependencies": [
+                        {"name": "kube-rendezvous", "version": app_version(), "repository": f"file://{CHART}"}
+                    ],
+                }
+            )
+        )
+        (parent / "values.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"imageRegistry": "registry.example.com", "storageClass": "fast"},
+                    "kube-rendezvous": {"operator": {"replicas": 2}},
+                }
+            )
+        )
+        helm.run("dependency", "update", parent, "--skip-refresh")
+        rendered = helm.run("template", "rdzv", parent, "--namespace", RELEASE_NAMESPACE, "--set", "global.team=ml")
+        manifests = [document for document in yaml.safe_load_all(rendered.stdout) if document]
+        assert the(manifests, "Deployment")["spec"]["replicas"] == 2
+        assert len(objects_of(manifests, "CustomResourceDefinition")) == 2
 
 
 class TestTheChartCrds:
@@ -340,6 +383,138 @@ class TestTheOperatorDeployment:
         assert resources["requests"]["cpu"] == "250m"
         assert resources["limits"]["memory"] == "1Gi"
 
+    def test_pod_labels_join_the_chart_labels_which_win(self, helm: Helm) -> None:
+        manifests = helm.template("operator.podLabels.team=ml", "operator.podLabels.app\\.kubernetes\\.io/component=x")
+        deployment = the(manifests, "Deployment")
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["team"] == "ml"
+        assert labels[COMPONENT] == "operator"
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert "team" not in deployment["metadata"]["labels"]
+
+    def test_pod_annotations_node_selector_tolerations_and_priority_class_come_from_values(self, helm: Helm) -> None:
+        manifests = helm.template(
+            "operator.podAnnotations.owner=ml-platform",
+            "operator.nodeSelector.pool=system",
+            "operator.tolerations[0].key=dedicated",
+            "operator.tolerations[0].operator=Exists",
+            "operator.priorityClassName=system-cluster-critical",
+        )
+        deployment = the(manifests, "Deployment")
+        assert deployment["spec"]["template"]["metadata"]["annotations"] == {"owner": "ml-platform"}
+        spec = pod_spec(manifests)
+        assert spec["nodeSelector"] == {"pool": "system"}
+        assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+        assert spec["priorityClassName"] == "system-cluster-critical"
+        test_pod = the(manifests, "Pod")["spec"]  # the helm test pod schedules where the operator does
+        assert test_pod["nodeSelector"] == {"pool": "system"}
+        assert test_pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+
+    def test_no_affinity_spread_or_scheduling_override_by_default(self, helm: Helm) -> None:
+        spec = pod_spec(helm.template())
+        for key in ("affinity", "topologySpreadConstraints", "nodeSelector", "tolerations", "priorityClassName"):
+            assert key not in spec
+
+    def test_affinity_comes_from_values(self, helm: Helm) -> None:
+        term = "operator.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
+        spec = pod_spec(
+            helm.template(
+                f"{term}.weight=100",
+                f"{term}.podAffinityTerm.topologyKey=kubernetes.io/hostname",
+                f"{term}.podAffinityTerm.labelSelector.matchLabels.app\\.kubernetes\\.io/component=operator",
+            )
+        )
+        preferred = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred == [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {COMPONENT: "operator"}},
+                },
+            }
+        ]
+
+    def test_a_topology_spread_constraint_selects_the_operator_pods_unless_it_has_a_selector(self, helm: Helm) -> None:
+        spread = "operator.topologySpreadConstraints"
+        manifests = helm.template(
+            *(f"{spread}[{i}].maxSkew=1" for i in (0, 1)),
+            f"{spread}[0].topologyKey=topology.kubernetes.io/zone",
+            f"{spread}[0].whenUnsatisfiable=ScheduleAnyway",
+            f"{spread}[1].topologyKey=kubernetes.io/hostname",
+            f"{spread}[1].whenUnsatisfiable=DoNotSchedule",
+            f"{spread}[1].labelSelector.matchLabels.team=ml",
+        )
+        deployment = the(manifests, "Deployment")
+        zone, host = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert zone == {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+        }
+        assert host["labelSelector"] == {"matchLabels": {"team": "ml"}}
+
+    def test_extra_env_follows_the_chart_environment(self, helm: Helm) -> None:
+        container = operator_container(
+            helm.template(
+                "operator.extraEnv[0].name=HTTPS_PROXY",
+                "operator.extraEnv[0].value=http://proxy:3128",
+                "operator.extraEnv[1].name=TOKEN",
+                "operator.extraEnv[1].valueFrom.secretKeyRef.name=token",
+                "operator.extraEnv[1].valueFrom.secretKeyRef.key=value",
+            )
+        )
+        assert container["env"][-2:] == [
+            {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "token", "key": "value"}}},
+        ]
+        assert env_of(container)["METRICS_PORT"] == "9090"
+
+    def test_security_contexts_come_from_values(self, helm: Helm) -> None:
+        manifests = helm.template(
+            "operator.podSecurityContext.runAsUser=2000",
+            "operator.podSecurityContext.fsGroupChangePolicy=OnRootMismatch",
+            "operator.securityContext.runAsUser=2000",
+            "operator.securityContext.seLinuxOptions.level=s0:c1",
+        )
+        pod, container = pod_spec(manifests)["securityContext"], operator_container(manifests)["securityContext"]
+        assert (pod["runAsUser"], pod["fsGroupChangePolicy"], pod["fsGroup"]) == (2000, "OnRootMismatch", 10001)
+        assert (container["runAsUser"], container["seLinuxOptions"]) == (2000, {"level": "s0:c1"})
+        assert container["readOnlyRootFilesystem"] is True  # the defaults the values left alone stay
+        test_pod = the(manifests, "Pod")["spec"]
+        assert test_pod["securityContext"] == pod
+        assert test_pod["containers"][0]["securityContext"] == container
+
+    @pytest.mark.parametrize(
+        "values",
+        [
+            ["openshift=true"],
+            [
+                *(f"operator.podSecurityContext.{key}=null" for key in ("runAsUser", "runAsGroup", "fsGroup")),
+                *(f"operator.securityContext.{key}=null" for key in ("runAsUser", "runAsGroup")),
+            ],
+        ],
+        ids=["openshift", "null"],
+    )
+    def test_no_fixed_uid_where_the_platform_assigns_one_and_still_non_root(
+        self, helm: Helm, values: list[str]
+    ) -> None:
+        manifests = helm.template(*values)
+        test_pod = the(manifests, "Pod")["spec"]
+        contexts = {
+            "pod": pod_spec(manifests)["securityContext"],
+            "container": operator_container(manifests)["securityContext"],
+            "test pod": test_pod["securityContext"],
+            "test container": test_pod["containers"][0]["securityContext"],
+        }
+        for where, context in contexts.items():
+            assert not {"runAsUser", "runAsGroup", "fsGroup"} & context.keys(), where
+            assert context["runAsNonRoot"] is True, where
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert contexts["container"]["capabilities"] == {"drop": ["ALL"]}
+        assert contexts["container"]["allowPrivilegeEscalation"] is False
+
     def test_the_metrics_service_selects_the_operator_pod_on_its_metrics_port(self, helm: Helm) -> None:
         manifests = helm.template()
         service = the(manifests, "Service")
@@ -451,6 +626,29 @@ class TestTheTrainingRBAC:
         for kind in ("ServiceAccount", "Role", "RoleBinding"):
             assert training_objects(manifests, kind) == []
         assert objects_of(manifests, "Deployment")  # the operator stays
+
+    def test_namespaces_are_not_created_by_default(self, helm: Helm) -> None:
+        assert objects_of(helm.template("trainingRBAC.namespaces={team-a}"), "Namespace") == []
+
+    def test_create_namespaces_creates_each_but_the_release_namespace_and_keeps_it(self, helm: Helm) -> None:
+        manifests = helm.template(
+            f"trainingRBAC.namespaces={{team-a,{RELEASE_NAMESPACE}}}", "trainingRBAC.createNamespaces=true"
+        )
+        namespace = the(manifests, "Namespace")
+        assert namespace["metadata"]["name"] == "team-a"
+        assert "namespace" not in namespace["metadata"]
+        assert namespace["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert namespace["metadata"]["labels"][INSTANCE] == "rdzv"
+        assert sorted(m["metadata"]["namespace"] for m in training_objects(manifests, "Role")) == [
+            RELEASE_NAMESPACE,
+            "team-a",
+        ]
+
+    def test_create_namespaces_does_nothing_without_the_training_rbac(self, helm: Helm) -> None:
+        manifests = helm.template(
+            "trainingRBAC.namespaces={team-a}", "trainingRBAC.createNamespaces=true", "trainingRBAC.enabled=false"
+        )
+        assert objects_of(manifests, "Namespace") == []
 
     def test_an_existing_account_is_bound_but_not_created(self, helm: Helm) -> None:
         manifests = helm.template(
@@ -949,6 +1147,28 @@ class TestInstallingTheChart:
                 uninstall(helm, control_plane, second)
         finally:
             uninstall(helm, control_plane, first)
+
+    def test_a_missing_training_namespace_fails_the_install_and_create_namespaces_creates_and_keeps_it(
+        self, helm: Helm, control_plane: ControlPlane, admin_api: client.ApiClient, namespace: str
+    ) -> None:
+        team = f"team-{uuid.uuid4().hex[:6]}"
+        name = f"rdzv-{uuid.uuid4().hex[:8]}"
+        values = ("rbac.scope=namespace", f"trainingRBAC.namespaces={{{namespace},{team}}}")
+        sets = [arg for value in ("crds.install=false", *values) for arg in ("--set", value)]
+        kubeconfig = ("--kubeconfig", str(control_plane.admin_kubeconfig))
+        refused = helm.run("install", name, CHART, "--namespace", namespace, *kubeconfig, *sets, check=False)
+        assert refused.returncode != 0
+        assert f'namespaces "{team}" not found' in refused.stderr  # the error docs/operations.md quotes
+        helm.run("uninstall", name, "--namespace", namespace, *kubeconfig, "--ignore-not-found")
+        core = client.CoreV1Api(admin_api)
+        installed = install(helm, control_plane, name, namespace, *values, "trainingRBAC.createNamespaces=true")
+        try:
+            assert control_plane.kubectl("get", "role", "-n", team, "-l", f"{INSTANCE}={name}", "-o", "name").stdout
+            uninstall(helm, control_plane, installed)
+            assert core.read_namespace(team).status.phase == "Active"  # helm.sh/resource-policy: keep
+        finally:
+            uninstall(helm, control_plane, installed)
+            core.delete_namespace(team)
 
     def test_uninstall_leaves_no_operator_object_behind(
         self, helm: Helm, control_plane: ControlPlane, release: Release

@@ -293,7 +293,7 @@ class TestDecoderRefuses:
 
 
 def test_the_fuzz_script_runs_and_reports_its_outcomes() -> None:
-    """A short run of scripts/fuzz_state.py (the README's 60 s run is outside CI's timed tests)."""
+    """A short run of scripts/fuzz_state.py (the 60 s run of docs/security.md is outside CI's timed tests)."""
     import subprocess
     import sys
 

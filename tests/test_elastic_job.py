@@ -7,37 +7,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.e2e.harness import ElasticJob, training_in_world
 from tests.helpers import holds_for
-from tests.testenv import ControlPlane, free_port, wait_until
+from tests.testenv import ControlPlane, wait_until
 
 MakeJob = Callable[..., ElasticJob]
-
-
-@pytest.fixture
-def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
-    jobs: list[ElasticJob] = []
-
-    def make(backend: str = "k8s", **options: Any) -> ElasticJob:
-        conf = dict(options.pop("rdzv_conf", {}))
-        if backend == "k8s":
-            conf.setdefault("kubeconfig", str(agent_kubeconfig))
-            endpoint = f"{namespace}/job"
-        else:
-            endpoint = f"127.0.0.1:{free_port()}"
-        job = ElasticJob(tmp_path / f"job-{len(jobs)}", backend, endpoint, rdzv_conf=conf, **options)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.stop()
 
 
 def rendezvous_status(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
@@ -63,7 +42,7 @@ class TestOneRound:
     ) -> None:
         job = make_job(nnodes="3")
         started = time.monotonic()
-        agents = [job.start_agent() for _ in range(3)]
+        agents = job.start(3)
         assert job.wait(agents, 180) == [0, 0, 0], job.logs()
         print(f"\n3 agents x 2 workers, one round and 3 all_reduces: {time.monotonic() - started:.1f} s")
         results = job.results()
@@ -81,13 +60,12 @@ class TestElasticity:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_group_rank: int
     ) -> None:
         job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
-        agents = [job.start_agent() for _ in range(3)]
-        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
-        victim = by_group[victim_group_rank]
+        agents = job.start(3)
+        victim = job.wait_training(agents)[victim_group_rank]
         killed_at = time.monotonic()
         victim.kill_pod()
         survivors = [agent for agent in agents if agent is not victim]
-        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
+        job.wait_training(survivors, min_step=0, what="survivors training in a new round")
         print(f"\nsurvivors trained again {time.monotonic() - killed_at:.1f} s after the kill")
         assert job.wait(survivors, 180) == [0, 0], job.logs()
         assert_one_correct_world(job.last_results(), 4)
@@ -100,8 +78,7 @@ class TestElasticity:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="2:3", steps=12, step_seconds=1.0, rdzv_conf={"last_call_timeout": "1"})
-        first = [job.start_agent() for _ in range(2)]
-        wait_until(lambda: training_in_world(first, 4), 120, "2 agents training together")
+        first = job.start_training(2)
         late = job.start_agent("late")
         assert job.wait([*first, late], 240) == [0, 0, 0], job.logs()
         assert_one_correct_world(job.last_results(), 6)
@@ -114,9 +91,8 @@ class TestSigtermMeansLeave:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
-        agents = [job.start_agent() for _ in range(3)]
-        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
-        victim = by_group[1]
+        agents = job.start(3)
+        victim = job.wait_training(agents)[1]
 
         def participants() -> set[str]:
             return {item["node"] for item in rendezvous_status(control_plane, namespace).get("participants", [])}
@@ -139,8 +115,7 @@ class TestSigtermMeansLeave:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="2", steps=60, step_seconds=1.0)
-        agents = [job.start_agent() for _ in range(2)]
-        wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
+        agents = job.start_training(2)
         for agent in agents:
             agent.terminate()
         codes = job.wait(agents, 60)
@@ -154,7 +129,7 @@ class TestApiServerRestart:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="3", steps=2)
-        first = [job.start_agent() for _ in range(2)]
+        first = job.start(2)
         wait_until(
             lambda: rendezvous_status(control_plane, namespace).get("participantCount") == 2,
             120,
@@ -170,8 +145,7 @@ class TestApiServerRestart:
     ) -> None:
         # The outage is twice the heartbeat expiry (15 s) and half the retry timeout (60 s).
         job = make_job(nnodes="3", steps=45, step_seconds=1.0)
-        agents = [job.start_agent() for _ in range(3)]
-        wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+        agents = job.start_training(3)
         control_plane.restart_apiserver(downtime=30)
         assert job.wait(agents, 240) == [0, 0, 0], job.logs()
         results = job.results()
@@ -184,8 +158,7 @@ class TestApiServerRestart:
 class TestTheSinglePointOfFailure:
     def test_with_p10d_killing_the_agent_that_hosts_the_tcp_store_hangs_the_survivors(self, make_job: MakeJob) -> None:
         job = make_job(backend="p10d", nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
-        agents = [job.start_agent() for _ in range(3)]
-        wait_until(lambda: training_in_world(agents, 6), 120, "3 p10d agents training together")
+        agents = job.start_training(3)
         host = next(agent for agent in agents if "hosts the rendezvous TCP store" in agent.output())
         host.kill_pod()
         survivors = [agent for agent in agents if agent is not host]

@@ -412,7 +412,7 @@ def check_history(history: list[dict[str, Any]], counter: int, chain: str, final
     # A committed write reported has_set=False is not counted as an anomaly: the backend then
     # hands back the current state, which holds the write's effect, and the framework re-decides
     # on it as after any lost compare-and-swap. It happens when more than RECENT_WRITE_IDS other
-    # writes land before the outcome is read (README "Writes apply exactly once"); it is measured.
+    # writes land before the outcome is read (docs/failure-modes.md, "Writes apply exactly once"); it is measured.
     figures.update(state_unrecognised_commits=max(0, final_round - len(successes) - unknown_states))
     if final_round < len(successes):
         anomalies.append(f"state: round {final_round} < {len(successes)} writes reported has_set=True")

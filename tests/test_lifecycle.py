@@ -68,7 +68,7 @@ class TestRunsNeverInheritEachOthersEnd:
         )
         objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
         job = make_job(nnodes="2", run_id="run-b")
-        agents = [job.start_agent() for _ in range(2)]
+        agents = job.start(2)
         wait_until(
             lambda: all(not agent.alive() or "this run waits for it to go" in agent.output() for agent in agents),
             90,
@@ -92,7 +92,7 @@ class TestRunsNeverInheritEachOthersEnd:
         """``kubectl rdzv close`` ended run-a; spec.closed cannot be reset, and run-b must not take it as its close."""
         old_uid = earlier_run_ended(objects, namespace, closed_by_person=True)
         job = make_job(nnodes="2", run_id="run-b")
-        agents = [job.start_agent() for _ in range(2)]
+        agents = job.start(2)
         assert job.wait(agents, 180) == [0, 0], job.logs()
         assert len(job.results()) == 4, job.logs()  # before the fix: 0 results, both exited 0 at once
         new = rendezvous(objects, namespace)
@@ -113,13 +113,41 @@ class TestRunsNeverInheritEachOthersEnd:
         # A 3 s heartbeat expiry (1 s keep-alive x 3): the dead run's Leases stop counting after it.
         quick = {"keep_alive_interval": "1"}
         last = make_job(nnodes="2", run_id="run-a", steps=100000, step_seconds=0.2, rdzv_conf=quick)
-        killed = [last.start_agent() for _ in range(2)]
-        wait_until(lambda: training_in_world(killed, 4), 90, "run-a training", explain=last.last_lines)
+        last.start_training(2, timeout=90, what="run-a training")
         last.stop()  # every agent and worker SIGKILLed: no leave is written
         job = make_job(nnodes="2", run_id="run-b", steps=3)
-        agents = [job.start_agent() for _ in range(2)]
+        agents = job.start(2)
         assert job.wait(agents, 120) == [0, 0], job.logs()
         assert len(job.results()) == 4, job.logs()
+        assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
+
+    def test_a_re_run_whose_round_breaks_re_forms_although_the_killed_last_run_s_leases_stay(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """Seed 318 of the generated test (``run sigkill_all ... run sigterm``): the re-run trains, one of its agents
+        is SIGTERMed, and the survivor leaves the broken round to join the next. With every member of the re-run
+        leaving at once, the first version of the run rule handed the fold to the dead run's Leases (still asking to
+        join), and the survivor waited for ever. The run of a fold stays while one of its nodes is alive."""
+        quick = {"keep_alive_interval": "1", "last_call_timeout": "1"}
+        last = make_job(nnodes="2", run_id="run-a", steps=100000, step_seconds=0.2, rdzv_conf=quick)
+        killed = [last.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(killed, 4), 90, "run-a training", explain=last.last_lines)
+        last.stop()  # every agent and worker SIGKILLed: their Leases stay, asking to join
+        job = make_job(nnodes="1:2", run_id="run-b", steps=100000, step_seconds=0.2, rdzv_conf=quick)
+        agents = [job.start_agent() for _ in range(2)]
+        wait_until(lambda: training_in_world(agents, 4), 90, "run-b training", explain=job.last_lines)
+        victim, survivor = agents
+        victim.terminate()
+        victim.process.wait(60)
+        wait_until(
+            lambda: (
+                training_in_world([survivor], 2, min_step=0)
+                and survivor.output().rsplit(" formed", 1)[-1].count(" step ") >= 2
+            ),
+            60,
+            "the survivor training again in a round of its own",
+            explain=job.last_lines,
+        )
         assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
 
     def test_with_create_false_a_rendezvous_of_an_ended_run_is_refused_naming_the_fix(
@@ -140,8 +168,7 @@ class TestCloseWithStockTorchrun:
     ) -> None:
         """torch 2.15 returns None from ``run()`` on a graceful exit and torchrun exits 1 (pytorch#194710)."""
         job = make_job(launcher="torchrun", nnodes="2", steps=400, step_seconds=0.25)
-        agents = [job.start_agent() for _ in range(2)]
-        wait_until(lambda: training_in_world(agents, 4), 120, "2 torchrun agents training", explain=job.last_lines)
+        agents = job.start_training(2)
         control_plane.kubectl("-n", namespace, "patch", "rdzv", "job", "--type=merge", "-p", '{"spec":{"closed":true}}')
         assert job.wait(agents, 120) == [0, 0], job.logs()  # before the fix: [1, 1]
         for agent in agents:
@@ -204,8 +231,7 @@ class TestFencing:
 
     def evict_a_live_member(self, make_job: MakeJob, control_plane: ControlPlane, namespace: str) -> None:
         job = make_job(nnodes="3", steps=400, step_seconds=0.25, max_restarts=3)
-        agents = [job.start_agent() for _ in range(3)]
-        wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training", explain=job.last_lines)
+        agents = job.start_training(3)
         victim = agents[1]
         evicted = victim.node_name
         plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
@@ -366,8 +392,7 @@ class TestHoldsEnd:
             with running_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
                 wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
                 job = make_job(nnodes="2:3", steps=100000, step_seconds=0.2, rdzv_conf={"last_call_timeout": "2"})
-                agents = [job.start_agent(pod, local_addr=address) for pod, (_, address) in placed.items()]
-                wait_until(lambda: training_in_world(agents, 6), 90, "3 agents training", explain=job.last_lines)
+                agents = job.start_training([address for _, address in placed.values()], timeout=90)
                 topology = (rendezvous(objects, namespace) or {})["status"]["topology"]
                 assert topology["order"] == "Topology", topology
                 assert topology["reason"] == (

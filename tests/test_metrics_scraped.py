@@ -1,4 +1,4 @@
-"""Every metric the operator advertises (README, ``metrics.py``) is scraped from its ``/metrics``
+"""Every metric the operator advertises (docs/configuration.md, ``metrics.py``) is scraped from its ``/metrics``
 after a scenario that must move it. The operator runs as its own process under its own
 ServiceAccount, its requests through the fault proxy so that an error and a lost compare-and-swap
 happen on purpose; the agents' states are written by a real backend.
@@ -19,14 +19,14 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import create_rendezvous, rendezvous_parameters, running_fault_proxy
 from tests.test_operator import GROUP, PLURAL, VERSION, condition, judged, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
-#: ``_spare_promotions_total``: scraped on three real nodes, ``tests/test_multi_node.py``); the README lists all but
+#: ``_spare_promotions_total``: scraped on three real nodes, ``tests/test_multi_node.py``); the docs list all but
 #: the Event counter.
 ADVERTISED = {
     "kube_rendezvous_rounds_completed_total",
@@ -155,8 +155,7 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     # 3. The pod of node 127.0.0.43 is deleted. The operator's read before its eviction
     #    compare-and-swap is held by the proxy while someone else writes the object, so its
     #    first write is a real 409 from the API server; the retry evicts the node.
-    for index, address in enumerate(["127.0.0.41", "127.0.0.43"]):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    create_training_pods(core, namespace, ["127.0.0.41", "127.0.0.43"])
     proxy.inject("delay", count=1, methods={"GET"}, path=r"/rendezvouses/job$", delay=3.0)
     core.delete_namespaced_pod("trainer-1", namespace, grace_period_seconds=0)
     wait_until(lambda: any(event.fault == "delay" for event in proxy.events), 30, "the operator's read before evicting")

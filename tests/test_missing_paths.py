@@ -22,7 +22,7 @@ from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from tests.e2e.harness import Agent, ElasticJob, training_in_world
+from tests.e2e.harness import Agent, ElasticJob
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import create_rendezvous, holds_for, pod_failed, rendezvous_parameters
 from tests.test_operator import events, judged, read, running_operator
@@ -111,8 +111,7 @@ def two_agents_training(
         step_seconds=1.0,
         rdzv_conf={"last_call_timeout": "3", "keep_alive_max_attempt": "60"},
     )
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
+    agents = job.start_training(addresses)
     return job, agents[1], agents[0]
 
 
@@ -127,10 +126,10 @@ class TestFailedPodIsEvicted:
     ) -> None:
         core = client.CoreV1Api(admin_api)
         owner = suspended_job(admin_api, namespace)
-        _, victim, survivor = two_agents_training(core, namespace, objects, make_job, owner)
+        job, victim, survivor = two_agents_training(core, namespace, objects, make_job, owner)
         victim.kill_pod()
         pod_failed(core, namespace, victim.name)
-        wait_until(lambda: training_in_world([survivor], 2, min_step=0), 120, "the survivor training alone")
+        job.wait_training([survivor], min_step=0, what="the survivor training alone")
         assert read(objects, namespace)["status"]["evictedNodes"] == [victim.node_name]
         # Nobody deleted the pod: it is still there, Failed (a Job keeps failed pods for its backoff and logs).
         pod = core.read_namespaced_pod(victim.name, namespace)
@@ -174,7 +173,7 @@ class TestResyncOnStart:
         make_job: MakeJob,
     ) -> None:
         core = client.CoreV1Api(admin_api)
-        _, victim, survivor = two_agents_training(core, namespace, objects, make_job)
+        job, victim, survivor = two_agents_training(core, namespace, objects, make_job)
         operator.kill()
         victim.kill_pod()
         core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
@@ -185,7 +184,7 @@ class TestResyncOnStart:
         )
         # The DELETED event happened while nobody watched: only a resync can notice the node has no pod.
         operator.start()
-        wait_until(lambda: training_in_world([survivor], 2, min_step=0), 120, "the survivor training alone")
+        job.wait_training([survivor], min_step=0, what="the survivor training alone")
         assert read(objects, namespace)["status"]["evictedNodes"] == [victim.node_name]
         evicted = [message for _, reason, message in events(admin_api, namespace) if reason == "NodeEvicted"]
         assert evicted == [f"evicted {victim.node_name}: pod gone (resync)"]

@@ -38,7 +38,7 @@ from tests.e2e.placement import (
     rdzv_status_text,
     spare_recovery,
 )
-from tests.e2e.real_pods import RENDEZVOUS, REPO, example_objects, pod_log, rendezvous_status
+from tests.e2e.real_pods import RENDEZVOUS, example_objects, namespace_with_crds, pod_log, rendezvous_status
 from tests.helpers import holds_for
 from tests.test_chart import Helm, install
 from tests.testenv import ensure_binaries, wait_until
@@ -56,14 +56,9 @@ def api(three_nodes: Cluster) -> client.ApiClient:
 @pytest.fixture
 def namespace3(three_nodes: Cluster, api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace on the three-node cluster, with the CRDs applied; deleted afterwards."""
-    plane = three_nodes.plane
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
     name = f"multi-{request.node.name.lower().replace('_', '-').replace('[', '-').strip(']')[-24:].strip('-')}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name, grace_period_seconds=0)
+    with namespace_with_crds(three_nodes.plane, api, name):
+        yield name
 
 
 @pytest.fixture

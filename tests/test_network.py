@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import STEP_LINE, Agent, ElasticJob, training_in_world
+from tests.e2e.harness import STEP_LINE, Agent, ElasticJob
 from tests.testenv import ControlPlane, wait_until
 from tests.testenv.podnet import Pod, PodNetwork
 
@@ -47,10 +47,7 @@ def three_pods_training(
     job = make_job(nnodes="2:3", rdzv_conf=conf, **{"steps": 40, "step_seconds": 1.0, **options})
     pods = [network.add_pod(f"trainer-{index}") for index in range(3)]
     agents = [job.start_agent(f"trainer-{index}", pod=pods[index], env=worker_env) for index in range(3)]
-    by_group = wait_until(
-        lambda: training_in_world(agents, 6), 120, "3 agents training together", explain=job.last_lines
-    )
-    return job, pods, by_group
+    return job, pods, job.wait_training(agents)
 
 
 def pod_of(agent: Agent, pods: list[Pod]) -> Pod:
@@ -82,19 +79,14 @@ def test_survivors_train_again_when_a_survivor_was_silenced(
     if when == "after":
         wait_until(lambda: status_of(control_plane, namespace).get("round", 0) >= 1, 60, "the next round to form")
         assert pod_of(silenced, pods).silence_connections()
-    wait_until(
-        lambda: training_in_world(survivors, 4, min_step=0),
-        EXPIRY + 75,
-        f"survivors training again, one of them silenced {when} the re-formation",
-        explain=job.last_lines,
+    job.wait_training(
+        survivors,
+        min_step=0,
+        timeout=EXPIRY + 75,
+        what=f"survivors training again, one of them silenced {when} the re-formation",
     )
     measured(f"silenced {when} the re-formation: survivors training again after the kill", time.monotonic() - killed)
-    wait_until(
-        lambda: training_in_world(survivors, 4, min_step=2),
-        60,
-        "the survivors' workers past step 2",
-        explain=job.last_lines,
-    )
+    job.wait_training(survivors, min_step=2, timeout=60, what="the survivors' workers past step 2")
     assert all(agent.alive() for agent in survivors), job.logs()
 
 
@@ -110,12 +102,7 @@ def test_a_partition_of_60_s_removes_the_node_after_one_expiry_and_it_rejoins_af
     pod_of(partitioned, pods).cut_api()
     cut = time.monotonic()
     try:
-        wait_until(
-            lambda: training_in_world(others, 4, min_step=0),
-            EXPIRY + 30,
-            "the others training without it",
-            explain=job.last_lines,
-        )
+        job.wait_training(others, min_step=0, timeout=EXPIRY + 30, what="the others training without it")
         measured("partition: the others training without the pod after the cut", time.monotonic() - cut)
         departure = status_of(control_plane, namespace)["lastDeparture"]
         assert departure["nodes"] == [{"node": partitioned.node_name, "reason": "Expired"}]
@@ -124,9 +111,7 @@ def test_a_partition_of_60_s_removes_the_node_after_one_expiry_and_it_rejoins_af
         pod_of(partitioned, pods).heal()
     healed = time.monotonic()
     agents = list(by_group.values())
-    wait_until(
-        lambda: training_in_world(agents, 6, min_step=2), 120, "all three training again", explain=job.last_lines
-    )
+    job.wait_training(agents, min_step=2, what="all three training again")
     measured("partition: the healed pod training in the next round after the heal", time.monotonic() - healed)
     assert all(agent.alive() for agent in agents)
     ranks = {int(rank) for agent in agents for rank, world, *_ in STEP_LINE.findall(agent.output()) if world == "6"}
@@ -172,12 +157,7 @@ def test_a_peer_partition_restarts_the_workers_and_training_goes_on(
         pod.heal()
     healed = time.monotonic()
     agents = list(by_group.values())
-    wait_until(
-        lambda: training_in_world(agents, 6, min_step=1),
-        120,
-        "all three training after the heal",
-        explain=job.last_lines,
-    )
+    job.wait_training(agents, what="all three training after the heal")
     measured("peer partition: all training again after the heal", time.monotonic() - healed)
     assert job.wait(agents, 300) == [0, 0, 0], job.logs()
     final = job.last_results()
@@ -255,12 +235,7 @@ def test_an_operator_whose_connections_go_silent_notices_keeps_evicting_and_remo
             killed = time.monotonic()
             victim.kill_pod()
             core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
-            wait_until(
-                lambda: training_in_world(survivors, 4, min_step=0),
-                60,
-                "the survivors training again",
-                explain=job.last_lines,
-            )
+            job.wait_training(survivors, min_step=0, timeout=60, what="the survivors training again")
             measured("operator silenced: survivors training again after a pod's deletion", time.monotonic() - killed)
             assert status_of(control_plane, namespace)["evictedNodes"] == [victim.node_name]
         finally:

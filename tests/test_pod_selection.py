@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.harness import ElasticJob, training_in_world
+from tests.e2e.harness import ElasticJob
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import pod_failed
 from tests.test_missing_paths import create_job_pod, operator  # noqa: F401 - a fixture
@@ -168,12 +168,10 @@ def test_the_node_of_a_failed_pod_is_evicted_with_the_workloads_own_pod_labels(
         step_seconds=1.0,
         rdzv_conf={"last_call_timeout": "3", "keep_alive_max_attempt": "60"},
     )
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    wait_until(lambda: training_in_world(agents, 4), 120, "2 agents training together")
-    survivor, victim = agents
+    survivor, victim = job.start_training(addresses)
     victim.kill_pod()
     pod_failed(core, namespace, victim.name)
-    wait_until(lambda: training_in_world([survivor], 2, min_step=0), 120, "the survivor training alone")
+    job.wait_training([survivor], min_step=0, what="the survivor training alone")
     status = read(objects, namespace)["status"]
     assert status["evictedNodes"] == [victim.node_name]
     described = ",".join(f"{key}={value}" for key, value in sorted(selected.items()))

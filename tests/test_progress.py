@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tests.e2e.harness import ElasticJob, training_in_world
+from tests.e2e.harness import ElasticJob
 from tests.testenv import wait_until
 
 MakeJob = Callable[..., ElasticJob]
@@ -21,8 +21,7 @@ def test_survivors_waiting_for_min_nodes_log_who_is_missing_every_10_s_until_a_r
 ) -> None:
     # minNodes 3: after a pod dies the two survivors cannot form a round until a replacement comes.
     job = make_job(nnodes="3:3", steps=200, step_seconds=0.5, rdzv_conf={"last_call_timeout": "1"})
-    agents = [job.start_agent() for _ in range(3)]
-    wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training together")
+    agents = job.start_training(3)
     victim, survivors = agents[2], agents[:2]
     missing = victim.node_name
     victim.kill_pod()
@@ -40,4 +39,4 @@ def test_survivors_waiting_for_min_nodes_log_who_is_missing_every_10_s_until_a_r
         assert waited >= 10, line.group(0)  # the first line comes after 10 s of waiting, not at once
         assert "waiting for" in line.group(6) and f"missing from the last round: {missing}" in line.group(6)
     replacement = job.start_agent("replacement")
-    wait_until(lambda: training_in_world([*survivors, replacement], 6), 180, "the replacement joining the survivors")
+    job.wait_training([*survivors, replacement], timeout=180, what="the replacement joining the survivors")

@@ -13,7 +13,9 @@ from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import (
     REPO,
     apply,
+    example_job_training,
     example_objects,
+    namespace_with_crds,
     pod_log,
     rendezvous_status,
     round_with,
@@ -39,14 +41,9 @@ def node_api(real_node: Node) -> client.ApiClient:
 @pytest.fixture
 def node_namespace(real_node: Node, node_api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace on the real node's cluster, with the CRDs applied; deleted afterwards."""
-    plane = real_node.plane
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
     name = f"real-{request.node.name.lower().replace('_', '-')[:30].strip('-')}-{int(time.time()) % 100000}"
-    core = client.CoreV1Api(node_api)
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name, grace_period_seconds=0)
+    with namespace_with_crds(real_node.plane, node_api, name):
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +90,10 @@ def test_a_sigkilled_container_fails_its_pod_and_the_operator_evicts_its_node(
     """restartPolicy Never: the kubelet marks the pod Failed, the operator evicts its node at once (no expiry
     wait), the survivors are carried into the next round and the Job controller's replacement joins it."""
     core, objects = client.CoreV1Api(node_api), client.CustomObjectsApi(node_api)
-    apply(real_node, node_namespace, example_objects(last_call_seconds=LAST_CALL_SECONDS))
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-    trained = {
-        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
-    }
+    started = example_job_training(
+        real_node, node_api, node_namespace, example_objects(last_call_seconds=LAST_CALL_SECONDS)
+    )
+    first, trained = started.pods, started.trained
     before = rendezvous_status(objects, node_namespace)
 
     victim = sorted(first)[1]
@@ -131,14 +126,9 @@ def test_a_sigkilled_container_restarted_by_the_kubelet_rejoins_from_the_same_po
     job = next(item for item in manifests if item["kind"] == "Job")
     job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     del job["spec"]["podFailurePolicy"]  # the API allows it with restartPolicy Never only
-    apply(real_node, node_namespace, manifests)
-    first = wait_until(lambda: running_pods(core, node_namespace), 180, "3 training pods Running")
-    wait_until(lambda: round_with(objects, node_namespace, first), 120, "round of 3")
-    before = rendezvous_status(objects, node_namespace)
+    started = example_job_training(real_node, node_api, node_namespace, manifests)
+    first, trained, before = started.pods, started.trained, started.status
     old_nodes = {item["node"] for item in before["participants"]}
-    trained = {
-        pod: wait_until(lambda pod=pod: worker_rounds(real_node, node_namespace, pod, 3), 120, pod) for pod in first
-    }
 
     victim = sorted(first)[2]
     container = core.read_namespaced_pod(victim, node_namespace).status.container_statuses[0].container_id

@@ -5,15 +5,15 @@ the real API server, as pods with a ServiceAccount token would, and train over g
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kube_rendezvous._kube.leases import writer_lease_name
 
-from tests.e2e.harness import ElasticJob, training_in_world
+from tests.e2e.harness import ElasticJob
 from tests.test_elastic_job import assert_one_correct_world, rendezvous_status
 from tests.testenv import ControlPlane, wait_until
 
@@ -34,20 +34,9 @@ def writer_node(control_plane: ControlPlane, namespace: str) -> str:
 
 
 @pytest.fixture
-def make_job(tmp_path: Path, namespace: str, agent_kubeconfig: Path) -> Iterator[MakeJob]:
-    jobs: list[ElasticJob] = []
-
-    def make(**options: Any) -> ElasticJob:
-        conf = {"kubeconfig": str(agent_kubeconfig), **options.pop("rdzv_conf", {})}
-        job = ElasticJob(
-            tmp_path / f"job-{len(jobs)}", "k8s", f"{namespace}/job", rdzv_conf=conf, launcher="torchrun", **options
-        )
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.stop()
+def make_job(make_job: MakeJob) -> MakeJob:
+    """The jobs of this module run stock torchrun."""
+    return functools.partial(make_job, launcher="torchrun")
 
 
 class TestTorchStore:
@@ -78,7 +67,7 @@ class TestTorchrun:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, selected_by: str
     ) -> None:
         job = make_job(nnodes="3", select_by_environment=selected_by != "flags")
-        agents = [job.start_agent() for _ in range(3)]
+        agents = job.start(3)
         assert job.wait(agents, 180) == [0, 0, 0], job.logs()
         results = job.results()
         assert len(results) == 6
@@ -93,12 +82,11 @@ class TestTorchrun:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, victim_group_rank: int
     ) -> None:
         job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
-        agents = [job.start_agent() for _ in range(3)]
-        by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
-        victim = by_group[victim_group_rank]
+        agents = job.start(3)
+        victim = job.wait_training(agents)[victim_group_rank]
         victim.kill_pod()
         survivors = [agent for agent in agents if agent is not victim]
-        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "survivors training in a new round")
+        job.wait_training(survivors, min_step=0, what="survivors training in a new round")
         assert job.wait(survivors, 180) == [0, 0], job.logs()
         assert_one_correct_world(job.last_results(), 4)
         assert rendezvous_status(control_plane, namespace)["round"] >= 1
@@ -113,8 +101,7 @@ class TestTorchrun:
         expire, and when it was the writer it hands the writer Lease over on its way out.
         """
         job = make_job(nnodes="2:3", steps=10, step_seconds=1.0, rdzv_conf={"last_call_timeout": "5"})
-        agents = [job.start_agent() for _ in range(3)]
-        wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        agents = job.start_training(3)
         by_node = {agent.node_name: agent for agent in agents}
         writer = wait_until(lambda: by_node.get(writer_node(control_plane, namespace)), 30, "an agent writer")
         victim = writer if victim_role == "writer" else next(agent for agent in agents if agent is not writer)
@@ -144,8 +131,7 @@ class TestTorchrun:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="2:3", steps=12, step_seconds=1.0, rdzv_conf={"last_call_timeout": "1"})
-        first = [job.start_agent() for _ in range(2)]
-        wait_until(lambda: training_in_world(first, 4), 120, "2 torchrun agents training together")
+        first = job.start_training(2)
         late = job.start_agent("late")
         assert job.wait([*first, late], 240) == [0, 0, 0], job.logs()
         assert_one_correct_world(job.last_results(), 6)
@@ -156,8 +142,7 @@ class TestTorchrun:
         self, make_job: MakeJob, control_plane: ControlPlane, namespace: str
     ) -> None:
         job = make_job(nnodes="3", steps=30, step_seconds=1.0)
-        agents = [job.start_agent() for _ in range(3)]
-        wait_until(lambda: training_in_world(agents, 6), 120, "3 torchrun agents training together")
+        agents = job.start_training(3)
         control_plane.restart_apiserver(downtime=5)
         assert job.wait(agents, 240) == [0, 0, 0], job.logs()
         results = job.results()

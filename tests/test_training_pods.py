@@ -17,10 +17,10 @@ import psutil
 import pytest
 from kubernetes import client
 
-from tests.e2e.harness import ElasticJob, training_in_world
-from tests.e2e.operator_process import OperatorProcess, create_training_pod
+from tests.e2e.harness import ElasticJob
+from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.helpers import create_rendezvous
-from tests.testenv import ControlPlane, wait_until
+from tests.testenv import ControlPlane
 
 MakeJob = Callable[..., ElasticJob]
 #: A last call no test waits out: a round that completes within the tests' deadlines did not wait for it.
@@ -59,9 +59,7 @@ def test_a_round_completes_once_every_live_training_pod_joined_and_again_after_o
     form the next round at once, again without the last call."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{31 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{31 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:4",
         steps=40,
@@ -69,8 +67,8 @@ def test_a_round_completes_once_every_live_training_pod_joined_and_again_after_o
         launcher=launcher,
         rdzv_conf={"last_call_timeout": LONG_LAST_CALL, "keep_alive_max_attempt": "60"},
     )
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training in a round of 3")
+    agents = job.start(addresses)
+    by_group = job.wait_training(agents, what="3 agents training in a round of 3")
     assert [(item["nodes"], item.get("completedBy")) for item in formed_rounds(control_plane, namespace)] == [
         (3, "TrainingPodsJoined")
     ]
@@ -80,7 +78,7 @@ def test_a_round_completes_once_every_live_training_pod_joined_and_again_after_o
     survivors = [agent for agent in agents if agent is not victim]
     victim.kill_pod()
     core.delete_namespaced_pod(victim.name, namespace, grace_period_seconds=0)
-    wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "the 2 survivors training")
+    job.wait_training(survivors, min_step=0, what="the 2 survivors training")
     rounds = formed_rounds(control_plane, namespace)
     assert (rounds[-1]["nodes"], rounds[-1].get("completedBy")) == (2, "TrainingPodsJoined"), rounds
     assert status_of(control_plane, namespace)["evictedNodes"] == [victim.node_name]
@@ -99,24 +97,21 @@ def test_a_running_pod_whose_agent_froze_is_not_waited_for_once_its_lease_expire
     live, but its agent is gone, so the 600 s last call is not waited out for it."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{61 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{61 + index}" for index in range(3)])
     job = make_job(
         nnodes="2:4",
         steps=60,
         step_seconds=0.5,
         rdzv_conf={"last_call_timeout": LONG_LAST_CALL, "keep_alive_interval": "1", "keep_alive_max_attempt": "3"},
     )
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    by_group = wait_until(lambda: training_in_world(agents, 6), 120, "3 agents training in a round of 3")
-    victim = by_group[1]
+    agents = job.start(addresses)
+    victim = job.wait_training(agents, what="3 agents training in a round of 3")[1]
     survivors = [agent for agent in agents if agent is not victim]
     frozen = [psutil.Process(victim.process.pid), *psutil.Process(victim.process.pid).children(recursive=True)]
     try:
         for process in frozen:
             process.suspend()
-        wait_until(lambda: training_in_world(survivors, 4, min_step=0), 120, "the 2 survivors training")
+        job.wait_training(survivors, min_step=0, what="the 2 survivors training")
         rounds = formed_rounds(control_plane, namespace)
         assert (rounds[-1]["nodes"], rounds[-1].get("completedBy")) == (2, "TrainingPodsJoined"), rounds
         assert core.read_namespaced_pod(victim.name, namespace).status.phase == "Running"
@@ -138,9 +133,7 @@ def test_a_pod_still_starting_is_waited_for_until_the_last_call(
     (8 s) ends, then completes with the three."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{41 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{41 + index}" for index in range(3)])
     core.create_namespaced_pod(  # Pending: no kubelet will start it
         namespace,
         client.V1Pod(
@@ -149,8 +142,8 @@ def test_a_pod_still_starting_is_waited_for_until_the_last_call(
         ),
     )
     job = make_job(nnodes="2:4", steps=3, rdzv_conf={"last_call_timeout": "8"})
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training in a round of 3")
+    agents = job.start(addresses)
+    job.wait_training(agents, min_step=0, what="3 agents training in a round of 3")
     rounds = formed_rounds(control_plane, namespace)
     assert [(item["nodes"], item.get("completedBy")) for item in rounds] == [(3, "LastCall")], rounds
     assert job.wait(agents, 120) == [0, 0, 0], job.logs()
@@ -168,12 +161,10 @@ def test_without_the_operator_the_last_call_holds_as_before(
     pods, so the round waits out the last call (8 s) before it completes with the three."""
     create_rendezvous(objects, namespace, minNodes=2, maxNodes=4)
     core = client.CoreV1Api(admin_api)
-    addresses = [f"127.0.0.{51 + index}" for index in range(3)]
-    for index, address in enumerate(addresses):
-        create_training_pod(core, namespace, f"trainer-{index}", "job", address)
+    addresses = create_training_pods(core, namespace, [f"127.0.0.{51 + index}" for index in range(3)])
     job = make_job(nnodes="2:4", steps=3, rdzv_conf={"last_call_timeout": "8"})
-    agents = [job.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(addresses)]
-    wait_until(lambda: training_in_world(agents, 6, min_step=0), 120, "3 agents training in a round of 3")
+    agents = job.start(addresses)
+    job.wait_training(agents, min_step=0, what="3 agents training in a round of 3")
     rounds = formed_rounds(control_plane, namespace)
     assert [(item["nodes"], item.get("completedBy")) for item in rounds] == [(3, "LastCall")], rounds
     assert not any("once every live training pod joined" in agent.output() for agent in agents), job.logs()

@@ -4,8 +4,8 @@ Kubeflow Trainer v2.3.0 and Kueue v0.19.2, on three real nodes, with the operato
 Each case runs an example as shipped (``tests.e2e.workloads``: only the image, the launcher's path and the training
 script fitted) and injects its fault where it happens: a pod evicted through the Eviction API (as ``kubectl drain``,
 a preemption or an autoscaler does), a pod deleted with ``kubectl delete pod``, a Kueue preemption. The rows of the
-README's pod-selection table for a Job, a JobSet and a TrainJob are checked against the labels these controllers
-put on their pods. What each failure does, with times: docs/workloads.md.
+pod-selection table (docs/training-jobs.md) for a Job, a JobSet and a TrainJob are checked against the labels these
+controllers put on their pods. What each failure does, with times: docs/workloads.md.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tests.e2e.workloads import (
 from tests.testenv import wait_until
 from tests.testenv.cluster import Cluster
 
-#: The label the operator always honours (README, "Use it from a training job").
+#: The label the operator always honours (docs/training-jobs.md, "Use it from a training job").
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
 
 
@@ -64,7 +64,7 @@ def rendezvous_object(objects: client.CustomObjectsApi) -> dict[str, Any]:
 
 
 def selected_pods(core: client.CoreV1Api, owner: dict[str, Any]) -> set[str]:
-    """The live pods that the operator's rule for a Rendezvous owned by ``owner`` selects (README table)."""
+    """The live pods that the operator's rule for a Rendezvous owned by ``owner`` selects (the docs' table)."""
     selector = pod_selector(RENDEZVOUS, {}, {"ownerReferences": [{**owner, "controller": True}]}, RENDEZVOUS_LABEL)
     assert selector.source == f"owner {owner['kind']} {owner['name']}", selector
     return {pod.metadata.name for pod in live_pods(core, NAMESPACE, selector.describe())}
@@ -101,7 +101,7 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
     started = start_training(team_a, NAMESPACE, selector, 4)
     jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
     assert rendezvous_object(objects)["metadata"]["ownerReferences"] == [reference(jobset)]
-    assert selected_pods(core, reference(jobset)) == set(started.pods), "the JobSet row of the README's table"
+    assert selected_pods(core, reference(jobset)) == set(started.pods), "the JobSet row of the pod-selection table"
 
     evicted = lose_a_pod_and_recover(
         team_a, NAMESPACE, selector, started, rank_zero_pod(objects, NAMESPACE, started.pods)
@@ -150,7 +150,8 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
 
 def close_and_complete(cluster: Cluster, objects: client.CustomObjectsApi, plural: str, restarts: int) -> None:
     """A person closes the run: every stock torchrun exits 0 (before: 1, pytorch#194710), so the Job completes and
-    the JobSet with it, spending no restart (README "Stock torchrun and a close"). ``plural``: what to watch."""
+    the JobSet with it, spending no restart (docs/training-jobs.md, "Stock torchrun and a close").
+    ``plural``: what to watch."""
     cluster.plane.kubectl(
         "-n", NAMESPACE, "patch", "rdzv", RENDEZVOUS, "--type=merge", "-p", '{"spec":{"closed":true}}'
     )
@@ -175,7 +176,7 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     """examples/torch/trainjob.yaml: its TrainingRuntime (with the failure policy) and its TrainJob of 4 nodes whose
     command says ``--nnodes=2:4``. Trainer runs it as a JobSet: the round forms with 2 to 4 nodes although Trainer
     injects ``PET_NNODES=4`` (the flag wins); rank 0's pod is evicted, the other 3 train on, the replacement joins a
-    round of 4, and neither the JobSet nor the TrainJob restarts or fails. The TrainJob row of the README's table
+    round of 4, and neither the JobSet nor the TrainJob restarts or fails. The TrainJob row of the pod-selection table
     selects exactly its pods."""
     api = admin_api(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
@@ -191,7 +192,7 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
     assert [owner["uid"] for owner in jobset["metadata"]["ownerReferences"]] == [trainjob["metadata"]["uid"]]
     assert rendezvous["metadata"]["ownerReferences"] == [reference(jobset)]
-    assert selected_pods(core, reference(trainjob)) == set(started.pods), "the TrainJob row of the README's table"
+    assert selected_pods(core, reference(trainjob)) == set(started.pods), "the TrainJob row of the pod-selection table"
 
     victim = rank_zero_pod(objects, NAMESPACE, started.pods)
     evicted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, started, victim)
@@ -215,7 +216,7 @@ def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the
     A Job of higher priority arrives: Kueue preempts the example (suspends it: every pod deleted, none counted as
     failed). Once the preemptor is gone Kueue re-admits it; the new pods (same Job, same run id) form a later round
     of the same Rendezvous and train to the end. The Rendezvous's Events tell it: each preempted pod's node evicted,
-    then a round of the new pods. The Job row of the README's table selects exactly the Job's pods."""
+    then a round of the new pods. The Job row of the pod-selection table selects exactly the Job's pods."""
     api = admin_api(team_a)
     core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     team_a.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(queue_objects(NAMESPACE)))
@@ -224,7 +225,7 @@ def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the
     started = start_training(team_a, NAMESPACE, selector, 3)
     job = batch.read_namespaced_job(RENDEZVOUS, NAMESPACE)
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": RENDEZVOUS, "uid": job.metadata.uid}
-    assert selected_pods(core, owner) == set(started.pods), "the Job row of the README's table"
+    assert selected_pods(core, owner) == set(started.pods), "the Job row of the pod-selection table"
     uid = rendezvous_object(objects)["metadata"]["uid"]
 
     preemption = preempt_and_readmit(team_a, NAMESPACE, started)

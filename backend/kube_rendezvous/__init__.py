@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._kube.kubeapi import load_api_client as load_api_client
     from ._kube.kubeapi import resource_path as resource_path
     from ._kube.leases import parse_node as parse_node
+    from ._kube.leases import writer_lease_name as writer_lease_name
     from ._kube.status import add_evictions as add_evictions
     from ._kube.status import write_status as write_status
     from ._kube.watchcache import WatchCache as WatchCache
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._rules.summary import departure_line as departure_line
     from ._rules.summary import format_time as format_time
     from ._rules.summary import parse_time as parse_time
+    from ._store.prefixstore import KubernetesPrefixStore as KubernetesPrefixStore
     from ._store.store import KubernetesStore as KubernetesStore
 
 #: Each public name and the module that defines it: the one list of what the package offers.
@@ -99,6 +101,7 @@ _EXPORTS = {
     "resource_path": "._kube.kubeapi",
     "VERSION": "._kube.kubeapi",
     "parse_node": "._kube.leases",
+    "writer_lease_name": "._kube.leases",
     "add_evictions": "._kube.status",
     "write_status": "._kube.status",
     "object_watch": "._kube.watchcache",
@@ -125,6 +128,7 @@ _EXPORTS = {
     "departure_line": "._rules.summary",
     "format_time": "._rules.summary",
     "parse_time": "._rules.summary",
+    "KubernetesPrefixStore": "._store.prefixstore",
     "KubernetesStore": "._store.store",
 }
 __all__ = sorted(_EXPORTS)

@@ -16,17 +16,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from tests.testenv import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "tests" / "e2e" / "train.py"
 TORCH_TRAIN_SCRIPT = REPO / "tests" / "e2e" / "train_torch.py"
 #: The torchrun console script of this environment (pip installs it beside the interpreter).
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+#: Seconds the tests give started agents to train together: the rendezvous, the workers' start and a step.
+TRAINING_SECONDS = 120
 
 
 @dataclass
@@ -102,6 +107,8 @@ class ElasticJob:
     launcher: str = "tensorplay"
     #: torchrun only: select the backend with PET_RDZV_BACKEND/ENDPOINT/ID instead of flags.
     select_by_environment: bool = False
+    #: The training script; None: the launcher's test script (``train_torch.py`` or ``train.py``).
+    script: Path | None = None
     agents: list[Agent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,7 +118,7 @@ class ElasticJob:
     def command(self, local_addr: str = "127.0.0.1") -> list[str]:
         conf = ",".join(f"{key}={value}" for key, value in self.rdzv_conf.items())
         launcher = [str(TORCHRUN)] if self.launcher == "torchrun" else [sys.executable, "-m", "kube_rendezvous.run"]
-        script = TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT
+        script = self.script or (TORCH_TRAIN_SCRIPT if self.launcher == "torchrun" else TRAIN_SCRIPT)
         rendezvous = [
             f"--rdzv-backend={self.backend}",
             f"--rdzv-endpoint={self.endpoint}",
@@ -174,6 +181,43 @@ class ElasticJob:
         agent = Agent(name, process, log)
         self.agents.append(agent)
         return agent
+
+    def start(self, agents: int | Sequence[str]) -> list[Agent]:
+        """Start agents: ``agents`` of them (``agent-N``), or one per pod address given (``trainer-N``, its
+        ``--local-addr``), as the tests name the pods they create for them."""
+        if isinstance(agents, int):
+            return [self.start_agent() for _ in range(agents)]
+        return [self.start_agent(f"trainer-{index}", local_addr=address) for index, address in enumerate(agents)]
+
+    def wait_training(
+        self,
+        agents: list[Agent],
+        world_size: int | None = None,
+        *,
+        min_step: int = 1,
+        timeout: float = TRAINING_SECONDS,
+        what: str = "",
+    ) -> dict[int, Agent]:
+        """Wait until every one of ``agents`` trains in a world of ``world_size`` (default: theirs,
+        ``nproc_per_node`` workers each) past ``min_step``; return group rank -> agent.
+
+        Raises TimeoutError naming ``what`` with each agent's last lines after ``timeout`` seconds."""
+        world = self.nproc_per_node * len(agents) if world_size is None else world_size
+        found: dict[int, Agent] = wait_until(
+            lambda: training_in_world(agents, world, min_step),
+            timeout,
+            what or f"{len(agents)} {self.launcher} agents ({self.backend}) training in a world of {world}",
+            explain=self.last_lines,
+        )
+        return found
+
+    def start_training(
+        self, agents: int | Sequence[str], *, timeout: float = TRAINING_SECONDS, what: str = ""
+    ) -> list[Agent]:
+        """``start`` the agents, then ``wait_training`` until they all train together past step 1."""
+        started = self.start(agents)
+        self.wait_training(started, timeout=timeout, what=what)
+        return started
 
     def agent_with_group_rank(self, group_rank: int, restart: int = 0) -> Agent | None:
         """The agent whose workers printed ``group_rank N restart R``, if any did yet."""

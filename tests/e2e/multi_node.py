@@ -31,9 +31,11 @@ from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import (
     RENDEZVOUS,
     REPO,
-    apply,
     example_objects,
+    member_addresses,
     rendezvous_status,
+    round_with,
+    start_training_pods,
     training_pods,
     worker_rounds,
 )
@@ -144,7 +146,7 @@ def members(objects: client.CustomObjectsApi, namespace: str) -> tuple[int, set[
     status = rendezvous_status(objects, namespace)
     if status.get("phase") != "Complete":
         return None
-    return int(status["round"]), {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
+    return int(status["round"]), member_addresses(status)
 
 
 def log_tails(cluster: Cluster, namespace: str, pods: list[str], lines: int = 25) -> dict[str, str]:
@@ -179,30 +181,28 @@ class Recovery:
 def start_spread_job(
     cluster: Cluster, namespace: str, objects: list[dict[str, Any]], rendezvous: bool = True
 ) -> tuple[Placement, dict[str, int]]:
-    """Apply ``objects``; return the 3 pods' placement once each pod's workers trained in a world of 3."""
+    """Apply ``objects``; return the 3 pods' placement once they formed a round (with ``rendezvous``; c10d has no
+    Rendezvous) and each pod's workers trained in a world of 3, and each pod's rounds of 3 that trained."""
     api = _api(cluster)
     core, objects_api = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    apply(cluster.node, namespace, objects)
-    first = wait_until(lambda: placement(core, namespace), 180, "3 training pods Running on 3 nodes")
-    if rendezvous:
-        wait_until(
-            lambda: (found := members(objects_api, namespace)) and found[1] == set(first.addresses.values()),
-            120,
-            "a round of the 3 pods",
-        )
-    trained = {}
-    for pod in first.pods:
-        try:
-            trained[pod] = wait_until(
-                lambda pod=pod: worker_rounds(cluster.node, namespace, pod, 3), 120, f"{pod} training with 3"
-            )
-        except TimeoutError as exc:
-            plane = cluster.plane
-            pods = plane.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False).stdout
-            tails = log_tails(cluster, namespace, sorted(first.pods), lines=30)
-            shown = "\n".join(f"{name}'s log tail:\n{tail}" for name, tail in tails.items())
-            raise TimeoutError(f"{exc}\n{pods}\n{shown}") from exc
-    return first, trained
+
+    def running() -> dict[str, tuple[str, str]] | None:
+        found = placement(core, namespace)
+        return None if found is None else found.pods
+
+    def formed(pods: dict[str, tuple[str, str]]) -> dict[str, Any] | None:
+        return round_with(objects_api, namespace, Placement(pods).addresses, phases=("Complete",))
+
+    started = start_training_pods(
+        cluster.node,
+        namespace,
+        running,
+        3,
+        objects=objects,
+        formed=formed if rendezvous else None,
+        what="the 3 training pods on 3 nodes",
+    )
+    return Placement(started.pods), started.trained
 
 
 def _api(cluster: Cluster) -> client.ApiClient:

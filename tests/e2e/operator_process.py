@@ -115,3 +115,13 @@ def create_training_pod(core: client.CoreV1Api, namespace: str, name: str, rende
     core.patch_namespaced_pod_status(
         name, namespace, {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
     )
+
+
+def create_training_pods(
+    core: client.CoreV1Api, namespace: str, addresses: list[str], rendezvous: str = "job"
+) -> list[str]:
+    """``create_training_pod`` at each of ``addresses``, named ``trainer-N`` as ``ElasticJob.start(addresses)``
+    names their agents; return ``addresses``."""
+    for index, address in enumerate(addresses):
+        create_training_pod(core, namespace, f"trainer-{index}", rendezvous, address)
+    return addresses

@@ -8,17 +8,27 @@ token, ``KUBERNETES_SERVICE_HOST``) and ``POD_IP`` from the downward API, as in 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 from kubernetes import client
 
+from tests.testenv import ControlPlane, wait_until
 from tests.testenv.images import TRAINING_IMAGE, training_mounts, venv_python
 from tests.testenv.node import Node
 
 REPO = Path(__file__).resolve().parents[2]
 RENDEZVOUS = "llama-train"
+#: Seconds the tests give a Job's pods to run (the scheduler, the kubelet, the image's mounts).
+POD_RUNNING_SECONDS = 180
+#: Seconds the tests give running pods to form a round, and each pod's agent to train a step in it.
+POD_TRAINING_SECONDS = 120
+#: Phases of a Rendezvous whose current round formed: ``Complete``, or ``Closed`` since.
+FORMED_PHASES = ("Complete", "Closed")
 
 
 #: Each example Job's launcher (a console script of the virtualenv, or the module) and training script.
@@ -99,6 +109,17 @@ def training_environment(**environment: str) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in values.items()]
 
 
+@contextmanager
+def namespace_with_crds(plane: ControlPlane, api: client.ApiClient, name: str) -> Iterator[str]:
+    """Namespace ``name`` on ``plane``'s cluster, with the CRDs applied, while the block runs; deleted after."""
+    plane.kubectl("apply", "-f", str(REPO / "crds"))
+    plane.wait_established("crd/rendezvouses.kube-rendezvous.io")
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name, grace_period_seconds=0)
+
+
 def apply(node: Node, namespace: str, objects: list[dict[str, Any]]) -> None:
     node.plane.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
 
@@ -124,21 +145,34 @@ def rendezvous_status(objects: client.CustomObjectsApi, namespace: str) -> dict[
     return dict(found.get("status") or {})
 
 
-def formed_with(status: dict[str, Any], addresses: set[str], after_round: int = -1) -> bool:
-    """Whether the current round formed (complete, or closed since) with exactly the nodes at ``addresses``,
+def member_addresses(status: dict[str, Any]) -> set[str]:
+    """The addresses of the current round's participants (a node is ``address_pid_localid``)."""
+    return {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
+
+
+def formed_with(
+    status: dict[str, Any], addresses: set[str], after_round: int = -1, phases: tuple[str, ...] = FORMED_PHASES
+) -> bool:
+    """Whether the current round formed (its phase one of ``phases``) with exactly the nodes at ``addresses``,
     later than ``after_round``."""
-    nodes = {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
     return (
-        status.get("phase") in ("Complete", "Closed") and status.get("round", -1) > after_round and nodes == addresses
+        status.get("phase") in phases
+        and int(status.get("round", -1)) > after_round
+        and member_addresses(status) == addresses
     )
 
 
 def round_with(
-    objects: client.CustomObjectsApi, namespace: str, pods: dict[str, str], after_round: int = -1
+    objects: client.CustomObjectsApi,
+    namespace: str,
+    pods: Mapping[str, str],
+    after_round: int = -1,
+    phases: tuple[str, ...] = FORMED_PHASES,
 ) -> dict[str, Any] | None:
-    """The Rendezvous status once a round later than ``after_round`` formed with exactly ``pods``' addresses."""
+    """The Rendezvous status once a round later than ``after_round`` formed with exactly ``pods``' addresses (its
+    phase one of ``phases``)."""
     status = rendezvous_status(objects, namespace)
-    return status if formed_with(status, set(pods.values()), after_round) else None
+    return status if formed_with(status, set(pods.values()), after_round, phases) else None
 
 
 def pod_log(node: Node, namespace: str, pod: str) -> list[str]:
@@ -177,4 +211,85 @@ def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None
         1
         for start, end in zip(starts, ends, strict=False)
         if any(step in line and " step " in line and line.startswith("rank ") for line in lines[start + 1 : end])
+    )
+
+
+def pods_report(node: Node, namespace: str, pods: Iterable[str] = (), lines: int = 30) -> str:
+    """What a failed wait on ``namespace``'s pods shows: ``kubectl get pods -o wide`` and the last ``lines`` each of
+    ``pods`` logged."""
+    shown = node.plane.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False)
+    tails = [f"{pod}'s log tail:\n" + "\n".join(pod_log(node, namespace, pod)[-lines:]) for pod in pods]
+    return "\n".join([shown.stdout + shown.stderr, *tails])
+
+
+#: The pods ``start_training_pods`` waits for, as its ``running`` gives them: name -> address (or more).
+Pods = TypeVar("Pods", bound=Mapping[str, Any])
+
+
+@dataclass
+class TrainingPods(Generic[Pods]):
+    """A test's training pods once they trained together."""
+
+    #: As ``running`` gave them once they ran.
+    pods: Pods
+    #: The Rendezvous status of their round as ``formed`` gave it ({} when no round was waited for).
+    status: dict[str, Any]
+    #: Each pod's rounds of ``world`` workers that trained a step.
+    trained: dict[str, int]
+
+
+def start_training_pods(
+    node: Node,
+    namespace: str,
+    running: Callable[[], Pods | None],
+    world: int,
+    *,
+    objects: list[dict[str, Any]] | None = None,
+    formed: Callable[[Pods], dict[str, Any] | None] | None = None,
+    what: str = "the training pods",
+    running_timeout: float = POD_RUNNING_SECONDS,
+    timeout: float = POD_TRAINING_SECONDS,
+) -> TrainingPods[Pods]:
+    """Apply ``objects`` (None: applied already), then wait until ``running`` gives the pods (name -> address, or
+    more), until ``formed`` gives the Rendezvous status of their round (None: no round to wait for, as with c10d),
+    and until each pod's agent trained a step in a world of ``world`` workers.
+
+    Raises TimeoutError naming what was waited for, with the pods and what they logged last
+    (``pods_report``), after ``running_timeout`` seconds for the pods to run and ``timeout`` for each later wait."""
+    if objects is not None:
+        apply(node, namespace, objects)
+    pods: Pods = wait_until(running, running_timeout, f"{what} Running", explain=lambda: pods_report(node, namespace))
+
+    def report() -> str:
+        return pods_report(node, namespace, sorted(pods))
+
+    status: dict[str, Any] = {}
+    if formed is not None:
+        status = wait_until(lambda: formed(pods), timeout, f"a round of {what}", explain=report)
+    trained = {
+        pod: wait_until(
+            lambda pod=pod: worker_rounds(node, namespace, pod, world),
+            timeout,
+            f"{pod} training with {world}",
+            explain=report,
+        )
+        for pod in pods
+    }
+    return TrainingPods(pods, status, trained)
+
+
+def example_job_training(
+    node: Node, api: client.ApiClient, namespace: str, manifests: list[dict[str, Any]]
+) -> TrainingPods[dict[str, str]]:
+    """Apply an example Job's ``manifests`` (``example_objects``); return its 3 pods (name -> address) once they
+    formed a round and each pod's agent trained a step in a world of 3."""
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    return start_training_pods(
+        node,
+        namespace,
+        lambda: running_pods(core, namespace),
+        3,
+        objects=manifests,
+        formed=lambda pods: round_with(objects, namespace, pods),
+        what="3 training pods",
     )

@@ -26,8 +26,11 @@ from tests.e2e.real_pods import (
     example_objects,
     fit_pod,
     fitted_command,
+    member_addresses,
     pod_log,
     rendezvous_status,
+    round_with,
+    start_training_pods,
     worker_rounds,
 )
 from tests.testenv import wait_until
@@ -181,23 +184,17 @@ def running(core: client.CoreV1Api, namespace: str, selector: str, count: int) -
     return ready if len(ready) == count == len(pods) else None
 
 
-def member_addresses(status: dict[str, Any]) -> set[str]:
-    return {item["node"].rsplit("_", 2)[0] for item in status.get("participants") or []}
-
-
 def formed(
     objects: client.CustomObjectsApi, namespace: str, pods: dict[str, str], after: int = -1
 ) -> dict[str, Any] | None:
-    """The Rendezvous status, once a round later than ``after`` formed with exactly ``pods``' addresses."""
+    """The Rendezvous status, once a round later than ``after`` formed (Complete) with exactly ``pods``' addresses;
+    None while there is no Rendezvous (the agents create it)."""
     try:
-        status = rendezvous_status(objects, namespace)
+        return round_with(objects, namespace, pods, after, phases=("Complete",))
     except client.ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    if status.get("phase") != "Complete" or int(status.get("round", -1)) <= after:
-        return None
-    return status if member_addresses(status) == set(pods.values()) else None
 
 
 def rank_zero_pod(objects: client.CustomObjectsApi, namespace: str, pods: dict[str, str]) -> str:
@@ -232,16 +229,18 @@ def start_training(
     """Wait for ``count`` pods of ``selector`` to run, form a round (later than ``after``) and train together."""
     api = admin_api(cluster)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    pods = wait_until(lambda: running(core, namespace, selector, count), window, f"{count} pods of {selector} Running")
-    status = wait_until(lambda: formed(objects, namespace, pods, after), window, f"a round of the {count} pods")
-    trained = {}
-    for pod in pods:
-        try:
-            wait_until(lambda pod=pod: worker_rounds(cluster.node, namespace, pod, count), window, f"{pod} training")
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n{pod}'s log tail:\n{log_tail(cluster, namespace, pod)}") from exc
-        trained[pod] = worker_rounds(cluster.node, namespace, pod)
-    return Started(pods, trained, int(status["round"]))
+    started = start_training_pods(
+        cluster.node,
+        namespace,
+        lambda: running(core, namespace, selector, count),
+        count,
+        formed=lambda pods: formed(objects, namespace, pods, after),
+        what=f"the {count} pods of {selector}",
+        running_timeout=window,
+        timeout=window,
+    )
+    trained = {pod: worker_rounds(cluster.node, namespace, pod) for pod in started.pods}
+    return Started(started.pods, trained, int(started.status["round"]))
 
 
 @dataclass

@@ -57,6 +57,7 @@ NOT guaranteed:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -284,6 +285,15 @@ def build_operator_image() -> Path:
     tarball = target / "operator.tar"
     if tarball.is_file():
         return tarball
+    # Parallel test workers (and the release script) may ask at once: one builds, the others wait and reuse it.
+    with open(cache_root() / "operator-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tarball.is_file():
+            return tarball
+        return _build_operator_image(files, target, tarball)
+
+
+def _build_operator_image(files: list[Path], target: Path, tarball: Path) -> Path:
     base = build_base_image()
     _require("buildah")
     started = time.monotonic()

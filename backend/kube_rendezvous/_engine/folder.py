@@ -322,26 +322,27 @@ class Folder:
         self._members &= leased | set(document.participants if document is not None else ())
 
     def _run_of(self, stored_run: str | None, records: list[NodeRecord], judge_expiry: bool) -> str | None:
-        """The run this fold is for: the stored one while one of its nodes still asks to join and has not expired,
-        else the newest other run that has a node asking to join, else the newest run with a Lease at all.
+        """The run this fold is for: the stored one while one of its nodes has a Lease that has not expired (asking to
+        join, or to leave: the survivors of a broken round leave it before they join the next), else the newest other
+        run that has a node asking to join, else the newest run with a Lease at all.
 
         A run whose agents were all killed (its Job deleted, its pods gone) leaves its Leases behind, asking to join
         for ever; before this rule those Leases kept the stored run the run of every fold, so a re-run under the same
         name with a new ``--rdzv-id`` was never folded (the generated lifecycle test: run, SIGTERM, SIGKILL of the
-        rest, run). Expiry is judged only where it may be (``judge_expiry``), as for the nodes of a round.
+        rest, run). The first version of the rule kept the stored run only while one of its nodes asked to *join*:
+        when every member of the re-run's round left it at once (one SIGTERMed, the survivor leaving to re-join), the
+        dead run's Leases took the fold, and the survivor waited for ever (seed 318 of the generated test). Expiry
+        is judged only where it may be (``judge_expiry``), as for the nodes of a round.
         """
         if not records:
             return stored_run
         own = [record for record in records if record.run_id == stored_run]
         if own:
-            asking = [record for record in own if record.desire is Desire.JOIN]
-            if asking and judge_expiry and self._lease_view_fresh(own):
-                self._observe(own)
-                expired = self.observations.expired(asking, [], self.default_expiry)
-                asking = [record for record in asking if record.node not in expired]
-            elif asking:
+            if not (judge_expiry and self._lease_view_fresh(own)):
                 return stored_run  # its nodes cannot be judged now: it stays the run
-            if asking:
+            self._observe(own)
+            expired = self.observations.expired(own, [], self.default_expiry)
+            if any(record.node not in expired for record in own):
                 return stored_run
         others = [record for record in records if record.run_id != stored_run]
         joining = [record for record in others if record.desire is Desire.JOIN]

@@ -166,3 +166,31 @@ metadata:
     helm.sh/resource-policy: keep
   {{- end }}
 {{ end }}
+
+{{/*
+A securityContext from values (the dict given as "context"): runAsNonRoot always true and, with
+openshift, no runAsUser, runAsGroup or fsGroup (the platform assigns them). Called with
+(dict "root" $ "context" .Values.operator.securityContext).
+*/}}
+{{- define "kube-rendezvous.securityContext" -}}
+{{- $context := deepCopy (.context | default dict) }}
+{{- $_ := set $context "runAsNonRoot" true }}
+{{- if .root.Values.openshift }}
+{{- $context = omit $context "runAsUser" "runAsGroup" "fsGroup" }}
+{{- end }}
+{{- toYaml $context }}
+{{- end }}
+
+{{/* The operator pods' labels: operator.podLabels under the chart's own (which win: the Deployment selects by them). */}}
+{{- define "kube-rendezvous.operatorPodLabels" -}}
+{{- toYaml (merge (include "kube-rendezvous.operatorLabels" . | fromYaml) (deepCopy .Values.operator.podLabels)) }}
+{{- end }}
+
+{{/* Namespaces the release creates (trainingRBAC.createNamespaces): the training namespaces but the release's, as a JSON list. */}}
+{{- define "kube-rendezvous.createdNamespaces" -}}
+{{- if and .Values.trainingRBAC.enabled .Values.trainingRBAC.createNamespaces }}
+{{- toJson (without (include "kube-rendezvous.trainingNamespaces" . | fromJsonArray) .Release.Namespace) }}
+{{- else }}
+{{- toJson list }}
+{{- end }}
+{{- end }}
