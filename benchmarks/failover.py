@@ -73,7 +73,8 @@ class Failover:
     def ready(self, name: str) -> bool:
         obj: Any = self.bench.objects.get_namespaced_custom_object(GROUP, VERSION, "bench", "rendezvouses", name)
         conditions = (obj.get("status") or {}).get("conditions") or []
-        return any(item["type"] == "Ready" and item["status"] == "True" for item in conditions)
+        # Judged: Ready past its first Unknown (Ready=True means a round formed; without agents it stays False).
+        return any(item["type"] == "Ready" and item["status"] != "Unknown" for item in conditions)
 
     def create(self, name: str) -> None:
         body = {

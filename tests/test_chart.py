@@ -1107,9 +1107,9 @@ class TestInstallingTheChart:
             # With --namespace the operator does not scan (list) namespaces, which namespace scope
             # does not grant, so it serves the named namespace at once.
             wait_until(
-                lambda: ready(objects, release.namespace, "job") == "True",
+                lambda: ready(objects, release.namespace, "job") == "False",  # judged: no agent, it cannot train yet
                 60,
-                f"the operator to mark the Rendezvous Ready (operator log: {operator.log})",
+                f"the operator to judge the Rendezvous's Ready (operator log: {operator.log})",
             )
             assert "operator-0 is the leader" in operator.log.read_text()  # the chart's Role allows the election
             # Deleting it while the operator runs lets the operator release its finalizer.

@@ -522,15 +522,21 @@ class TestTheAggregatedRoles:
 
 
 def exported_metrics() -> dict[str, set[str]]:
-    """Every metric that operator/kube_rendezvous_operator/metrics.py defines: exposed name -> label names."""
+    """Every metric that operator/kube_rendezvous_operator/metrics.py defines: exposed name -> label names
+    (a histogram's ``_bucket`` also has ``le``)."""
     found: dict[str, set[str]] = {}
+    kinds = ("Counter", "Gauge", "Histogram")
     for node in ast.walk(ast.parse(METRICS_PY.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Counter", "Gauge"):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in kinds:
             name = node.args[0]
             assert isinstance(name, ast.Constant) and isinstance(name.value, str)
             labels: set[str] = set()
             if len(node.args) > 2 and isinstance(node.args[2], ast.List):
                 labels = {str(item.value) for item in node.args[2].elts if isinstance(item, ast.Constant)}
+            if node.func.id == "Histogram":
+                found[f"{name.value}_bucket"] = labels | {"le"}
+                found[f"{name.value}_sum"] = found[f"{name.value}_count"] = labels
+                continue
             exposed = name.value if node.func.id == "Gauge" or name.value.endswith("_total") else f"{name.value}_total"
             found[exposed] = labels
     return found
@@ -617,8 +623,12 @@ class TestMonitoring:
             alerts
         )
         assert "kube_rendezvous_waiting_nodes" in alerts["KubeRendezvousStuckJoining"]["expr"]
+        assert 'kube_rendezvous_phase{phase=~"Joining|LastCall"}' in alerts["KubeRendezvousStuckJoining"]["expr"]
         assert "kube_rendezvous_node_evictions_total" in alerts["KubeRendezvousEvictionStorm"]["expr"]
         assert 'reason="StateInvalid"' in alerts["KubeRendezvousStateInvalid"]["expr"]
+        # It names the object: the Events counter carries the Rendezvous's namespace and name.
+        assert "by (namespace, name)" in alerts["KubeRendezvousStateInvalid"]["expr"]
+        assert "$labels.name" in alerts["KubeRendezvousStateInvalid"]["annotations"]["summary"]
         for alert in alerts.values():
             assert alert["labels"]["severity"] in ("warning", "critical")
             assert alert["annotations"]["summary"]

@@ -280,6 +280,7 @@ def test_a_container_restart_is_judged_with_one_lease_read(monkeypatch: pytest.M
         api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease)
     posted: list[str] = []
     monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_on_related", lambda objects, event: None)  # the pod's own Event
     memo = OperatorMemo(OperatorConfig(), api)  # type: ignore[arg-type]
     key = (namespace, "job")
     stored = api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, "job"))["status"]

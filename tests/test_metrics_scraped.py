@@ -22,7 +22,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 from tests.e2e.operator_process import OperatorProcess, create_training_pods
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import create_rendezvous, rendezvous_parameters, running_fault_proxy
-from tests.test_operator import GROUP, PLURAL, VERSION, condition, operator_account, read, reasons
+from tests.test_operator import GROUP, PLURAL, VERSION, condition, judged, operator_account, read, reasons
 from tests.testenv import ControlPlane, wait_until
 
 #: Every metric of metrics.py but the placement ones (``kube_rendezvous_spare_nodes``, ``_held_nodes``,
@@ -41,6 +41,7 @@ ADVERTISED = {
     "kube_rendezvous_waiting_nodes",
     "kube_rendezvous_round",
     "kube_rendezvous_events_total",
+    "kube_rendezvous_phase",
 }
 
 
@@ -123,7 +124,7 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     #    then Kopf retries it and the writes count by kind.
     proxy.inject("status", count=1, status=503, methods={"PATCH"}, path=r"/rendezvouses/job/status$")
     create_rendezvous(objects, namespace, minNodes=1, maxNodes=3)
-    wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 60, "Ready")
+    wait_until(lambda: judged(read(objects, namespace)), 60, "Ready judged")
 
     # 2. Agents' states: round 1 completes with two nodes and one waiting; then round 2 forms with the
     #    waiting one and without 127.0.0.42 (NodeJoined and NodeLeft are posted when a round forms).
@@ -135,7 +136,18 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     wait_until(
         lambda: value(scrape(operator), "kube_rendezvous_waiting_nodes", **labels) == 1, 30, "1 waiting node counted"
     )
-    second = backend.set_state(rendezvous_state(2, True, ["127.0.0.41", "127.0.0.43"], []), first[1])
+
+    # The round formed with at least minNodes: the job can train (Ready), a node waits for the next (Progressing).
+    def judged_formed() -> bool:
+        found = read(objects, namespace)
+        ready, progressing = condition(found, "Ready") or {}, condition(found, "Progressing") or {}
+        return (ready.get("reason"), progressing.get("reason")) == ("RoundComplete", "NodesWaiting")
+
+    wait_until(judged_formed, 30, "Ready=True (RoundComplete) and Progressing=True (NodesWaiting)")
+    # That write of the operator's moved the object on: the agents' next compare-and-swap reads it first.
+    current = backend.get_state()
+    assert current is not None
+    second = backend.set_state(rendezvous_state(2, True, ["127.0.0.41", "127.0.0.43"], []), current[1])
     assert second is not None and second[2]
     wait_until(lambda: "NodeLeft" in reasons(admin_api, namespace), 60, "NodeLeft")
     written = read(objects, namespace)["status"]["state"]
@@ -190,6 +202,39 @@ def test_every_advertised_metric_moves_on_the_operators_metrics_endpoint(
     assert value(after, "kube_rendezvous_waiting_nodes", **labels) == 0
     assert value(after, "kube_rendezvous_round", **labels) == 2
     assert value(after, "kube_rendezvous_events_total", reason="NodeJoined") == 3
-    assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted") == 1
+    assert value(after, "kube_rendezvous_events_total", reason="NodeEvicted", **labels) == 1
+    phase = read(objects, namespace)["status"]["phase"]
+    assert value(after, "kube_rendezvous_phase", phase=phase, **labels) == 1
+    assert value(after, "kube_rendezvous_phase", **labels) == 1, "one phase is 1, the others 0"
+    assert value(after, "kube_rendezvous_operator_leader") == 1
+    assert value(after, "kube_rendezvous_operator_build_info") == 1
     moved = {name for name in ADVERTISED if value(after, name) != 0}
     assert moved == ADVERTISED - {"kube_rendezvous_waiting_nodes"}  # it was 1 above, 0 after the leave
+
+    # The eviction broke round 2 (status.lastDeparture); round 3 forms: the recovery time is observed once.
+    assert read(objects, namespace)["status"]["lastDeparture"]["round"] == 2
+    assert value(after, "kube_rendezvous_recovery_seconds_count", **labels) == 0
+
+    def third_round() -> bool:
+        """Write round 3 over the newest state (the operator's condition writes move the object on too)."""
+        current = backend.get_state()
+        assert current is not None
+        written = backend.set_state(rendezvous_state(3, True, ["127.0.0.41"], []), current[1])
+        return written is not None and written[2]
+
+    wait_until(third_round, 30, "round 3 written", interval=0.5)
+    recovered = wait_until(
+        lambda: value(scrape(operator), "kube_rendezvous_recovery_seconds_count", **labels) == 1 or None,
+        30,
+        "the recovery to be observed",
+    )
+    assert recovered
+    assert value(scrape(operator), "kube_rendezvous_phase", phase="Complete", **labels) == 1
+
+    # 4. The Rendezvous is deleted: every series of it goes with its record.
+    objects.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+
+    def forgotten() -> bool:
+        return not any({("namespace", namespace), ("name", "job")} <= tags for _, tags in scrape(operator))
+
+    wait_until(forgotten, 30, "the deleted Rendezvous's series to be dropped")

@@ -25,7 +25,7 @@ from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDe
 from tests.e2e.harness import Agent, ElasticJob
 from tests.e2e.operator_process import OperatorProcess
 from tests.helpers import create_rendezvous, holds_for, pod_failed, rendezvous_parameters
-from tests.test_operator import condition, events, read, running_operator
+from tests.test_operator import events, judged, read, running_operator
 from tests.testenv import ControlPlane, wait_until
 
 MakeJob = Callable[..., ElasticJob]
@@ -38,14 +38,23 @@ def operator(control_plane: ControlPlane, namespace: str, crds: None, tmp_path: 
 
 
 def create_job_pod(
-    core: client.CoreV1Api, namespace: str, name: str, address: str, labels: dict[str, str] | None = None
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    address: str,
+    labels: dict[str, str] | None = None,
+    owner: client.V1OwnerReference | None = None,
 ) -> None:
     """A Job's pod (``restartPolicy: Never``) played Running at ``address``; labelled for Rendezvous ``job``
-    unless ``labels`` are given."""
+    unless ``labels`` are given; controlled by ``owner`` when given."""
     core.create_namespaced_pod(
         namespace,
         client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name, labels=labels or {"kube-rendezvous.io/rendezvous": "job"}),
+            metadata=client.V1ObjectMeta(
+                name=name,
+                labels=labels or {"kube-rendezvous.io/rendezvous": "job"},
+                owner_references=[owner] if owner is not None else None,
+            ),
             spec=client.V1PodSpec(
                 restart_policy="Never",
                 service_account_name="trainer",
@@ -58,8 +67,34 @@ def create_job_pod(
     )
 
 
+def suspended_job(admin_api: client.ApiClient, namespace: str) -> client.V1OwnerReference:
+    """A suspended Job (it creates no pod): the controller owner of the test's pods, which exists."""
+    job = client.BatchV1Api(admin_api).create_namespaced_job(
+        namespace,
+        client.V1Job(
+            metadata=client.V1ObjectMeta(name="trainers"),
+            spec=client.V1JobSpec(
+                suspend=True,
+                template=client.V1PodTemplateSpec(
+                    spec=client.V1PodSpec(
+                        restart_policy="Never", containers=[client.V1Container(name="agent", image="trainer:latest")]
+                    )
+                ),
+            ),
+        ),
+    )
+    assert job.metadata is not None
+    return client.V1OwnerReference(
+        api_version="batch/v1", kind="Job", name="trainers", uid=job.metadata.uid, controller=True
+    )
+
+
 def two_agents_training(
-    core: client.CoreV1Api, namespace: str, objects: client.CustomObjectsApi, make_job: MakeJob
+    core: client.CoreV1Api,
+    namespace: str,
+    objects: client.CustomObjectsApi,
+    make_job: MakeJob,
+    owner: client.V1OwnerReference | None = None,
 ) -> tuple[ElasticJob, Agent, Agent]:
     """Rendezvous ``job`` (1..2 nodes), two labelled Job pods and their agents training together.
 
@@ -69,7 +104,7 @@ def two_agents_training(
     create_rendezvous(objects, namespace, minNodes=1, maxNodes=2)
     addresses = ["127.0.0.31", "127.0.0.32"]
     for index, address in enumerate(addresses):
-        create_job_pod(core, namespace, f"trainer-{index}", address)
+        create_job_pod(core, namespace, f"trainer-{index}", address, owner=owner)
     job = make_job(
         nnodes="1:2",
         steps=40,
@@ -90,7 +125,8 @@ class TestFailedPodIsEvicted:
         make_job: MakeJob,
     ) -> None:
         core = client.CoreV1Api(admin_api)
-        job, victim, survivor = two_agents_training(core, namespace, objects, make_job)
+        owner = suspended_job(admin_api, namespace)
+        job, victim, survivor = two_agents_training(core, namespace, objects, make_job, owner)
         victim.kill_pod()
         pod_failed(core, namespace, victim.name)
         job.wait_training([survivor], min_step=0, what="the survivor training alone")
@@ -101,6 +137,30 @@ class TestFailedPodIsEvicted:
         assert pod.status.phase == "Failed" and pod.metadata.deletion_timestamp is None
         evicted = [message for _, reason, message in events(admin_api, namespace) if reason == "NodeEvicted"]
         assert evicted == [f"evicted {victim.node_name}: pod {victim.name} is gone"]
+        # Told on the pod too, naming the rendezvous, the agent and why.
+        selector = f"involvedObject.name={victim.name},reason=NodeEvicted"
+        on_pod = wait_until(
+            lambda: [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items],
+            30,
+            "NodeEvicted on the pod",
+        )
+        assert len(on_pod) == 1
+        assert on_pod[0].startswith(f"rendezvous {namespace}/job evicted agent {victim.node_name} of pod {victim.name}")
+        assert on_pod[0].endswith(f": pod {victim.name} is gone")
+        # And on the pods' Job: the eviction and the story of the rounds (kubectl describe job).
+        on_job = wait_until(
+            lambda: {
+                (e.reason, e.message)
+                for e in core.list_namespaced_event(namespace, field_selector="involvedObject.name=trainers").items
+            },
+            30,
+            "Events on the Job",
+        )
+        assert ("NodeEvicted", on_pod[0]) in on_job
+        assert any(
+            reason == "RoundCompleted" and message.startswith(f"rendezvous {namespace}/job: round ")
+            for reason, message in on_job
+        )
 
 
 class TestResyncOnStart:
@@ -253,9 +313,7 @@ class TestResyncIsQuiet:
             def resyncs() -> float:
                 return operator.metric("kube_rendezvous_operator_resyncs_total")
 
-            wait_until(
-                lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready"
-            )
+            wait_until(lambda: judged(read(objects, namespace)), 30, "Ready judged")
             wait_until(lambda: resyncs() >= 1, 30, "a first resync")
             version = read(objects, namespace)["metadata"]["resourceVersion"]
             before = resyncs()

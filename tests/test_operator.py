@@ -72,6 +72,15 @@ def condition(obj: dict[str, Any], condition_type: str) -> dict[str, Any] | None
     return next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == condition_type), None)
 
 
+def judged(obj: dict[str, Any]) -> bool:
+    """Whether the operator judged the Rendezvous: its Ready condition is past the first Ready=Unknown.
+
+    (Ready=True means the job can train: a round formed; without agents it stays False, NoStateYet.)
+    """
+    ready = condition(obj, "Ready")
+    return ready is not None and ready.get("status") != "Unknown"
+
+
 def events(admin_api: client.ApiClient, namespace: str) -> list[tuple[str, str, str]]:
     """(type, reason, message) of every Event on the Rendezvous ``job``."""
     listed = client.CoreV1Api(admin_api).list_namespaced_event(namespace, field_selector="involvedObject.name=job")
@@ -101,8 +110,11 @@ class TestConditionsAndEvents:
     ) -> None:
         create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
         ready = wait_until(lambda: condition(read(objects, namespace), "Ready"), 30, "a Ready condition")
-        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")
+        wait_until(lambda: judged(read(objects, namespace)), 30, "Ready judged")
         obj = read(objects, namespace)
+        # No agent yet: the job cannot train (Ready=False), it waits for its agents (Progressing=True).
+        assert (condition(obj, "Ready") or {}).get("reason") == "NoStateYet"
+        assert (condition(obj, "Progressing") or {}).get("status") == "True"
         assert ready["observedGeneration"] == obj["metadata"]["generation"]
         assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
 
@@ -116,6 +128,8 @@ class TestConditionsAndEvents:
         assert completed and completed[0].startswith("round 0 completed with 2 nodes")
         wait_until(lambda: (condition(read(objects, namespace), "Closed") or {}).get("status") == "True", 30, "Closed")
         assert (condition(read(objects, namespace), "Closed") or {}).get("reason") == "Succeeded"  # the run finished
+        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("reason") == "Closed", 30, "closed")
+        assert (condition(read(objects, namespace), "Progressing") or {}).get("status") == "False"
         assert operator.metric("kube_rendezvous_rounds_completed_total") >= 1
         assert operator.metric("kube_rendezvous_node_joins_total") == 2
 
@@ -245,7 +259,7 @@ class TestOperatorOutage:
         self, operator: OperatorProcess, objects: client.CustomObjectsApi, namespace: str, make_job: MakeJob
     ) -> None:
         create_rendezvous(objects, namespace, minNodes=2, maxNodes=2)
-        wait_until(lambda: (condition(read(objects, namespace), "Ready") or {}).get("status") == "True", 30, "Ready")
+        wait_until(lambda: judged(read(objects, namespace)), 30, "Ready judged")
         job = make_job(nnodes="2")
         first = job.start_agent()
         wait_until(lambda: read(objects, namespace).get("status", {}).get("participantCount") == 1, 60, "1 joined")
@@ -293,13 +307,13 @@ class TestManyRendezvous:
         for index in range(40):
             create_rendezvous(objects, namespace, f"job-{index:02}", minNodes=1, maxNodes=2)
         wait_until(
-            lambda: (condition(read(objects, namespace, "job-39"), "Ready") or {}).get("status") == "True",
+            lambda: judged(read(objects, namespace, "job-39")),
             120,
-            "the 40th Rendezvous to be Ready",
+            "the 40th Rendezvous to be judged",
         )
         create_rendezvous(objects, namespace, "one-more", minNodes=1, maxNodes=2)
         wait_until(
-            lambda: (condition(read(objects, namespace, "one-more"), "Ready") or {}).get("status") == "True",
+            lambda: judged(read(objects, namespace, "one-more")),
             60,
-            f"a Rendezvous created after 40 others to be Ready (operator log: {operator.log})",
+            f"a Rendezvous created after 40 others to be judged (operator log: {operator.log})",
         )

@@ -21,7 +21,7 @@ from kubernetes import client
 
 from tests.e2e.operator_process import OperatorProcess, create_training_pod
 from tests.helpers import create_rendezvous
-from tests.test_operator import condition, operator_account, read
+from tests.test_operator import judged, operator_account, read
 from tests.testenv import ControlPlane, wait_until
 
 GROUP, VERSION, PLURAL = "kube-rendezvous.io", "v1alpha1", "rendezvouses"
@@ -62,7 +62,8 @@ def holder(admin_api: client.ApiClient, namespace: str) -> str | None:
 
 
 def ready(objects: client.CustomObjectsApi, namespace: str, name: str) -> bool:
-    return (condition(read(objects, namespace, name), "Ready") or {}).get("status") == "True"
+    """Whether the acting replica judged the Rendezvous (Ready past its first Unknown)."""
+    return judged(read(objects, namespace, name))
 
 
 def formed_state(addresses: list[str]) -> dict[str, Any]:
@@ -100,6 +101,10 @@ def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconcil
     assert "is the leader" in first.log.read_text()
     assert "is the leader" not in second.log.read_text() and "standing by" in second.log.read_text()
     assert second.healthy(), "the standby answers the liveness probe"
+    # Every replica serves /metrics (no scrape target is down); the leader metric tells which one acts.
+    assert first.metric("kube_rendezvous_operator_leader") == 1
+    assert second.metric("kube_rendezvous_operator_leader") == 0
+    assert second.metric("kube_rendezvous_operator_build_info") == 1
 
     # A round forms while replica-a leads: it announces it once.
     objects.patch_namespaced_custom_object_status(
@@ -118,6 +123,7 @@ def test_one_replica_acts_and_after_it_is_killed_the_standby_evicts_and_reconcil
     create_rendezvous(objects, namespace, "after", minNodes=1, maxNodes=2)
     wait_until(lambda: holder(admin_api, namespace) == "replica-b", 60, "the standby to take the Lease")
     wait_until(lambda: ready(objects, namespace, "after"), 60, "the new leader to reconcile a new Rendezvous")
+    assert second.metric("kube_rendezvous_operator_leader") == 1
     # The new leader has seen "before" (it reconciled a newer object) and wrote nothing to it: no duplicate write.
     assert read(objects, namespace, "before")["metadata"]["resourceVersion"] == version
 

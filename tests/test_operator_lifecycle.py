@@ -169,6 +169,7 @@ def test_a_newer_pod_on_the_address_of_a_pod_in_its_grace_period_keeps_its_node(
         api.request("POST", resource_path(LEASE_PLURAL, namespace), body=lease(namespace, node, renewed))
     posted: list[str] = []
     monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_on_related", lambda objects, event: None)  # the pod's own Event
     memo = OperatorMemo(OperatorConfig(), api)
     key = (namespace, "job")
     status = read(objects, namespace)["status"]

@@ -75,6 +75,7 @@ def filled_memo() -> OperatorMemo:
         record = memo.record(key)
         record.state = conditions_rules.read_state(None, None)
         record.observed = Observed({}, None)
+        record.state_fingerprint = 1
         record.selector = pods_rules.PodSelector({"kube-rendezvous.io/rendezvous": key[1]}, "default")
         record.pods = {"uid-1": {"metadata": {"uid": "uid-1"}}}
         record.wake_folder = lambda: None
@@ -207,9 +208,9 @@ class TestEachRendezvousHasItsTasksForItsObject:
 
 def test_the_metrics_of_a_deleted_rendezvous_are_dropped() -> None:
     status = {"participantCount": 2, "waitingCount": 1, "round": 3, "spareCount": 1, "heldCount": 1, "state": "a"}
-    metrics.observe("team-z", "gone", status)
-    metrics.observe("team-z", "gone", dict(status, state="b"))
-    for reason in ("RoundCompleted", "NodeJoined", "NodeLeft", "SparePromoted"):
+    metrics.observe("team-z", "gone", status, state_written=False, recovery=None)
+    metrics.observe("team-z", "gone", dict(status, state="b", phase="Joining"), state_written=True, recovery=12.0)
+    for reason in ("RoundCompleted", "NodeJoined", "NodeLeft", "SparePromoted", "StateInvalid"):
         metrics.count_event(reason, "team-z", "gone")
     metrics.EVICTIONS.labels(namespace="team-z", name="gone").inc()
     metrics.forget("team-z", "gone")

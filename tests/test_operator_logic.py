@@ -212,20 +212,30 @@ class TestStateCheck:
     def test_ready_condition(self) -> None:
         bad = conditions_rules.StateCheck(False, "StateInvalid", "status.state round: bad")
         good = conditions_rules.StateCheck(True, "StateValid", "fine")
-        assert conditions_rules.ready_condition([], bad) == (
+        assert conditions_rules.ready_condition([], bad, {}, {}) == (
             "Ready",
             "False",
             "StateInvalid",
             "status.state round: bad",
         )
-        assert conditions_rules.ready_condition(["spec wrong"], bad) == (
+        assert conditions_rules.ready_condition(["spec wrong"], bad, {}, {}) == (
             "Ready",
             "False",
             "StateInvalid",
             "status.state round: bad; spec wrong",
         )
-        assert conditions_rules.ready_condition(["a", "b"], good) == ("Ready", "False", "InvalidSpec", "a; b")
-        assert conditions_rules.ready_condition([], good)[:3] == ("Ready", "True", "Valid")
+        complete = {"phase": "Complete", "round": 2, "participantCount": 2}
+        assert conditions_rules.ready_condition(["a", "b"], good, complete, {}) == (
+            "Ready",
+            "False",
+            "InvalidSpec",
+            "a; b",
+        )
+        assert conditions_rules.ready_condition([], good, complete, {"minNodes": 2})[:3] == (
+            "Ready",
+            "True",
+            "RoundComplete",
+        )
 
 
 class TestStateEvents:

@@ -192,7 +192,7 @@ class TestHostileStates:
     ) -> None:
         assert operator.process is not None
         create_rendezvous(objects, namespace, minNodes=1, maxNodes=16384)
-        wait_until(lambda: ready_of(objects, namespace) == ("True", "Valid"), 30, "Ready")
+        wait_until(lambda: ready_of(objects, namespace) == ("False", "NoStateYet"), 30, "Ready judged")
         reported: list[str] = []
 
         for hostile in HOSTILE:
@@ -216,7 +216,7 @@ class TestHostileStates:
 
         payload = large_valid_state(10000)
         write_status(objects, namespace, "job", {"state": payload})
-        wait_until(lambda: ready_of(objects, namespace) == ("True", "Valid"), 60, "Ready=True for 10000 nodes")
+        wait_until(lambda: ready_of(objects, namespace) == ("True", "RoundComplete"), 60, "Ready=True for 10000 nodes")
         joined = wait_until(lambda: messages(admin_api, namespace, "NodeJoined"), 30, "a NodeJoined event")
         assert len(joined) == 1 and joined[0][1].startswith("10000 nodes joined round 7: trainer-0.job")
         completed = wait_until(lambda: messages(admin_api, namespace, "RoundCompleted"), 30, "RoundCompleted")

@@ -100,6 +100,7 @@ def test_a_restart_is_judged_once_with_the_leases_and_again_only_after_a_failed_
     posted: list[str] = []
     # Kopf posts Events from its own engine, which does not run here: record what would be posted.
     monkeypatch.setattr(events, "post_event", lambda body, event, *_: posted.append(event.reason))
+    monkeypatch.setattr(events, "post_on_related", lambda objects, event: None)  # the pod's own Event
     with operator_account(control_plane, namespace) as kubeconfig:
         proxied = proxy_kubeconfig(kubeconfig, fault_proxy.url, tmp_path / "proxied.kubeconfig")
         memo = OperatorMemo(OperatorConfig(), KubernetesApi(load_api_client(str(proxied), None)[0], 5.0))

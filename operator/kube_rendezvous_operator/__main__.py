@@ -1,7 +1,8 @@
 """``python -m kube_rendezvous_operator``: run the operator.
 
 With ``--leader-election`` (the chart's default) any number of replicas may run: the one holding
-the Lease ``kube-rendezvous-operator`` acts, the others stand by (``leadership``). Without it the
+the Lease ``kube-rendezvous-operator`` acts, the others stand by (``leadership``); every replica serves
+``/metrics``, where ``kube_rendezvous_operator_leader`` tells the one that acts. Without it the
 operator acts at once, standalone (no Kopf peering objects): run exactly one replica then.
 
 Settings are resolved once (``config.OperatorConfig``) and passed explicitly: to the handlers in
@@ -55,7 +56,12 @@ def main(argv: list[str] | None = None) -> None:
     if not config.leader_election:
         run()
         return
+    from . import metrics
     from .leadership import OPERATOR_ELECTION, Leadership, StandbyHealth, operator_namespace
+
+    # A standby serves /metrics too (its scrape target is up), and says it stands by (LEADER 0).
+    metrics.set_leader(False)
+    metrics.serve(config.metrics_port)
 
     # Its own client, with requests shorter than the renew deadline, so a hung request cannot outlast it.
     election_api = KubernetesApi(

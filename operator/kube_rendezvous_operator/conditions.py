@@ -1,9 +1,9 @@
-"""The conditions rule: keep a Rendezvous's ``status.conditions`` (Ready, Closed) and ``observedGeneration``
-current, writing only when one changes. Its decisions are ``conditions_rules``'s.
+"""The conditions rule: keep a Rendezvous's ``status.conditions`` (Ready, Progressing, Closed) and
+``observedGeneration`` current, writing only when one changes. Its decisions are ``conditions_rules``'s.
 
-``reconcile_spec`` is Kopf's handler for a Rendezvous's spec (created, resumed, changed); ``update_condition``
-and ``patch_status`` are this rule's writes, which ``events.observe_rendezvous`` uses for the state check
-and the Closed condition.
+``reconcile_spec`` is Kopf's handler for a Rendezvous's spec (created, resumed, changed); ``update_conditions``
+and ``patch_status`` are this rule's writes, which ``events.observe_rendezvous`` uses as the state moves
+(a round forms, completes, breaks; an invalid state) and for the Closed condition.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[
     return True
 
 
-def update_condition(
+def update_conditions(
     client: KubernetesApi,
     namespace: str,
     name: str,
@@ -63,22 +63,21 @@ def update_condition(
     generation: int | None,
     kind: str,
     *,
-    condition: tuple[str, str, str, str],
+    conditions: list[conditions_rules.Condition],
     also: dict[str, Any] | None = None,
 ) -> None:
-    """Write one condition ``(type, status, reason, message)`` if it changed, with ``also`` in the same write."""
-    condition_type, condition_status, reason, message = condition
-    conditions = conditions_rules.set_condition(
-        list(current.get("conditions") or []),
-        condition_type,
-        condition_status,
-        reason,
-        message,
-        generation,
-        datetime.now(timezone.utc),
-    )
-    if conditions is not None:
-        fields = {"conditions": conditions, "observedGeneration": generation, **(also or {})}
+    """Write the ``conditions`` ``(type, status, reason, message)`` that changed, in one write with ``also``."""
+    now = datetime.now(timezone.utc)
+    written = list(current.get("conditions") or [])
+    changed = False
+    for condition_type, condition_status, reason, message in conditions:
+        updated = conditions_rules.set_condition(
+            written, condition_type, condition_status, reason, message, generation, now
+        )
+        if updated is not None:
+            written, changed = updated, True
+    if changed:
+        fields = {"conditions": written, "observedGeneration": generation, **(also or {})}
         patch_status(client, namespace, name, fields, kind)
 
 
@@ -91,18 +90,19 @@ def reconcile_spec(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """Post Ready=Unknown on first sight, then Ready=True/False from the spec and the state; keep observedGeneration."""
+    """Post Ready=Unknown on first sight, then Ready and Progressing from the spec, the state and the status
+    (``conditions_rules.job_conditions``); keep observedGeneration."""
     generation = meta.get("generation")
     status = dict(status or {})
     if not status.get("conditions"):
-        update_condition(
+        update_conditions(
             memo.api,
             namespace,
             name,
             status,
             generation,
             "ready-unknown",
-            condition=("Ready", "Unknown", "Validating", "the operator is checking the spec"),
+            conditions=[("Ready", "Unknown", "Validating", "the operator is checking the spec")],
             # MIN/MAX (kubectl get rdzv) show status.minNodes/maxNodes: what the agents follow, the spec until a fold.
             also=conditions_rules.nodes_until_folded(spec, status),
         )
@@ -115,6 +115,6 @@ def reconcile_spec(
                 "observedGeneration": generation,
             }
         ]
-    check = conditions_rules.check_state(stored_state(memo, (namespace, name), status.get("state")))
-    ready = conditions_rules.ready_condition(conditions_rules.spec_problems(spec), check)
-    update_condition(memo.api, namespace, name, status, generation, "ready", condition=ready)
+    stored = stored_state(memo, (namespace, name), status.get("state"))
+    wanted = conditions_rules.job_conditions(spec, conditions_rules.check_state(stored), status, stored.document)
+    update_conditions(memo.api, namespace, name, status, generation, "ready", conditions=wanted)

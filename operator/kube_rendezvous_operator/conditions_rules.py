@@ -1,5 +1,9 @@
 """What the operator decides of a Rendezvous's conditions, as pure functions: the spec's problems, the verdict
-on its ``status.state``, and the Ready and Closed conditions that follow.
+on its ``status.state``, and the Ready, Progressing and Closed conditions that follow (metav1.Condition's shape).
+
+``Ready`` says whether the job can train: its round formed with at least minNodes and lost nobody since.
+``Progressing`` says whether a round is forming or nodes wait for the next one. Their messages name the
+round, not counts that move with each join, so they change (and are written) once per phase of a round.
 
 Nothing here does I/O; ``conditions`` writes what it decides. The operator reads ``status.state`` with
 ``decode_document``, the agents' own bounded validator: it never unpickles anything.
@@ -23,6 +27,10 @@ from kube_rendezvous import (
 
 #: The Ready reason for a ``status.state`` that the agents would refuse.
 STATE_INVALID = "StateInvalid"
+#: A condition as the operator writes it: (type, status, reason, message).
+Condition = tuple[str, str, str, str]
+#: The ``status.phase`` of a round that forms (the CRD's enum): the job cannot train yet.
+FORMING_PHASES = ("Joining", "LastCall")
 
 
 def set_condition(
@@ -152,8 +160,21 @@ def check_state(stored: StoredState) -> StateCheck:
     return StateCheck(True, "StateValid", "the state is a valid state document")
 
 
-def ready_condition(problems: list[str], check: StateCheck) -> tuple[str, str, str, str]:
-    """The Ready condition ``(type, status, reason, message)`` for spec problems and a state check.
+def _min_nodes(status: Mapping[str, Any], spec: Mapping[str, Any]) -> object:
+    """The minimum the agents follow (``status.minNodes``), else the spec's."""
+    return status.get("minNodes") if status.get("minNodes") is not None else spec.get("minNodes")
+
+
+def _broken(status: Mapping[str, Any]) -> bool:
+    """Whether the current round lost members (``status.lastDeparture`` is of it): its others restart."""
+    departure = status.get("lastDeparture")
+    return isinstance(departure, Mapping) and departure.get("round") == status.get("round")
+
+
+def ready_condition(
+    problems: list[str], check: StateCheck, status: Mapping[str, Any], spec: Mapping[str, Any]
+) -> Condition:
+    """The Ready condition: True when the job can train (a formed round of at least minNodes that lost nobody).
 
     An invalid state comes first: it stops the agents now; spec problems are appended to its message.
     """
@@ -162,7 +183,69 @@ def ready_condition(problems: list[str], check: StateCheck) -> tuple[str, str, s
         return ("Ready", "False", check.reason, message)
     if problems:
         return ("Ready", "False", "InvalidSpec", "; ".join(problems))
-    return ("Ready", "True", "Valid", "the spec is valid; agents rendezvous through this object")
+    phase, round_number, min_nodes = status.get("phase") or "Pending", status.get("round"), _min_nodes(status, spec)
+    if status.get("closed") or phase == "Closed":
+        return ("Ready", "False", "Closed", f"closed in round {round_number}: no round forms any more")
+    if phase == "Complete" and _broken(status):
+        return ("Ready", "False", "RoundBroken", f"round {round_number} lost members; its others re-rendezvous")
+    count = status.get("participantCount") or 0
+    if phase == "Complete" and isinstance(min_nodes, int) and count >= min_nodes:
+        return ("Ready", "True", "RoundComplete", f"round {round_number} formed with {count} nodes: the job trains")
+    if phase == "LastCall":
+        return (
+            "Ready",
+            "False",
+            "LastCall",
+            f"round {round_number} has minNodes ({min_nodes}); it forms at its deadline",
+        )
+    if phase in ("Joining", "Complete"):
+        return ("Ready", "False", "BelowMinNodes", f"round {round_number} has fewer than minNodes ({min_nodes}) nodes")
+    return ("Ready", "False", "NoStateYet", "no agent has joined yet")
+
+
+def progressing_condition(check: StateCheck, status: Mapping[str, Any]) -> Condition:
+    """The Progressing condition: True while a round forms (or re-forms after a loss) or nodes wait for the next."""
+    phase, round_number = status.get("phase") or "Pending", status.get("round")
+    if not check.ok:
+        return ("Progressing", "False", check.reason, "the agents cannot use the state: no round can form")
+    if status.get("closed") or phase == "Closed":
+        return ("Progressing", "False", "Closed", f"closed in round {round_number}")
+    if phase in FORMING_PHASES:
+        return ("Progressing", "True", "RoundForming", f"round {round_number} is forming")
+    if _broken(status):
+        return ("Progressing", "True", "RoundForming", f"round {round_number} lost members; the next round forms")
+    if phase == "Complete" and status.get("waitingCount"):
+        return ("Progressing", "True", "NodesWaiting", f"nodes wait for the round after round {round_number}")
+    if phase == "Complete":
+        return ("Progressing", "False", "RoundComplete", f"round {round_number} formed; no node waits")
+    return ("Progressing", "True", "WaitingForAgents", "no agent has joined yet")
+
+
+def with_document(status: Mapping[str, Any], document: RendezvousDocument | None) -> Mapping[str, Any]:
+    """``status`` with its round's fields read from the decoded ``document`` (what the agents agreed on) rather
+    than from the readable summary beside it, which a writer may have left stale; ``status`` when no state.
+
+    The phase is the summary's (``kubectl get rdzv``'s Phase column; kept equal to the backend's
+    ``rendezvous_phase``, which the library does not export).
+    """
+    if document is None:
+        return status
+    if document.closed:
+        phase = "Closed"
+    elif document.complete:
+        phase = "Complete"
+    else:
+        phase = "LastCall" if document.deadline is not None else "Joining"
+    counts = {"participantCount": len(document.participants), "waitingCount": len(document.wait_list)}
+    return {**status, "phase": phase, "round": document.round, "closed": document.closed, **counts}
+
+
+def job_conditions(
+    spec: dict[str, Any], check: StateCheck, status: Mapping[str, Any], document: RendezvousDocument | None
+) -> list[Condition]:
+    """Ready and Progressing for a Rendezvous's spec, state check, status and decoded state ``document``."""
+    current = with_document(status, document)
+    return [ready_condition(spec_problems(spec), check, current, spec), progressing_condition(check, current)]
 
 
 def placement_spec(spec: Mapping[str, Any]) -> PlacementSpec:
@@ -173,7 +256,7 @@ def placement_spec(spec: Mapping[str, Any]) -> PlacementSpec:
         return PlacementSpec()
 
 
-def closed_condition(status: dict[str, Any]) -> tuple[str, str, str, str]:
+def closed_condition(status: dict[str, Any]) -> Condition:
     """The ``Closed`` condition of a closed Rendezvous: reason ``Requested`` (a person closed it) or ``Succeeded``
     (the run finished), from ``status.closeReason``; ``Closed`` when no writer of this release said which."""
     reason, _, message = str(status.get("closeReason") or "").partition(": ")

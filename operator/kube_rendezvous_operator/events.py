@@ -3,8 +3,9 @@
 Its decisions are ``events_rules``'s (the story of the rounds) and ``conditions_rules``'s (the state check).
 ``observe_rendezvous`` runs for every watch event of a Rendezvous but its last (``handlers.rendezvous_event``); it keeps
 what the other rules read of it in its record: the observed status and document, its keep-alive, its
-placement and its pod selector. It writes only on a change: an invalid state's Ready condition, the Closed
-condition (``conditions.update_condition``), and the Events.
+placement and its pod selector. It writes only on a change: the Ready and Progressing conditions as the
+round forms, completes or breaks (or the state turns invalid), the Closed condition
+(``conditions.update_conditions``), and the Events.
 
 It reads ``status.state`` only through ``conditions_rules.read_state`` (the agents' bounded validator,
 ``decode_document``), once per change of its text; an invalid state is reported as a ``StateInvalid``
@@ -14,14 +15,14 @@ Warning and Ready=False, and is otherwise ignored.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError, RendezvousDocument
 
 from . import conditions_rules, events_rules, metrics, pods_rules
-from .conditions import update_condition
-from .memory import Observed, OperatorMemo, stored_state
+from .conditions import update_conditions
+from .memory import Key, Observed, OperatorMemo, stored_state
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,23 @@ def post_event(body: kopf.Body, event: events_rules.RendezvousEvent, namespace: 
     """Post ``event`` on the Rendezvous and count it."""
     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.count_event(event.reason, namespace, name, event.count)
+
+
+def tell(body: kopf.Body, event: events_rules.RendezvousEvent, key: Key, memo: OperatorMemo) -> None:
+    """Post ``event`` on the Rendezvous ``key`` and, for the story of its rounds (``WORKLOAD_REASONS``), on the
+    workloads of its training pods (``kubectl describe job`` shows it)."""
+    namespace, name = key
+    post_event(body, event, namespace, name)
+    if event.reason in events_rules.WORKLOAD_REASONS:
+        owners = events_rules.workloads(memo.pods_of(key) or [])
+        if owners:
+            post_on_related(owners, events_rules.on_workload(event, namespace, name))
+
+
+def post_on_related(objects: list[dict[str, Any]], event: events_rules.RendezvousEvent) -> None:
+    """Post ``event`` on other objects than a Rendezvous (a pod, its workload); counted on the Rendezvous only."""
+    for involved in objects:
+        kopf.event(kopf.Body(cast(kopf.RawBody, involved)), type=event.type, reason=event.reason, message=event.message)
 
 
 def announced_events(client: KubernetesApi, namespace: str, meta: dict[str, Any]) -> list[tuple[str, str]]:
@@ -92,10 +110,14 @@ def observe_rendezvous(
         logger.info(
             "the training pods of %s/%s are those with %s (%s)", namespace, name, selector.describe(), selector.source
         )
-    metrics.observe(namespace, name, status)
+    record.state_fingerprint, state_written = events_rules.state_fingerprint(
+        record.state_fingerprint, status.get("state")
+    )
+    recovery = events_rules.recovery_seconds(previous.status if previous is not None else None, status)
+    metrics.observe(namespace, name, status, state_written=state_written, recovery=recovery)
+    check = conditions_rules.check_state(stored)
+    ready = conditions_rules.find_condition(status, "Ready")
     if previous is None or previous.status.get("state") != status.get("state"):
-        check = conditions_rules.check_state(stored)
-        ready = conditions_rules.find_condition(status, "Ready")
         if not check.ok:
             reported = (
                 previous is None  # a restarted operator: say it once
@@ -104,17 +126,7 @@ def observe_rendezvous(
                 and str(ready.get("message", "")).startswith(check.message)
             )
             if not reported:
-                post_event(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), namespace, name)
-        if not check.ok or (ready is not None and ready.get("reason") == conditions_rules.STATE_INVALID):
-            update_condition(
-                memo.api,
-                namespace,
-                name,
-                status,
-                meta.get("generation"),
-                "state-check",
-                condition=conditions_rules.ready_condition(conditions_rules.spec_problems(spec), check),
-            )
+                tell(body, events_rules.RendezvousEvent("Warning", check.reason, check.message), key, memo)
         if stored.document is not None:
             evicted = status.get("evictedNodes") or []
             for event in events_rules.state_events(
@@ -126,22 +138,24 @@ def observe_rendezvous(
                 spares=seen_spares,
                 close_reason=status.get("closeReason"),
             ):
-                post_event(body, event, namespace, name)
+                tell(body, event, key, memo)
         broken = events_rules.departure_event(previous.status if previous is not None else None, status, announced)
         if broken is not None:
-            post_event(body, broken, namespace, name)
+            tell(body, broken, key, memo)
     held = events_rules.held_event(previous.status if previous is not None else None, status)
     if held is not None and (held.reason, held.message) not in announced:
         post_event(body, held, namespace, name)
-    if status.get("closed"):
-        closed = conditions_rules.find_condition(status, "Closed")
-        if closed is None or closed.get("status") != "True":
-            update_condition(
-                memo.api,
-                namespace,
-                name,
-                status,
-                meta.get("generation"),
-                "closed",
-                condition=conditions_rules.closed_condition(status),
-            )
+    # One write of every condition that changed (each write replaces the whole list): Ready and Progressing once
+    # reconcile_spec posted the first (Ready=Unknown) or the state is invalid, and Closed once closed.
+    wanted = (
+        conditions_rules.job_conditions(spec or {}, check, status, stored.document)
+        if ready is not None or not check.ok
+        else []
+    )
+    closed = conditions_rules.find_condition(status, "Closed")
+    closing = bool(status.get("closed")) and (closed is None or closed.get("status") != "True")
+    if closing:
+        wanted.append(conditions_rules.closed_condition(status))
+    if wanted:
+        kind = "closed" if closing else "conditions"
+        update_conditions(memo.api, namespace, name, status, meta.get("generation"), kind, conditions=wanted)

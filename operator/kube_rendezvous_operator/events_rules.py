@@ -16,6 +16,7 @@ from kube_rendezvous import (
     NodeId,
     RendezvousDocument,
     departure_line,
+    parse_time,
 )
 
 #: Evicted node names kept in ``status.evictedNodes`` (oldest dropped first; the CRD's maxItems).
@@ -193,3 +194,101 @@ def departure_event(
     if ("RoundBroken", message) in set(announced):
         return None
     return RendezvousEvent("Warning", "RoundBroken", message, int(departure.get("count") or 1))
+
+
+#: The Events of a Rendezvous also told on its workloads (the controllers of its training pods): the story of
+#: its rounds, not each node's.
+WORKLOAD_REASONS = frozenset({"RoundCompleted", "RoundBroken", "Closed", "StateInvalid"})
+
+
+def _controller_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The workload that controls ``pod`` (its controller owner: a Job, a JobSet's Job, ...) as an Event's
+    involved object, or None."""
+    meta = pod.get("metadata") or {}
+    for owner in meta.get("ownerReferences") or []:
+        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("kind") and owner.get("name"):
+            owned = {"name": owner.get("name"), "namespace": meta.get("namespace"), "uid": owner.get("uid")}
+            return {"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"), "metadata": owned}
+    return None
+
+
+def told_on(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What an eviction of ``pod``'s nodes is told on besides the Rendezvous: the pod, and the workload that
+    controls it (``_controller_of``), as Event involved objects."""
+    meta = pod.get("metadata") or {}
+    reference: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    controller = _controller_of(pod)
+    return [{"apiVersion": "v1", "kind": "Pod", "metadata": reference}, *([controller] if controller else [])]
+
+
+def workloads(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct workloads that control ``pods`` (a Rendezvous's training pods), as Event involved objects."""
+    found: dict[object, dict[str, Any]] = {}
+    for pod in pods:
+        controller = _controller_of(pod)
+        if controller is not None:
+            found.setdefault(controller["metadata"]["uid"], controller)
+    return list(found.values())
+
+
+def on_workload(event: RendezvousEvent, namespace: str, rendezvous: str) -> RendezvousEvent:
+    """``event`` of Rendezvous ``namespace/rendezvous`` as told on one of its workloads: naming the rendezvous."""
+    return dataclasses.replace(event, message=f"rendezvous {namespace}/{rendezvous}: {event.message}")
+
+
+def pod_eviction_event(
+    namespace: str, rendezvous: str, nodes: list[str], pod: Mapping[str, Any], because: str
+) -> RendezvousEvent:
+    """``NodeEvicted`` as told on the pod and its workload: which rendezvous evicted which agents of which pod,
+    on which Kubernetes Node, and why."""
+    name = (pod.get("metadata") or {}).get("name")
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    where = f" on Kubernetes node {node_name}" if node_name else ""
+    message = f"rendezvous {namespace}/{rendezvous} evicted agent {_listed(nodes)} of pod {name}{where}: {because}"
+    return RendezvousEvent("Normal", "NodeEvicted", message, len(nodes))
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def state_fingerprint(previous: int | None, text: object) -> tuple[int | None, bool]:
+    """The fingerprint of ``status.state`` ``text`` to keep, and whether it is a new write of the state.
+
+    The first state seen is a baseline (not counted); an absent state keeps the last fingerprint.
+    """
+    if not text:
+        return previous, False
+    fingerprint = hash(text)
+    return fingerprint, previous is not None and fingerprint != previous
+
+
+def _first_formed_after(status: Mapping[str, Any] | None, round_number: int) -> Mapping[str, Any] | None:
+    """The first round after ``round_number`` that ``status.recentRounds`` says formed, or None."""
+    formed = [
+        item
+        for item in (status or {}).get("recentRounds") or []
+        if isinstance(item, Mapping) and isinstance(item.get("round"), int) and item["round"] > round_number
+    ]
+    return min(formed, key=lambda item: int(item["round"])) if formed else None
+
+
+def recovery_seconds(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> float | None:
+    """Seconds from the last broken round (``status.lastDeparture.time``) to the next round forming (its
+    ``formedTime`` in ``status.recentRounds``), when that round formed since ``previous`` (the status seen last).
+
+    None when nothing recovered since ``previous``, or when there is no ``previous`` (an operator that just
+    started cannot tell whether the recovery was measured before it).
+    """
+    departure = status.get("lastDeparture")
+    if previous is None or not isinstance(departure, Mapping) or not isinstance(departure.get("round"), int):
+        return None
+    formed = _first_formed_after(status, departure["round"])
+    if formed is None:
+        return None
+    if previous.get("lastDeparture") == departure and _first_formed_after(previous, departure["round"]) is not None:
+        return None
+    try:
+        seconds = (parse_time(str(formed.get("formedTime"))) - parse_time(str(departure.get("time")))).total_seconds()
+    except ValueError:
+        return None
+    return max(0.0, seconds)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 from kube_rendezvous import (
@@ -67,8 +69,16 @@ def add_evictions(client: KubernetesApi, namespace: str, name: str, nodes: list[
     return evicted
 
 
-def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes: list[str], because: str) -> bool:
-    """Evict ``nodes`` from ``rendezvous`` (unless all are evicted already), count them and post NodeEvicted.
+def evict_and_report(
+    memo: OperatorMemo,
+    namespace: str,
+    rendezvous: str,
+    nodes: list[str],
+    because: str,
+    pod: Mapping[str, Any] | None = None,
+) -> bool:
+    """Evict ``nodes`` from ``rendezvous`` (unless all are evicted already), count them and post NodeEvicted on
+    it, and on ``pod`` (the pod the nodes ran in, when one rule knows it) and that pod's workload.
 
     Returns whether anything was written.
     """
@@ -90,4 +100,7 @@ def evict_and_report(memo: OperatorMemo, namespace: str, rendezvous: str, nodes:
         return True
     listed = events_rules.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
     events.post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
+    if pod is not None:
+        told = events_rules.pod_eviction_event(namespace, rendezvous, nodes, pod, because)
+        events.post_on_related(events_rules.told_on(pod), told)
     return True

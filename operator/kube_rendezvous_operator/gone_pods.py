@@ -50,5 +50,5 @@ def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, 
             ", ".join(str(node) for node in alive),
         )
     evict_and_report(
-        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone"
+        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone", pod
     )

@@ -18,10 +18,11 @@ its tasks and forgets it on its DELETED event (``lifecycle``). Objects of earlie
 
 This module holds Kopf's settings, ``register`` and the one Rendezvous event handler that starts and stops each
 Rendezvous's tasks (``lifecycle``). Every rule is an I/O module with a pure twin ``<module>_rules``:
-``conditions`` (Ready and Closed), ``events`` (the state changes told as Events), ``pods`` (each Rendezvous's
-training pods), ``gone_pods`` and ``restarts`` (evictions from the pod watch), ``resync`` (the periodic pod
-census), ``not_ready`` (the NotReady-node rule), ``writer`` (the folder) and ``ttl``; ``evictions`` is their
-one eviction write. The operator's memory is one record per Rendezvous (``memory``), with no I/O.
+``conditions`` (Ready, Progressing and Closed), ``events`` (the state changes told as Events, on the Rendezvous
+and its workloads), ``pods`` (each Rendezvous's training pods), ``gone_pods`` and ``restarts`` (evictions
+from the pod watch), ``resync`` (the periodic pod census), ``not_ready`` (the NotReady-node rule), ``writer``
+(the folder) and ``ttl``; ``evictions`` is their one eviction write. The operator's memory is one record per
+Rendezvous (``memory``), with no I/O.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ CONNECT_SECONDS = 10.0
 
 
 def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    """Keep Kopf's own writes rare and under our names; serve metrics."""
+    """Keep Kopf's own writes rare and under our names; serve metrics (this replica acts: ``LEADER`` 1)."""
     settings.persistence.finalizer = RELEASED_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kube-rendezvous.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -79,6 +80,7 @@ def configure(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> 
         settings.scanning.disabled = True
     metrics.report_memory(lambda: len(memo.tracked()), memo.indexed_pods)
     metrics.serve(memo.config.metrics_port)
+    metrics.set_leader(True)
 
 
 def rendezvous_tasks(memo: OperatorMemo, key: Key, spec: dict[str, Any], uid: str) -> dict[str, lifecycle.Work]:

@@ -58,6 +58,8 @@ class RendezvousRecord:
     state: StoredState | None = None
     #: The last status and document seen by ``events.observe_rendezvous``.
     observed: Observed | None = None
+    #: The fingerprint of the last ``status.state`` seen (``events_rules.state_fingerprint``): counts state writes.
+    state_fingerprint: int | None = None
     #: Which pods are its training pods (``pods_rules.pod_selector``).
     selector: PodSelector | None = None
     #: Its training pods by uid: listed by ``resync``, kept current by ``pods.track_training_pod``.

@@ -1,11 +1,25 @@
-"""Prometheus metrics of the operator, served on ``METRICS_PORT`` (default 9090) at ``/metrics``."""
+"""Prometheus metrics of the operator, served on ``METRICS_PORT`` (default 9090) at ``/metrics``.
+
+Every replica serves them, a standby too (``serve`` is called before the election): ``LEADER`` says which
+one acts. Every series of one Rendezvous carries its ``namespace`` and ``name`` and is removed when it is
+deleted (``forget``, where the operator drops its record).
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
+
+#: The distribution whose version ``BUILD_INFO`` reports.
+DISTRIBUTION = "kube-rendezvous"
+#: Every ``status.phase`` of a Rendezvous (the CRD's enum): ``PHASE`` has one series per phase, 1 for the current.
+PHASES = ("Pending", "Joining", "LastCall", "Complete", "Closed")
+#: Buckets of ``RECOVERY`` (seconds): a fast re-rendezvous takes seconds, a replaced pod minutes.
+RECOVERY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 ROUNDS = Counter(
     "kube_rendezvous_rounds_completed_total", "Rounds completed, as seen by the operator", ["namespace", "name"]
@@ -29,7 +43,22 @@ OPERATOR_WRITES = Counter(
     "kube_rendezvous_operator_writes_total", "The operator's writes to Rendezvous objects", ["kind"]
 )
 RECONCILE_ERRORS = Counter("kube_rendezvous_reconcile_errors_total", "Failed operator actions", ["handler"])
-EVENTS = Counter("kube_rendezvous_events_total", "Kubernetes Events posted", ["reason"])
+EVENTS = Counter(
+    "kube_rendezvous_events_total",
+    "Kubernetes Events posted, by Rendezvous and reason",
+    ["namespace", "name", "reason"],
+)
+PHASE = Gauge(
+    "kube_rendezvous_phase",
+    "1 for the Rendezvous's current status.phase, 0 for the others",
+    ["namespace", "name", "phase"],
+)
+RECOVERY = Histogram(
+    "kube_rendezvous_recovery_seconds",
+    "Seconds from a formed round losing members (status.lastDeparture) to the next round forming",
+    ["namespace", "name"],
+    buckets=RECOVERY_BUCKETS,
+)
 PARTICIPANTS = Gauge("kube_rendezvous_participants", "Nodes in the current round", ["namespace", "name"])
 WAITING = Gauge("kube_rendezvous_waiting_nodes", "Nodes waiting for the next round", ["namespace", "name"])
 ROUND = Gauge("kube_rendezvous_round", "Current round number", ["namespace", "name"])
@@ -38,19 +67,23 @@ HELD = Gauge("kube_rendezvous_held_nodes", "Nodes whose Kubernetes Node does not
 PROMOTIONS = Counter(
     "kube_rendezvous_spare_promotions_total", "Spares that took a lost member's place", ["namespace", "name"]
 )
-#: Every series labelled with one Rendezvous: dropped when it is deleted (``forget``).
-PER_RENDEZVOUS = (
-    ROUNDS,
-    JOINS,
-    LEAVES,
-    EVICTIONS,
-    STATE_WRITES,
-    PARTICIPANTS,
-    WAITING,
-    ROUND,
-    SPARES,
-    HELD,
-    PROMOTIONS,
+#: Every metric labelled with one Rendezvous, and its labels after ``namespace`` and ``name``: its series are
+#: dropped when the Rendezvous is deleted (``forget``).
+PER_RENDEZVOUS: tuple[tuple[MetricWrapperBase, tuple[str, ...]], ...] = (
+    (ROUNDS, ()),
+    (JOINS, ()),
+    (LEAVES, ()),
+    (EVICTIONS, ()),
+    (STATE_WRITES, ()),
+    (PARTICIPANTS, ()),
+    (WAITING, ()),
+    (ROUND, ()),
+    (SPARES, ()),
+    (HELD, ()),
+    (PROMOTIONS, ()),
+    (EVENTS, ("reason",)),
+    (PHASE, ("phase",)),
+    (RECOVERY, ()),
 )
 TRACKED = Gauge(
     "kube_rendezvous_operator_tracked_rendezvous",
@@ -58,15 +91,33 @@ TRACKED = Gauge(
 )
 TRAINING_PODS = Gauge("kube_rendezvous_operator_training_pods", "Training pods in the operator's pod index")
 RESYNCS = Counter("kube_rendezvous_operator_resyncs_total", "Resyncs of a Rendezvous with its training pods")
+LEADER = Gauge(
+    "kube_rendezvous_operator_leader", "1 on the replica that acts (holds the Lease, or runs alone), 0 on a standby"
+)
+BUILD_INFO = Gauge("kube_rendezvous_operator_build_info", "Always 1: the operator's version", ["version"])
 
-_LAST_STATE: dict[tuple[str, str], Any] = {}
+_SERVING: list[int] = []
+
+
+def package_version() -> str:
+    """The installed version of the operator's package (``unknown`` when it is run from a source tree)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def serve(port: int) -> None:
-    """Start the /metrics HTTP server (idempotent per process)."""
-    if ("serving", "") not in _LAST_STATE:
+    """Start the /metrics HTTP server (idempotent per process) and report the build."""
+    if not _SERVING:
+        BUILD_INFO.labels(package_version()).set(1)
         start_http_server(port)
-        _LAST_STATE[("serving", "")] = True
+        _SERVING.append(port)
+
+
+def set_leader(acting: bool) -> None:
+    """Say whether this replica acts (``LEADER``)."""
+    LEADER.set(1 if acting else 0)
 
 
 def report_memory(tracked: Callable[[], int], training_pods: Callable[[], int]) -> None:
@@ -75,19 +126,20 @@ def report_memory(tracked: Callable[[], int], training_pods: Callable[[], int]) 
     TRAINING_PODS.set_function(training_pods)
 
 
-def observe(namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Update the gauges and the state-write counter from a readable summary (``status``)."""
+def observe(namespace: str, name: str, status: dict[str, Any], *, state_written: bool, recovery: float | None) -> None:
+    """Update the gauges from a readable summary (``status``); count a state write; observe a recovery."""
     PARTICIPANTS.labels(namespace, name).set(status.get("participantCount") or 0)
     WAITING.labels(namespace, name).set(status.get("waitingCount") or 0)
     ROUND.labels(namespace, name).set(status.get("round") or 0)
     SPARES.labels(namespace, name).set(status.get("spareCount") or 0)
     HELD.labels(namespace, name).set(status.get("heldCount") or 0)
-    key = (namespace, name)
-    fingerprint = hash(status.get("state"))
-    if status.get("state") and _LAST_STATE.get(key) != fingerprint:
-        if key in _LAST_STATE:
-            STATE_WRITES.labels(namespace, name).inc()
-        _LAST_STATE[key] = fingerprint
+    current = status.get("phase") or "Pending"
+    for phase in PHASES:
+        PHASE.labels(namespace, name, phase).set(1 if phase == current else 0)
+    if state_written:
+        STATE_WRITES.labels(namespace, name).inc()
+    if recovery is not None:
+        RECOVERY.labels(namespace, name).observe(recovery)
 
 
 _PER_RENDEZVOUS = {"RoundCompleted": ROUNDS, "NodeJoined": JOINS, "NodeLeft": LEAVES, "SparePromoted": PROMOTIONS}
@@ -95,16 +147,19 @@ _PER_RENDEZVOUS = {"RoundCompleted": ROUNDS, "NodeJoined": JOINS, "NodeLeft": LE
 
 def count_event(reason: str, namespace: str, name: str, nodes: int = 1) -> None:
     """Count an Event, and in the matching per-rendezvous counter the ``nodes`` it covers."""
-    EVENTS.labels(reason).inc()
+    EVENTS.labels(namespace, name, reason).inc()
     if reason in _PER_RENDEZVOUS:
         _PER_RENDEZVOUS[reason].labels(namespace, name).inc(nodes)
 
 
 def forget(namespace: str, name: str) -> None:
-    """Drop the series of a deleted Rendezvous."""
-    _LAST_STATE.pop((namespace, name), None)
-    for metric in PER_RENDEZVOUS:
-        try:
-            metric.remove(namespace, name)
-        except KeyError:
-            pass
+    """Drop every series of a deleted Rendezvous (whatever its other labels: reason, phase)."""
+    for metric, others in PER_RENDEZVOUS:
+        found = {
+            (namespace, name, *(sample.labels[label] for label in others))
+            for family in metric.collect()
+            for sample in family.samples
+            if sample.labels.get("namespace") == namespace and sample.labels.get("name") == name
+        }
+        for values in found:
+            metric.remove(*values)

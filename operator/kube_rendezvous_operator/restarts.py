@@ -69,7 +69,7 @@ def judge_restart(
     nodes = restarts_rules.nodes_of_restart(pod, stored, merge_heartbeats(stored, beats), restarted_at)
     because = f"a container of pod {pod['metadata']['name']} ended at {format_time(restarted_at)} and restarted"
     observed = record.observed
-    evict_and_report(memo, namespace, rendezvous, nodes, because)
+    evict_and_report(memo, namespace, rendezvous, nodes, because, pod)
     if not nodes or (observed is not None and with_evicted(observed.status, nodes) is None):
         remembered = restarts_rules.restarts_to_remember(record.judged_restarts, datetime.now(timezone.utc))
         record.judged_restarts = {**remembered, pod_uid: restarted_at}
