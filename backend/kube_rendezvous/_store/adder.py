@@ -170,7 +170,8 @@ class KeyObjects(Protocol):
         ...
 
     def create_once(self, body: dict[str, Any]) -> None:
-        """Create ``body`` (an object named for one write), retried while the API server is unreachable."""
+        """Create ``body`` (an object named for one write), retried while the API server is unreachable, and
+        show it on the key watch at once (also when an earlier attempt, whose answer was lost, created it)."""
         ...
 
     def delete_object(self, name: str) -> None:

@@ -275,11 +275,20 @@ class KubernetesStore:
         return self._keys.adds
 
     def create_once(self, body: dict[str, Any]) -> None:
-        """Create ``body``, an object named for this one write, retried while the API server is unreachable."""
+        """Create ``body``, an object named for this one write, retried while the API server is unreachable;
+        the key watch shows it at once, also when an earlier attempt whose answer was lost created it."""
+        name = body["metadata"]["name"]
         try:
             self._installed(self._call("POST", self._collection, body=body))
         except ConflictError:
-            pass  # it exists: an earlier attempt, whose answer was lost, created it
+            # It exists: an earlier attempt, whose answer was lost, created it. Show it as the answer would
+            # have: a caller that waits on the watch for it (a combining add) must not take it for deleted.
+            try:
+                self._installed(self._call("GET", f"{self._collection}/{name}"))
+            except NotFoundError:
+                pass  # created and deleted since (its counter was deleted): the watch shows it gone
+            except ApiError as exc:
+                raise self._failure(exc, "get") from exc
         except ApiError as exc:
             raise self._failure(exc, "create") from exc
 
