@@ -256,7 +256,8 @@ class TestAtomicity:
 
     @staticmethod
     def _add_requests(store: KubernetesStore) -> list[str]:
-        listed = store._api.request("GET", f"/apis/kube-rendezvous.io/v1alpha1/namespaces/{store.namespace}/rendezvouskeys")
+        path = f"/apis/kube-rendezvous.io/v1alpha1/namespaces/{store.namespace}/rendezvouskeys"
+        listed = store._api.request("GET", path)
         return sorted(
             each["metadata"]["name"] for each in listed["items"] if ADDS_TO_LABEL in each["metadata"]["labels"]
         )
