@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from kube_rendezvous import create_backend
+from kube_rendezvous._rules.document import RendezvousDocument, encode_document
 from kubernetes import client
 
 from tests.e2e.harness import ElasticJob, training_in_world
@@ -118,6 +119,28 @@ class TestRunsNeverInheritEachOthersEnd:
         job = make_job(nnodes="2", run_id="run-b", steps=3)
         agents = job.start(2)
         assert job.wait(agents, 120) == [0, 0], job.logs()
+        assert len(job.results()) == 4, job.logs()
+        assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
+
+    def test_a_re_run_trains_when_the_killed_run_s_state_names_none_of_its_nodes(
+        self, make_job: MakeJob, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        """Seed 449 of the generated test (``... evict_live sigkill_all run ...``): the last run was killed just after
+        its round broke, so its state names none of its nodes (round 1 forming, no participants). The re-run's agents
+        ask to join while the dead writer's Lease still holds; the one that takes it over folds once, keeping the
+        last run (its Leases are new to it, not expired yet), and before the fix never folded again: the writer
+        woke for an expired node only if the state named it."""
+        quick = {"keep_alive_interval": "1"}
+        last = make_job(nnodes="2", run_id="run-a", steps=100000, step_seconds=0.2, rdzv_conf=quick)
+        last.start_training(2, timeout=90, what="run-a training")
+        last.stop()  # every agent and worker SIGKILLed: no leave is written, the writer Lease stays held
+        broken = encode_document(RendezvousDocument(round=1))  # the round broke just before the kill
+        objects.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "job", {"status": {"state": broken, "stateBytes": len(broken)}}
+        )
+        job = make_job(nnodes="2", run_id="run-b", steps=3, rdzv_conf=quick)
+        agents = job.start(2)
+        assert job.wait(agents, 120) == [0, 0], job.logs()  # before the fix: both waited for ever
         assert len(job.results()) == 4, job.logs()
         assert (rendezvous(objects, namespace) or {})["status"]["runId"] == "run-b"
 

@@ -571,7 +571,14 @@ class Folder:
                     return
 
     def _expiry_due(self) -> bool:
-        """Whether a node the state names has a Lease that stopped changing for its expiry."""
+        """Whether an expiry changes what a fold would do: a node the state names has a Lease that stopped changing
+        for its expiry, or every Lease of the stored run did while another run asks to join (``_run_of`` hands the
+        fold to that run then).
+
+        Without the second half a writer that took over kept a killed run's fold for ever when that run's state
+        named none of its nodes (a round just broken, no participants yet): the re-run's agents had asked before
+        the takeover, renewed their Leases and asked nothing more, and nothing woke the writer (seed 449 of the
+        generated lifecycle test)."""
         leases = self.leases
         obj = self.rendezvous.get(self.rendezvous_name)
         if leases is None or obj is None or not self._lease_view_fresh(None):
@@ -582,7 +589,16 @@ class Folder:
         self._observe(records)
         document = self._stored(obj) if records else None
         named = document.nodes() if document is not None else []
-        return bool(self.observations.expired(records, named, self.default_expiry) & set(named))
+        expired = self.observations.expired(records, named, self.default_expiry)
+        if expired & set(named):
+            return True
+        stored_run = (obj.get("status") or {}).get("runId")
+        own = [record for record in records if record.run_id == stored_run]
+        return (
+            bool(own)
+            and all(record.node in expired for record in own)
+            and any(record.run_id != stored_run and record.desire is Desire.JOIN for record in records)
+        )
 
     def _lease_view_fresh(self, records: list[NodeRecord] | None) -> bool:
         """Whether the watch of the node Leases can be trusted to show every renewal now.
