@@ -290,6 +290,8 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._faults: list[Fault] = []
         self._stopping = threading.Event()
+        self._healed = threading.Event()
+        self._healed.set()
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
         self._threads: set[threading.Thread] = set()
@@ -375,6 +377,24 @@ class FaultProxy:
         with self._lock:
             self._faults.append(fault)
         return fault
+
+    def partition(self) -> None:
+        """Cut the clients off until :meth:`heal`: every open connection closes (watches too), and a new one is
+        accepted and never answered (as through a network that drops every packet), so each request waits out its
+        client's deadline."""
+        with self._lock:
+            self._healed.clear()
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _hard_close(sock)
+
+    def heal(self) -> None:
+        """End a :meth:`partition`: the connections it held unanswered close, and new ones are served again."""
+        self._healed.set()
+
+    @property
+    def partitioned(self) -> bool:
+        return not self._healed.is_set()
 
     def clear(self) -> None:
         """Disarm every fault (counters stay)."""
@@ -470,6 +490,12 @@ class FaultProxy:
 
     def _serve(self, raw_client: socket.socket) -> None:
         self._track(raw_client)
+        if not self._healed.is_set():  # partitioned: hold the connection unanswered until healed (or stopped)
+            while not self._healed.wait(0.2) and not self._stopping.is_set():
+                pass
+            self._track(raw_client, add=False)
+            _hard_close(raw_client)
+            return
         client: ssl.SSLSocket | None = None
         upstream: ssl.SSLSocket | None = None
         reader: BinaryIO | None = None

@@ -54,7 +54,7 @@ from kube_rendezvous._store.store import KubernetesStore
 from tensorplay.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
 
 from tests.faultproxy import FAULT_KINDS, FaultProxy, _copy_body, _is_watch, _read_head, proxy_kubeconfig
-from tests.helpers import REPO, rendezvous_parameters, running_fault_proxy
+from tests.helpers import REPO, holds_for, rendezvous_parameters, running_fault_proxy
 from tests.testenv import ControlPlane, wait_until
 
 #: The client's request timeout through the proxy (seconds); a ``delay`` fault holds longer.
@@ -157,6 +157,30 @@ class TestFaultProxy:
         fault_proxy.stop()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", fault_proxy.port), timeout=2).close()
+
+    def test_a_partition_cuts_open_watches_and_leaves_new_requests_unanswered_until_it_heals(
+        self,
+        fault_proxy: FaultProxy,
+        proxied: tuple[KubernetesRendezvousBackend, KubernetesStore],
+        direct: tuple[KubernetesRendezvousBackend, KubernetesStore],
+    ) -> None:
+        _, store = proxied
+        _, truth = direct
+        got: list[bytes] = []
+        waiter = threading.Thread(target=lambda: got.append(store.get("late", timeout=60)))
+        waiter.start()
+        wait_until(lambda: fault_proxy.stats()["watches"] >= 1, 15, "the blocking get to watch through the proxy")
+        fault_proxy.partition()
+        truth.set("late", b"written during the partition")
+        holds_for(lambda: not got, 3 * REQUEST_TIMEOUT, "the partitioned reader seeing nothing")
+        with socket.create_connection(("127.0.0.1", fault_proxy.port), timeout=5) as held:
+            held.settimeout(REQUEST_TIMEOUT)
+            with pytest.raises(TimeoutError):  # accepted, never answered: no TLS handshake comes back
+                held.recv(1)
+        fault_proxy.heal()
+        waiter.join(60)
+        assert got == [b"written during the partition"]
+        assert fault_proxy.errors == []
 
     @pytest.mark.parametrize("kind, options", SINGLE_FAULTS)
     def test_injects_each_fault_on_the_next_matching_request_only(

@@ -3,13 +3,15 @@
 One Rendezvous name, runs of real tensorplay agents (processes with a training pod's ServiceAccount token) started
 under it one after the other (a re-run under the same name, each with its own ``--rdzv-id``), and between them
 the actions of ``ACTIONS``: a person's close, a deletion, SIGKILL or SIGTERM of an agent, an eviction of a live
-agent by mistake, the operator stopped and started. ``Lifecycle.step`` applies one action and waits for what the
-README says follows; ``Lifecycle.check`` asserts the invariants after every step:
+agent by mistake, a partition of one agent from the API server and its heal (each agent talks to the API server
+through its own fault proxy), the operator stopped and started. ``Lifecycle.step`` applies one action and waits
+for what the README says follows; ``Lifecycle.check`` asserts the invariants after every step:
 
 - no agent exits 0 unless its own run trained to its end, or a person closed or deleted its own run;
 - a run that was started trains within ``TRAIN_SECONDS`` (nobody is left waiting past its join timeout);
 - a Rendezvous deleted is gone within ``DELETE_SECONDS``, with or without the operator;
-- one event breaks the round at most once (an eviction re-forms one round, not many);
+- one event breaks the round at most once (an eviction or a healed partition re-forms one round, not many; the
+  agent put out rejoins as a new member);
 - the operator keeps nothing of a Rendezvous that is gone (its ``tracked`` gauge).
 
 ``run_sequence`` draws a sequence from a seed; a failure names the seed and the steps, and ``shrink`` removes steps
@@ -31,6 +33,7 @@ from kubernetes import client
 
 from tests.e2e.harness import Agent, ElasticJob, kill_pods, training_in_world
 from tests.e2e.operator_process import OperatorProcess
+from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.testenv import ControlPlane, wait_until
 from tests.testenv.commands import run_command
 
@@ -55,6 +58,7 @@ ACTIONS = (
     "sigkill_all",
     "sigterm",
     "evict_live",
+    "partition",
     "operator_stop",
     "operator_start",
 )
@@ -91,6 +95,8 @@ class Lifecycle:
     runs: list[Run] = field(default_factory=list)
     operator_running: OperatorProcess | None = None
     log: list[str] = field(default_factory=list)
+    #: Each agent's own fault proxy to the API server, by (run id, agent name).
+    proxies: dict[tuple[str, str], FaultProxy] = field(default_factory=dict)
 
     @property
     def current(self) -> Run | None:
@@ -104,7 +110,7 @@ class Lifecycle:
             return current is not None
         if action == "ttl":
             return current is None and bool(self.runs) and self.runs[-1].ended_by == "close"
-        if action in ("sigkill", "sigterm", "evict_live"):
+        if action in ("sigkill", "sigterm", "evict_live", "partition"):
             return current is not None and len(current.live) >= 2
         if action == "operator_stop":
             return self.operator_running is not None
@@ -130,8 +136,7 @@ class Lifecycle:
             steps=100000,
             step_seconds=0.2,
             # A 6 s heartbeat expiry (2 s keep-alive x 3): what is killed counts as dead sooner, and CI waits less.
-            rdzv_conf={
-                "kubeconfig": str(self.kubeconfig),
+            rdzv_conf={  # the kubeconfig: each agent's own, through its fault proxy (``KUBECONFIG``)
                 "last_call_timeout": "2",
                 "join_timeout": "600",
                 "keep_alive_interval": "2",
@@ -139,7 +144,9 @@ class Lifecycle:
         )
         run = Run(run_id, job)
         self.runs.append(run)
-        agents = [job.start_agent() for _ in range(AGENTS)]
+        agents = [
+            job.start_agent(env={"KUBECONFIG": str(self._proxied(run_id, f"agent-{index}"))}) for index in range(AGENTS)
+        ]
         wait_until(
             lambda: training_in_world(agents, 2 * AGENTS),
             TRAIN_SECONDS,
@@ -205,6 +212,26 @@ class Lifecycle:
         after = {agent.name: agent.output().count(" formed") for agent in run.live}
         broken = {name: after[name] - before[name] for name in after}
         assert all(count <= 2 for count in broken.values()), f"one eviction broke the round {broken} times"
+
+    def do_partition(self) -> None:
+        """One live agent cut off from the API server (its watches closed, its requests unanswered) until the others
+        train without it, longer than its heartbeat expiry; then the partition heals. The healed agent finds it
+        was put out of the round, rejoins as a new member, and all train together again: its round breaks once
+        for the partition and once for its return, not round after round."""
+        run = self._current()
+        victim, survivors = run.live[-1], run.live[:-1]
+        before = {agent.name: agent.output().count(" formed") for agent in run.live}
+        proxy = self.proxies[(run.run_id, victim.name)]
+        proxy.partition()
+        try:
+            self._trains(run, survivors, f"while {victim.name} is partitioned from the API server")
+        finally:
+            proxy.heal()
+        assert victim.alive(), f"{victim.name} exited after a partition that healed:\n{victim.output()[-3000:]}"
+        self._trains(run, run.live, f"with {victim.name} again after the partition healed")
+        after = {agent.name: agent.output().count(" formed") for agent in run.live}
+        broken = {name: after[name] - before[name] for name in after}
+        assert all(count <= 2 for count in broken.values()), f"one healed partition re-formed the round {broken} times"
 
     def do_operator_stop(self) -> None:
         assert self.operator_running is not None
@@ -286,12 +313,23 @@ class Lifecycle:
             raise
         return found
 
+    def _proxied(self, run_id: str, agent: str) -> Path:
+        """A kubeconfig of the agents' account through a new fault proxy of its own (kept in ``proxies``)."""
+        directory = self.workdir / f"proxy-{run_id}-{agent}"
+        proxy = FaultProxy(self.plane.server, self.plane.pki.ca_cert, self.plane.pki.ca_key, directory).start()
+        self.proxies[(run_id, agent)] = proxy
+        return proxy_kubeconfig(self.kubeconfig, proxy.url, directory / "kubeconfig")
+
     def stop(self) -> None:
         for run in self.runs:
             run.job.stop()
         if self.operator_running is not None:
             self.operator_running.stop()
             self.operator_running = None
+        for proxy in self.proxies.values():
+            proxy.stop()
+        errors = [error for proxy in self.proxies.values() for error in proxy.errors]
+        assert errors == [], f"a fault proxy itself failed: {errors}"
 
 
 def draw(seed: int, length: int) -> list[str]:
@@ -325,6 +363,7 @@ class _Model:
             "sigkill": self.live >= 2,
             "sigterm": self.live >= 2,
             "evict_live": self.live >= 2,
+            "partition": self.live >= 2,
             "operator_stop": self.operator,
             "operator_start": not self.operator,
         }[action]
