@@ -188,6 +188,7 @@ RETRY_AFTER = 2
 REQUEST_TIMEOUT = 2.0
 RETRY_TIMEOUT = 20.0
 RENDEZVOUS_PATH = r"/rendezvouses/rdzv$"
+STATUS_PATH = r"/rendezvouses/rdzv/status$"
 
 
 @pytest.fixture
@@ -199,9 +200,11 @@ def proxy(control_plane: ControlPlane, tmp_path: Path) -> Iterator[FaultProxy]:
 
 @pytest.fixture
 def proxied(
-    namespace: str, agent_kubeconfig: Path, proxy: FaultProxy, tmp_path: Path
+    namespace: str, agent_kubeconfig: Path, proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> tuple[KubernetesRendezvousBackend, KubernetesStore]:
-    """Backend and store of an agent whose every request goes through the fault proxy (it creates the Rendezvous)."""
+    """Backend and store of an agent whose every request goes through the fault proxy (it creates the Rendezvous);
+    the library's log lines from INFO up are captured."""
+    caplog.set_level(logging.INFO, logger="kube_rendezvous")
     kubeconfig = proxy_kubeconfig(agent_kubeconfig, proxy.url, tmp_path / "proxied.kubeconfig")
     parameters = rendezvous_parameters(
         f"{namespace}/rdzv", kubeconfig, request_timeout=REQUEST_TIMEOUT, retry_timeout=RETRY_TIMEOUT
@@ -217,47 +220,42 @@ def retried_after(proxy: FaultProxy, method: str, path: str) -> float:
     return same[index + 1].at - same[index].at
 
 
-def assert_reported_as_throttling(caplog: pytest.LogCaptureFixture) -> None:
+def assert_retried_as_throttling(
+    proxy: FaultProxy, backend: KubernetesRendezvousBackend, caplog: pytest.LogCaptureFixture, method: str, path: str
+) -> None:
+    """The one 429 the proxy injected on ``method`` ``path`` was retried no sooner than its Retry-After, counted as
+    throttling, not recorded as an outage, and logged as throttling with no outage wording."""
+    assert proxy.stats()["status_codes"] == {429: 1}
+    assert retried_after(proxy, method, path) >= RETRY_AFTER
+    # At least the injected one; the key watch may have met a real one (a new CRD's watch cache initializing).
+    assert backend.api.stats["throttled"] >= 1
+    assert backend.api.last_outage is None
     lines = [record.getMessage() for record in caplog.records if record.name.startswith("kube_rendezvous")]
     assert any("throttled" in line for line in lines), lines
     assert not [line for line in lines if OUTAGE_WORDS.search(line)], lines
 
 
 def test_a_read_answered_429_is_retried_after_its_retry_after_and_counted_as_throttling(
-    proxied: tuple[KubernetesRendezvousBackend, KubernetesStore],
-    proxy: FaultProxy,
-    caplog: pytest.LogCaptureFixture,
+    proxied: tuple[KubernetesRendezvousBackend, KubernetesStore], proxy: FaultProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend, _ = proxied
-    caplog.set_level(logging.INFO, logger="kube_rendezvous")
     proxy.inject("status", count=1, status=429, retry_after=RETRY_AFTER, methods={"GET"}, path=RENDEZVOUS_PATH)
     backend.get_state()  # succeeds
-    assert proxy.stats()["status_codes"] == {429: 1}
-    assert retried_after(proxy, "GET", RENDEZVOUS_PATH) >= RETRY_AFTER
-    # At least the injected one; the key watch may have met a real one (a new CRD's watch cache initializing).
-    assert backend.api.stats["throttled"] >= 1
-    assert backend.api.last_outage is None
-    assert_reported_as_throttling(caplog)
+    assert_retried_as_throttling(proxy, backend, caplog, "GET", RENDEZVOUS_PATH)
 
 
 def test_a_state_write_answered_429_is_sent_again_after_its_retry_after_without_a_read_between(
-    proxied: tuple[KubernetesRendezvousBackend, KubernetesStore],
-    proxy: FaultProxy,
-    caplog: pytest.LogCaptureFixture,
+    proxied: tuple[KubernetesRendezvousBackend, KubernetesStore], proxy: FaultProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend, _ = proxied
-    caplog.set_level(logging.INFO, logger="kube_rendezvous")
-    proxy.inject("status", count=1, status=429, retry_after=RETRY_AFTER, methods={"PATCH"}, path=r"/status$")
+    proxy.inject("status", count=1, status=429, retry_after=RETRY_AFTER, methods={"PATCH"}, path=STATUS_PATH)
     written = backend.set_state(state(1), None)
     assert written is not None and written[2], "the write was taken"
-    assert retried_after(proxy, "PATCH", r"/status$") >= RETRY_AFTER
+    assert_retried_as_throttling(proxy, backend, caplog, "PATCH", STATUS_PATH)
     # A 429 is a clear answer (not executed): the retry is the same write, no read of the outcome first.
     patches = [event for event in proxy.events if event.method == "PATCH"]
     between = [event for event in proxy.events if patches[0].at < event.at < patches[1].at]
     assert not [event for event in between if event.method == "GET" and re.search(RENDEZVOUS_PATH, event.path)], between
-    assert backend.api.stats["throttled"] >= 1
-    assert backend.api.last_outage is None
-    assert_reported_as_throttling(caplog)
 
 
 def test_call_with_retries_gives_up_at_once_on_a_retry_after_past_its_deadline(
