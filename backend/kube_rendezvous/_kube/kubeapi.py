@@ -199,7 +199,7 @@ def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) 
     if isinstance(exc, ThrottledError):
         return (
             f"The API server throttled {verb} {resource} in namespace {namespace!r} (429 Too Many Requests) until "
-            f"the retries ran out: it is up but busy, and API Priority and Fairness queues this ServiceAccount's "
+            f"the retries ran out: it is up but busy, and API Priority and Fairness queues these credentials' "
             f"requests behind other tenants'. Give the training ServiceAccounts a priority level of their own "
             f"(the chart's apiPriority.enabled; docs/configuration.md). {exc}"
         )
