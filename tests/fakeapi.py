@@ -139,7 +139,8 @@ class FakeKubernetesApi:
         #: A host of its own, so that the process-wide caches keyed by host (``shared_watch``) never mix fakes.
         self.api_client = SimpleNamespace(configuration=SimpleNamespace(host=f"fake://{uuid.uuid4().hex[:12]}"))
         self.request_timeout = request_timeout
-        self.stats: dict[str, int] = {"requests": 0, "conflicts": 0, "bytes_sent": 0, "bytes_received": 0}
+        counted = ("requests", "conflicts", "throttled", "bytes_sent", "bytes_received")
+        self.stats: dict[str, int] = dict.fromkeys(counted, 0)
         self.last_outage: tuple[datetime, datetime] | None = None
         self._objects: dict[Key, Obj] = {}
         self._version = 1

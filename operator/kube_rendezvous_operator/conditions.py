@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 from kube_rendezvous import (
+    ApiError,
     ForbiddenError,
     InvalidError,
     KubernetesApi,
@@ -50,7 +51,8 @@ def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[
         raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
     except KubernetesApiError as exc:
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
-        raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+        after = (exc.retry_after or 0.0) if isinstance(exc, ApiError) else 0.0  # a 429's Retry-After, honoured
+        raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=max(2.0, after)) from exc
     metrics.OPERATOR_WRITES.labels(kind=kind).inc()
     return True
 

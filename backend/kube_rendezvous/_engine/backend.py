@@ -50,10 +50,12 @@ from .._kube.kubeapi import (
     KubernetesApi,
     KubernetesApiError,
     NotFoundError,
+    ThrottledError,
     call_with_retries,
     describe_api_error,
     is_resource_version,
     resource_path,
+    retry_after_of,
 )
 from .._kube.status import write_status
 from .._rules.document import (
@@ -313,7 +315,8 @@ class KubernetesRendezvousBackend:
                     raise self.framework.connection_error(
                         describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
                     ) from exc
-                unanswered = True  # no clear answer: the next attempt reads what is stored first
+                if not isinstance(exc, ThrottledError):  # a 429 is a clear answer: not executed
+                    unanswered = True  # no clear answer: the next attempt reads what is stored first
                 raise
             self._remembered = (written["metadata"]["resourceVersion"], written.get("status") or {})
             self._conflict_streak = 0
@@ -325,9 +328,14 @@ class KubernetesRendezvousBackend:
                 attempt,
                 retryable=lambda exc: isinstance(exc, KubernetesApiError),  # only an unclear answer escapes
                 deadline=time.monotonic() + self._retry_timeout,
-                what=f"a state write to {self._where} (no clear answer; reading the outcome next)",
+                what=f"a state write to {self._where}",
+                wait_at_least=retry_after_of,
             )
         except KubernetesApiError as exc:
+            if isinstance(exc, ThrottledError) and not unanswered:
+                raise self.framework.connection_error(
+                    describe_api_error(exc, "patch", f"{RENDEZVOUS_PLURAL}/status", self.namespace)
+                ) from exc
             raise self.framework.connection_error(
                 "The Kubernetes API server gave no clear answer to a state write for "
                 f"{self._retry_timeout:.0f} s. See the inner exception for details."

@@ -41,6 +41,7 @@ from .._kube.kubeapi import (
     KubernetesApiError,
     NotFoundError,
     resource_path,
+    retry_after_of,
 )
 from .._kube.leases import LeaseObservations, NodeRecord, list_node_records, record_of
 from .._kube.status import write_status
@@ -545,7 +546,7 @@ class Folder:
                 if on_error is not None:
                     on_error(exc)
                 logger.info("fold for %s failed this time: %s", self.where, exc)
-                stopped.wait(0.5)
+                stopped.wait(max(0.5, retry_after_of(exc)))  # never sooner than a 429's Retry-After
 
     def _collect_garbage(self) -> None:
         """Delete node Leases that stopped changing long ago and whose node the state no longer names."""

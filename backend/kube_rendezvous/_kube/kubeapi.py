@@ -22,7 +22,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from .._rules.counters import Counters
-from .._rules.retries import OUTAGE_RETRY, retry
+from .._rules.retries import OUTAGE_RETRY, retry, retry_after_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,17 @@ class ApiError(KubernetesApiError):
     Callers catch the subclasses; ``status`` is kept for messages only.
     """
 
-    def __init__(self, status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> None:
-        super().__init__(f"{method} {path}: {status} {reason}: {message}")
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        method: str,
+        path: str,
+        transient: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(self._describe(status, reason, message, method, path, retry_after))
         #: True when a retry may succeed: throttling, an unready server, or a 401/403 from a
         #: server that accepted these credentials before (a restarted API server answers 403
         #: until its RBAC caches have synced).
@@ -84,6 +93,13 @@ class ApiError(KubernetesApiError):
         self.message = message
         self.method = method
         self.path = path
+        #: Seconds the answer's ``Retry-After`` header asked the client to wait before it tries again
+        #: (a 429, a 503), None without one. Every retry honours it as a lower bound (``retry_after_of``).
+        self.retry_after = retry_after
+
+    @staticmethod
+    def _describe(status: int, reason: str, message: str, method: str, path: str, retry_after: float | None) -> str:
+        return f"{method} {path}: {status} {reason}: {message}"
 
 
 class ConflictError(ApiError):
@@ -107,7 +123,23 @@ class InvalidError(ApiError):
 
 
 class ServerUnavailableError(ApiError):
-    """Raised when the server throttled (429) or was not ready (5xx); a retry may succeed (always transient)."""
+    """Raised when the server was not ready (5xx), or throttled (429: the subclass ``ThrottledError``); a retry may
+    succeed (always transient)."""
+
+
+class ThrottledError(ServerUnavailableError):
+    """Raised when the API server throttled the request (429 Too Many Requests): API Priority and Fairness
+    rejected it (its priority level's queues were full), the server was at its in-flight limit, or the watch
+    cache of the resource was still initializing (a CRD just created, a server just started).
+
+    The server is up and answered: a 429 is never an outage (``KubernetesApi.last_outage``). It was not
+    executed, and ``retry_after`` says when to try again; ``KubernetesApi.stats["throttled"]`` counts them.
+    """
+
+    @staticmethod
+    def _describe(status: int, reason: str, message: str, method: str, path: str, retry_after: float | None) -> str:
+        after = "" if retry_after is None else f"; Retry-After {retry_after:g} s"
+        return f"{method} {path}: throttled by the API server ({status} {reason}{after}): {message}"
 
 
 class ApiUnavailableError(KubernetesApiError):
@@ -124,14 +156,30 @@ _ERROR_CLASSES: dict[int, type[ApiError]] = {
     409: ConflictError,
     410: GoneError,
     422: InvalidError,
-    429: ServerUnavailableError,
+    429: ThrottledError,
 }
 
 
-def api_error(status: int, reason: str, message: str, method: str, path: str, transient: bool = False) -> ApiError:
-    """Return the exception for an answer with ``status``: the one place a status becomes a type."""
+def api_error(
+    status: int,
+    reason: str,
+    message: str,
+    method: str,
+    path: str,
+    transient: bool = False,
+    retry_after: float | None = None,
+) -> ApiError:
+    """Return the exception for an answer with ``status``: the one place a status becomes a type.
+
+    ``retry_after``: the seconds of the answer's ``Retry-After`` header (``retries.retry_after_seconds``).
+    """
     cls = _ERROR_CLASSES.get(status) or (ServerUnavailableError if status >= 500 else ApiError)
-    return cls(status, reason, message, method, path, transient or cls is ServerUnavailableError)
+    return cls(status, reason, message, method, path, transient or issubclass(cls, ServerUnavailableError), retry_after)
+
+
+def retry_after_of(exc: BaseException) -> float:
+    """The seconds ``exc``'s answer asked a retry to wait at least (its ``Retry-After``), 0 when none."""
+    return (exc.retry_after or 0.0) if isinstance(exc, ApiError) else 0.0
 
 
 def is_gone(exc: BaseException | None) -> bool:
@@ -147,6 +195,13 @@ def describe_api_error(exc: ApiError, verb: str, resource: str, namespace: str) 
         return (
             f"The API server did not accept this process's credentials (401) on {verb} {resource}: "
             f"{exc.message}. Check the service-account token or the kubeconfig."
+        )
+    if isinstance(exc, ThrottledError):
+        return (
+            f"The API server throttled {verb} {resource} in namespace {namespace!r} (429 Too Many Requests) until "
+            f"the retries ran out: it is up but busy, and API Priority and Fairness queues these credentials' "
+            f"requests behind other tenants'. Give the training ServiceAccounts a priority level of their own "
+            f"(the chart's apiPriority.enabled; docs/configuration.md). {exc}"
         )
     if isinstance(exc, ForbiddenError):
         group = "coordination.k8s.io" if resource.startswith("leases") else GROUP
@@ -204,14 +259,16 @@ class KubernetesApi:
             raise ValueError(f"request_timeout must be positive seconds, got {request_timeout!r}")
         self.api_client = api_client
         self.request_timeout = request_timeout
-        #: Counters for benchmarks: requests by method, 409s, request and response body bytes.
-        self.stats = Counters("requests", "conflicts", "bytes_sent", "bytes_received", "pool_drops")
+        #: Counters for benchmarks: requests, 409s, 429s (``throttled``: API Priority and Fairness, never an
+        #: outage), request and response body bytes, dropped pooled connections.
+        self.stats = Counters("requests", "conflicts", "throttled", "bytes_sent", "bytes_received", "pool_drops")
         #: (verb, resource, subresource) the server has allowed this client before.
         self._allowed_before: set[tuple[str, str, str]] = set()
-        #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure since.
+        #: Wall-clock time of the last answer that was not 429/5xx, and of the first failure (no answer, 5xx) since.
         self._last_answer: datetime | None = None
         self._failing_since: datetime | None = None
-        #: The last outage this client saw: (last answer before it, first answer after it), UTC.
+        #: The last outage this client saw: (last answer before it, first answer after it), UTC. A 429 neither
+        #: starts nor ends one: the server answered (it is up), it only asked the client to come back later.
         self.last_outage: tuple[datetime, datetime] | None = None
 
     def _unavailable(self) -> None:
@@ -278,7 +335,9 @@ class KubernetesApi:
         self.stats.add("bytes_received", len(data))
         if response.status == 409:
             self.stats.add("conflicts")
-        if response.status == 429 or response.status >= 500:
+        if response.status == 429:
+            self.stats.add("throttled")
+        elif response.status >= 500:
             self._unavailable()
         else:
             self._answered()
@@ -311,7 +370,8 @@ class KubernetesApi:
             _permission(method, path) in self._allowed_before
             or (outage is not None and datetime.now(timezone.utc) - outage[1] < timedelta(seconds=RBAC_SYNC_SECONDS))
         )
-        return api_error(response.status, str(response.reason), message, method, path, flapping)
+        retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+        return api_error(response.status, str(response.reason), message, method, path, flapping, retry_after)
 
     def watch(
         self,
@@ -352,6 +412,8 @@ class KubernetesApi:
             on_response(response)
         try:
             if response.status != 200:
+                if response.status == 429:
+                    self.stats.add("throttled")
                 raise self._refusal(response, response.read().decode("utf-8", "replace"), "WATCH", path)
             self._allowed_before.add(_permission("WATCH", path))
             buffer = b""
@@ -382,14 +444,15 @@ class KubernetesApi:
 def call_with_retries(call: Callable[[], T], *, deadline: float, what: str) -> T:
     """Run ``call`` until it succeeds, retrying unavailability and transient statuses until ``deadline``.
 
-    Waits as ``retries.OUTAGE_RETRY`` says (0.1 s doubling to 2 s, half jittered). Only for calls that
-    are safe to repeat (reads, and writes whose preconditions make a repeat harmless).
+    Waits as ``retries.OUTAGE_RETRY`` says (0.1 s doubling to 2 s, half jittered), and never less than an
+    answer's ``Retry-After`` (a 429 from API Priority and Fairness, a 503). Only for calls that are safe to
+    repeat (reads, and writes whose preconditions make a repeat harmless).
 
     Raises:
         ApiError: a status that is not retryable, or the last one at the deadline.
         ApiUnavailableError: still unreachable at the deadline.
     """
-    return retry(OUTAGE_RETRY, call, retryable=is_transient, deadline=deadline, what=what)
+    return retry(OUTAGE_RETRY, call, retryable=is_transient, deadline=deadline, what=what, wait_at_least=retry_after_of)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -25,6 +25,7 @@ from .kubeapi import (
     KubernetesApiError,
     call_with_retries,
     resource_path,
+    retry_after_of,
 )
 
 
@@ -102,6 +103,7 @@ def add_evictions(
             ),
             deadline=deadline,
             what=f"an eviction write to {where}",
+            wait_at_least=retry_after_of,
         )
 
     return retry(

@@ -40,6 +40,7 @@ from .kubeapi import (
     KubernetesApiError,
     NotFoundError,
     resource_path,
+    retry_after_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,7 @@ class WatchCache:
 
     def _run(self) -> None:
         failures = 0
+        at_least = 0.0  # the last failure's Retry-After (a 429 or 503 of the list or the watch)
         resource_version: str | None = None
         while not self._stopped.is_set():
             try:
@@ -276,6 +278,7 @@ class WatchCache:
             except (ForbiddenError, NotFoundError) as exc:
                 if isinstance(exc, ForbiddenError) and exc.transient:
                     failures += 1
+                    at_least = 0.0
                 else:
                     with self._condition:
                         self.supported = self.healthy = False
@@ -294,6 +297,7 @@ class WatchCache:
                 if self._refreshing:
                     continue  # ended on purpose: list again at once
                 failures += 1
+                at_least = retry_after_of(exc)
                 logger.info("watch of %s interrupted (%s); listing again", self.what, exc)
                 resource_version = None
             finally:
@@ -301,7 +305,7 @@ class WatchCache:
             if failures:
                 with self._condition:
                     self.healthy = False  # events may be missing until the next list
-                self._stopped.wait(WATCH_RETRY.delay(failures))
+                self._stopped.wait(WATCH_RETRY.wait(failures, at_least))
 
 
 def object_watch(api: KubernetesApi, namespace: str, rendezvous_name: str) -> WatchCache:

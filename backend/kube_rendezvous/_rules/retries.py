@@ -20,6 +20,8 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,11 @@ class RetryPolicy:
         limit = self.longest(attempt)
         return uniform(self.jitter_floor * limit, limit)
 
+    def wait(self, attempt: int, at_least: float = 0.0, uniform: Uniform = random.uniform) -> float:
+        """Seconds to wait before retry ``attempt``: ``delay``, but never less than ``at_least`` (what the server
+        asked for: a ``Retry-After``, honoured as a lower bound, never shortened)."""
+        return max(self.delay(attempt, uniform), at_least)
+
     def exhausted(self, failures: int) -> bool:
         """Whether ``failures`` failed tries are all this policy allows."""
         return self.attempts is not None and failures >= self.attempts
@@ -102,6 +109,31 @@ UNCLEAR_WRITE_PAUSE = 0.2
 WATCH_CATCH_UP_PAUSE = 0.05
 
 
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header value asks for (RFC 9110: delta-seconds, or an HTTP-date, counted
+    from ``now``, the current UTC time by default); None when there is none or it is not one of those.
+    A date in the past, or a negative number, asks for no wait (0)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(int(text)))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+def no_floor(exc: Exception) -> float:
+    """No lower bound on a retry's wait (``retry``'s default ``wait_at_least``)."""
+    return 0.0
+
+
 def retry(
     policy: RetryPolicy,
     call: Callable[[], T],
@@ -109,14 +141,18 @@ def retry(
     retryable: Callable[[Exception], bool],
     deadline: float,
     what: str,
+    wait_at_least: Callable[[Exception], float] = no_floor,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     uniform: Uniform = random.uniform,
 ) -> T:
-    """Return ``call()``, repeated after each failure that is ``retryable``, waiting as ``policy`` says.
+    """Return ``call()``, repeated after each failure that is ``retryable``, waiting as ``policy`` says but
+    never less than ``wait_at_least(failure)`` (the server's ``Retry-After``: a retry never comes sooner).
 
     Gives up (raises the last failure) when the next wait would end past ``deadline`` (a ``clock``
-    time) or ``policy`` allows no more tries. A failure that is not retryable is raised at once.
+    time) or ``policy`` allows no more tries: a ``Retry-After`` longer than the time left ends the
+    call at once rather than retrying before the server asked. A failure that is not retryable is
+    raised at once.
     """
     failures = 0
     while True:
@@ -126,7 +162,7 @@ def retry(
             if not retryable(exc):
                 raise
             failures += 1
-            delay = policy.delay(failures, uniform)
+            delay = policy.wait(failures, wait_at_least(exc), uniform)
             if policy.exhausted(failures) or clock() + delay > deadline:
                 raise
             logger.info("%s failed (%s); retrying in %.1f s", what, exc, delay)
@@ -144,5 +180,7 @@ __all__ = [
     "WATCH_RETRY",
     "RetryPolicy",
     "Uniform",
+    "no_floor",
     "retry",
+    "retry_after_seconds",
 ]

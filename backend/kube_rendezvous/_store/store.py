@@ -59,6 +59,7 @@ from .._kube.kubeapi import (
     call_with_retries,
     describe_api_error,
     resource_path,
+    retry_after_of,
 )
 from .._kube.watchcache import WatchCache
 from .._rules.adder_rules import (
@@ -252,6 +253,8 @@ class KubernetesStore:
                 return False
             if not exc.transient:
                 raise self._failure(exc, "create" if obj is None else "update") from exc
+            time.sleep(max(UNCLEAR_WRITE_PAUSE, retry_after_of(exc)))  # a 429's Retry-After, honoured
+            return True
         except ApiUnavailableError:
             pass
         time.sleep(UNCLEAR_WRITE_PAUSE)
