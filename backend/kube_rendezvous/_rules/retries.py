@@ -91,6 +91,9 @@ EVICTION_CONFLICT_RETRY = RetryPolicy(first_delay=0.02, max_delay=1.0, attempts=
 #: answer, a refusal for now): tried again every 0.5 s, no jitter (one agent closes, not N at once), until the
 #: shutdown's deadline.
 CLOSE_RETRY = RetryPolicy(first_delay=0.5, max_delay=0.5, jitter_floor=1.0)
+#: Seconds a folder waits after a fold the API server refused or did not answer before it waits for the next
+#: request or tick and folds again: a fold that keeps failing while requests keep waking it does not spin.
+FAILED_FOLD_PAUSE = 0.5
 
 # The pauses that are not retries of a failed call, each with its reason.
 
@@ -136,6 +139,7 @@ def retry(
 __all__ = [
     "CLOSE_RETRY",
     "EVICTION_CONFLICT_RETRY",
+    "FAILED_FOLD_PAUSE",
     "KEY_CONFLICT_RETRY",
     "OUTAGE_RETRY",
     "STATE_CONFLICT_RETRY",

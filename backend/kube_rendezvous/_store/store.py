@@ -87,6 +87,9 @@ WRITERS_KEPT = 2048
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
+#: The longest a blocking call waits on the process's watch of the keys before it looks again whether that watch
+#: was refused meanwhile (then it reads instead) and whether its deadline passed.
+SHARED_WAIT_LOOK_SECONDS = 1.0
 #: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
 SETS_IN_FLIGHT = 16
 
@@ -446,7 +449,7 @@ class KubernetesStore:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not cache.supported:
                     return got if cache.supported else None
-                event.wait(min(remaining, 1.0))
+                event.wait(min(remaining, SHARED_WAIT_LOOK_SECONDS))
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value.
