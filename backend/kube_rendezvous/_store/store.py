@@ -68,7 +68,7 @@ from .._rules.adder_rules import (
     fold,
 )
 from .._rules.counters import Counters
-from .._rules.retries import KEY_CONFLICT_RETRY, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
+from .._rules.retries import KEY_CONFLICT_RETRY, OUTAGE_RETRY_SECONDS, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
 from .keywatch import KeyWatch, key_watch
@@ -131,7 +131,7 @@ class KubernetesStore:
         rendezvous_uid: str,
         *,
         timeout: float | timedelta = DEFAULT_STORE_TIMEOUT,
-        retry_timeout: float = 60.0,
+        retry_timeout: float = OUTAGE_RETRY_SECONDS,
     ) -> None:
         if not rendezvous_uid:
             raise ValueError("rendezvous_uid must be the Rendezvous object's metadata.uid, got ''")
