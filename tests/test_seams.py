@@ -387,25 +387,45 @@ def is_sleep(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and ast.unparse(node.func) in SLEEPS
 
 
+def paused_seconds(node: ast.AST) -> list[ast.expr]:
+    """The seconds of the pause ``node`` makes, if it is one: a sleep's; the timeout of a wait for a flag or a
+    change (``stopped.wait(s)``, ``cache.wait_for(changed, s)``, ``asyncio.wait_for(task, s)``, ``timeout=s``);
+    a retry delay handed to a framework (``kopf.TemporaryError(..., delay=s)``)."""
+    if not isinstance(node, ast.Call):
+        return []
+    if is_sleep(node):
+        return node.args[:1]
+    keywords = [keyword.value for keyword in node.keywords if keyword.arg == "delay"]
+    if isinstance(node.func, ast.Attribute) and node.func.attr in ("wait", "wait_for"):
+        position = 0 if node.func.attr == "wait" else 1
+        keywords += [keyword.value for keyword in node.keywords if keyword.arg == "timeout"]
+        return node.args[position : position + 1] + keywords
+    return keywords
+
+
 def seconds_written_in_place(expr: ast.AST) -> bool:
     """Whether ``expr``, a pause's seconds, holds a number other than 0 written in place: in it, or in a ``min`` or
-    ``max`` of it (a call's other arguments, such as a policy's attempt number in ``delay(1)``, are not seconds)."""
+    ``max`` of it (a call's other arguments, such as a policy's attempt number in ``delay(1)``, are not seconds, nor
+    is a factor: ``interval / 4`` is a fraction of named seconds)."""
     if isinstance(expr, ast.Constant):
         return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool) and expr.value != 0
     if isinstance(expr, ast.Call):
         return ast.unparse(expr.func) in ("min", "max") and any(seconds_written_in_place(arg) for arg in expr.args)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div)):
+        return any(
+            seconds_written_in_place(side) for side in (expr.left, expr.right) if not isinstance(side, ast.Constant)
+        )
     return any(seconds_written_in_place(child) for child in ast.iter_child_nodes(expr))
 
 
 def hand_written_retries(tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """(line, what) for each pause by a number written in place (``time.sleep(0.5)``; 0 and named constants are
-    fine), each loop that sleeps in an ``except`` clause and goes round again (a retry loop of its own), and each
-    ``for ... in range(...)`` around a ``try`` (attempts counted by hand)."""
+    """(line, what) for each pause by a number written in place (``time.sleep(0.5)``, ``stopped.wait(0.5)``; 0 and
+    named constants are fine), each loop that sleeps in an ``except`` clause and goes round again (a retry loop of
+    its own), and each ``for ... in range(...)`` around a ``try`` (attempts counted by hand)."""
     for node in ast.walk(tree):
-        if is_sleep(node):
+        if any(seconds_written_in_place(seconds) for seconds in paused_seconds(node)):
             assert isinstance(node, ast.Call)
-            if any(seconds_written_in_place(argument) for argument in node.args):
-                yield node.lineno, f"{ast.unparse(node)}: a pause by a number written in place"
+            yield node.lineno, f"{ast.unparse(node)}: a pause by a number written in place"
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             tries = [inner for inner in own_nodes(node.body) if isinstance(inner, ast.Try)]
             for attempt in tries:
@@ -417,12 +437,13 @@ def hand_written_retries(tree: ast.Module) -> Iterator[tuple[int, str]]:
 
 
 def test_every_retry_goes_through_the_named_policies() -> None:
-    """Outside ``_rules/retries.py`` the library retries through its ``retry`` and policies, and pauses by named
-    constants, each with its reason (``*_PAUSE``, the policies' delays), never by a number written in place."""
+    """Outside ``_rules/retries.py`` the library and the operator retry through the library's ``retry`` and policies
+    (or Kopf's), and pause by named constants, each with its reason (``*_PAUSE``, ``*_SECONDS``, the policies'
+    delays), never by a number written in place."""
     found = sorted(
         f"{name}:{line}: {what}"
         for name, module in MODULES.items()
-        if name.startswith("kube_rendezvous.") and name != RETRIES
+        if name.startswith(("kube_rendezvous.", "kube_rendezvous_operator.")) and name != RETRIES
         for line, what in hand_written_retries(module.tree)
     )
     assert found == []
@@ -435,6 +456,12 @@ def test_the_retry_check_sees_what_it_looks_for() -> None:
         "    time.sleep(0.5)\n"
         "    time.sleep(PAUSE)\n"
         "    time.sleep(min(POLICY.delay(1), max(0.0, LEFT)))\n"
+        "    stopped.wait(0.5)\n"
+        "    stopped.wait(min(PAUSE, interval / 4) + 0.5 * LEFT)\n"
+        "    stopped.wait(min(PAUSE, interval / 4) + 0.1)\n"
+        "    cache.wait_for(changed, wait if wait > 0 else 0.5)\n"
+        "    asyncio.wait(tasks, timeout=LEFT)\n"
+        "    raise kopf.TemporaryError('later', delay=2)\n"
         "    while True:\n"
         "        try:\n"
         "            return call()\n"
@@ -446,7 +473,7 @@ def test_the_retry_check_sees_what_it_looks_for() -> None:
         "        except OSError:\n"
         "            pass\n"
     )
-    assert sorted(line for line, _ in hand_written_retries(ast.parse(source))) == [3, 9, 11]
+    assert sorted(line for line, _ in hand_written_retries(ast.parse(source))) == [3, 6, 8, 9, 11, 15, 17]
 
 
 def test_the_pure_modules_are_the_rules_layer() -> None:

@@ -28,6 +28,10 @@ from .memory import OperatorMemo, stored_state
 
 logger = logging.getLogger(__name__)
 
+#: Seconds before Kopf runs a handler again after a status write that may succeed later (throttled, unready,
+#: unreachable): Kopf's own retry of the handler, not a loop of ours.
+STATUS_WRITE_RETRY_SECONDS = 2
+
 
 def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[str, Any], kind: str) -> bool:
     """Merge-patch the Rendezvous status (no resourceVersion: the server applies it at the latest).
@@ -47,12 +51,14 @@ def patch_status(client: KubernetesApi, namespace: str, name: str, status: dict[
     except (ForbiddenError, InvalidError) as exc:
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
         if exc.transient:
-            raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=2) from exc
+            raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=STATUS_WRITE_RETRY_SECONDS) from exc
         raise kopf.PermanentError(f"the API server refused to write the {what}: {exc}") from exc
     except KubernetesApiError as exc:
         metrics.RECONCILE_ERRORS.labels(handler=kind).inc()
         after = (exc.retry_after or 0.0) if isinstance(exc, ApiError) else 0.0  # a 429's Retry-After, honoured
-        raise kopf.TemporaryError(f"could not write the {what}: {exc}", delay=max(2.0, after)) from exc
+        raise kopf.TemporaryError(
+            f"could not write the {what}: {exc}", delay=max(STATUS_WRITE_RETRY_SECONDS, after)
+        ) from exc
     metrics.OPERATOR_WRITES.labels(kind=kind).inc()
     return True
 

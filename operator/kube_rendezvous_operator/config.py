@@ -21,6 +21,22 @@ from dataclasses import dataclass
 NODE_NOT_READY_SECONDS = 10.0
 
 
+def add_number_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    kind: type[int] | type[float],
+    fallback: str | int | float,
+    purpose: str,
+) -> None:
+    """Add ``flag``, a number of ``kind``: given, argparse converts it; else ``fallback`` converted (the text of an
+    environment variable the chart sets, else the field's default), which its help shows.
+
+    Raises:
+        ValueError: ``fallback`` is not a number of ``kind``.
+    """
+    parser.add_argument(flag, type=kind, default=kind(fallback), help=f"{purpose} (default %(default)s)")
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     """How this operator runs.
@@ -85,11 +101,8 @@ class OperatorConfig:
             default=environ.get("LIVENESS_ENDPOINT", cls.liveness),
             help="liveness endpoint URL (default %(default)s)",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=int(environ.get("METRICS_PORT", cls.metrics_port)),
-            help="port of /metrics (default %(default)s)",
+        add_number_flag(
+            parser, "--metrics-port", int, environ.get("METRICS_PORT", cls.metrics_port), "port of /metrics"
         )
         parser.add_argument(
             "--log-format",
@@ -104,17 +117,19 @@ class OperatorConfig:
             help="act only while holding the Lease kube-rendezvous-operator in the operator's namespace "
             "(POD_NAMESPACE); run 2 replicas for a standby",
         )
-        parser.add_argument(
+        add_number_flag(
+            parser,
             "--resync-seconds",
-            type=float,
-            default=float(environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", cls.resync_seconds)),
-            help="seconds between resyncs of each Rendezvous with its pods (default %(default)s)",
+            float,
+            environ.get("KUBE_RENDEZVOUS_RESYNC_SECONDS", cls.resync_seconds),
+            "seconds between resyncs of each Rendezvous with its pods",
         )
-        parser.add_argument(
+        add_number_flag(
+            parser,
             "--node-not-ready-seconds",
-            type=float,
-            default=float(environ.get("KUBE_RENDEZVOUS_NODE_NOT_READY_SECONDS", cls.node_not_ready_seconds)),
-            help="evict the nodes of training pods on a Kubernetes Node NotReady for this long (default %(default)s)",
+            float,
+            environ.get("KUBE_RENDEZVOUS_NODE_NOT_READY_SECONDS", cls.node_not_ready_seconds),
+            "evict the nodes of training pods on a Kubernetes Node NotReady for this long",
         )
         parser.add_argument("--verbose", action="store_true")
         args = parser.parse_args(list(argv))

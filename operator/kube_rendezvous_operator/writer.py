@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the folder's watch for its Rendezvous gone (a deletion the operator missed).
 GONE_CHECK_SECONDS = 5.0
+#: Seconds between two looks whether the folder's thread ended once asked to (it releases the writer Lease), up to
+#: ``TASK_END_SECONDS``: a thread cannot be awaited, and a short look ends the task soon after the thread.
+THREAD_END_POLL_SECONDS = 0.1
 
 
 async def fold_requests(memo: OperatorMemo, key: Key, uid: str, stopped: asyncio.Event) -> None:
@@ -83,7 +86,7 @@ async def fold_requests(memo: OperatorMemo, key: Key, uid: str, stopped: asyncio
         done.set()
         deadline = asyncio.get_running_loop().time() + TASK_END_SECONDS
         while thread.is_alive() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(THREAD_END_POLL_SECONDS)
         watch.stop()
         if record.wake_folder == folder.wake:
             record.wake_folder = None
@@ -134,4 +137,11 @@ def with_lease_heartbeats(
     return writer_rules.merge_heartbeats(document, beats)
 
 
-__all__ = ["GONE_CHECK_SECONDS", "fold_requests", "heartbeats", "training_pods", "with_lease_heartbeats"]
+__all__ = [
+    "GONE_CHECK_SECONDS",
+    "THREAD_END_POLL_SECONDS",
+    "fold_requests",
+    "heartbeats",
+    "training_pods",
+    "with_lease_heartbeats",
+]

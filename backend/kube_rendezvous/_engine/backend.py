@@ -66,7 +66,7 @@ from .._rules.document import (
     state_from_document,
 )
 from .._rules.intents import read_rendezvous
-from .._rules.retries import OUTAGE_RETRY, STATE_CONFLICT_RETRY, retry
+from .._rules.retries import OUTAGE_RETRY, OUTAGE_RETRY_SECONDS, STATE_CONFLICT_RETRY, retry
 from .._rules.statecheck import load_own_state
 from .._rules.summary import summarize_document
 from .._store.store import KubernetesStore
@@ -112,7 +112,7 @@ class KubernetesRendezvousBackend:
         run_id: str,
         *,
         node_name: str | None = None,
-        retry_timeout: float = 60.0,
+        retry_timeout: float = OUTAGE_RETRY_SECONDS,
         conflict_backoff: float = STATE_CONFLICT_RETRY.first_delay,
         max_conflict_backoff: float = STATE_CONFLICT_RETRY.max_delay,
         max_participants: int | None = None,

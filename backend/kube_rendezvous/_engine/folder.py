@@ -62,6 +62,7 @@ from .._rules.folder_rules import (
 from .._rules.intents import EVICTED_HEARTBEAT, close_reason, fold_intents
 from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE
 from .._rules.placement import STATUS_HELD_LIMIT, Domain, PlacementSpec, RankOrder, domain_ranges, topology_reason
+from .._rules.retries import FAILED_FOLD_PAUSE
 from .._rules.summary import departure_of, summarize_document
 
 logger = logging.getLogger(__name__)
@@ -546,7 +547,7 @@ class Folder:
                 if on_error is not None:
                     on_error(exc)
                 logger.info("fold for %s failed this time: %s", self.where, exc)
-                stopped.wait(max(0.5, retry_after_of(exc)))  # never sooner than a 429's Retry-After
+                stopped.wait(max(FAILED_FOLD_PAUSE, retry_after_of(exc)))  # never sooner than a 429's Retry-After
 
     def _collect_garbage(self) -> None:
         """Delete node Leases that stopped changing long ago and whose node the state no longer names."""

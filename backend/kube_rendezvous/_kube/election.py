@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: The event a candidate records on its lock when it takes it (client-go's).
 BECAME_LEADER = "became leader"
+#: The shortest wait of a leader's deadline watch between two looks at its term: a term that ends now is looked
+#: at again after this, never in a busy loop.
+DEADLINE_LOOK_FLOOR_SECONDS = 0.001
 
 
 @dataclass(frozen=True)
@@ -511,7 +514,7 @@ class ElectorRun:
                     self._over = True
                     break
                 remaining = self.renewed_at + self.config.renew_deadline - self.config.clock()
-            self._wake.wait(max(0.001, min(remaining, self.config.retry_period)))
+            self._wake.wait(max(DEADLINE_LOOK_FLOOR_SECONDS, min(remaining, self.config.retry_period)))
         if self.lost:
             logger.error("lost %s to %s; stopping at once", self.describe(), self.elector.holder or "nobody")
         else:

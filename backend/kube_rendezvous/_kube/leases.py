@@ -62,6 +62,9 @@ MAX_NAME = 253
 OBSERVER_GAP_SECONDS = 5.0
 #: Node Lease renewals one process keeps in flight at once (threads of its ``LeaseRenewer``).
 RENEWALS_IN_FLIGHT = 8
+#: The longest a ``LeaseRenewer`` waits between two looks for Leases due (a quarter of its interval when shorter),
+#: so a Lease is renewed soon after it is due and a stop is seen soon.
+RENEWER_LOOK_SECONDS = 0.5
 
 
 def _prefixed(rendezvous_name: str, suffix: str) -> str:
@@ -390,7 +393,7 @@ class LeaseRenewer:
                 self._in_flight.discard(id(lease))
 
     def _run(self) -> None:
-        while not self._stopped.wait(min(0.5, self.interval / 4)):
+        while not self._stopped.wait(min(RENEWER_LOOK_SECONDS, self.interval / 4)):
             now = datetime.now(timezone.utc)
             with self._lock:
                 due = [

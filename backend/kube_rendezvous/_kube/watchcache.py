@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a watch request lasts before the server ends it and it is renewed (jittered down by up to a quarter).
 WATCH_SECONDS = 60
+#: The longest a ``wait_for`` waits for a change before it looks again whether the cache stopped (which may notify
+#: no waiter) and whether its deadline passed.
+WAIT_LOOK_SECONDS = 1.0
 
 
 class WatchCache:
@@ -166,7 +169,7 @@ class WatchCache:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stopped.is_set():
                     return False
-                self._condition.wait(min(remaining, 1.0))
+                self._condition.wait(min(remaining, WAIT_LOOK_SECONDS))
             return True
 
     def _changed(self, obj: dict[str, Any] | None = None) -> None:

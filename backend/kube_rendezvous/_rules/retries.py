@@ -80,6 +80,9 @@ class RetryPolicy:
 #: A call that got no answer, or a transient status (429, 5xx, a 403 while RBAC syncs), repeated until the
 #: caller's deadline: ``call_with_retries``, and a state or eviction write whose outcome is unknown.
 OUTAGE_RETRY = RetryPolicy(first_delay=0.1, max_delay=2.0, jitter_floor=0.5)
+#: Seconds an agent keeps retrying as ``OUTAGE_RETRY`` says while the API server does not answer, by default: the
+#: ``retry_timeout`` of ``--rdzv-conf``, of the compare-and-swap backend and of the store.
+OUTAGE_RETRY_SECONDS = 60.0
 #: A watch that dropped, listed again. No deadline (a watch lasts as long as its process), so it backs
 #: off further than ``OUTAGE_RETRY``: an API server that stays down is asked every 2.5-5 s, not every 1-2.
 WATCH_RETRY = RetryPolicy(first_delay=0.4, max_delay=5.0, jitter_floor=0.5)
@@ -98,6 +101,9 @@ EVICTION_CONFLICT_RETRY = RetryPolicy(first_delay=0.02, max_delay=1.0, attempts=
 #: answer, a refusal for now): tried again every 0.5 s, no jitter (one agent closes, not N at once), until the
 #: shutdown's deadline.
 CLOSE_RETRY = RetryPolicy(first_delay=0.5, max_delay=0.5, jitter_floor=1.0)
+#: Seconds a folder waits after a fold the API server refused or did not answer before it waits for the next
+#: request or tick and folds again: a fold that keeps failing while requests keep waking it does not spin.
+FAILED_FOLD_PAUSE = 0.5
 
 # The pauses that are not retries of a failed call, each with its reason.
 
@@ -172,8 +178,10 @@ def retry(
 __all__ = [
     "CLOSE_RETRY",
     "EVICTION_CONFLICT_RETRY",
+    "FAILED_FOLD_PAUSE",
     "KEY_CONFLICT_RETRY",
     "OUTAGE_RETRY",
+    "OUTAGE_RETRY_SECONDS",
     "STATE_CONFLICT_RETRY",
     "UNCLEAR_WRITE_PAUSE",
     "WATCH_CATCH_UP_PAUSE",

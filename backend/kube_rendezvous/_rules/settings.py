@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .retries import STATE_CONFLICT_RETRY
+from .retries import OUTAGE_RETRY_SECONDS, STATE_CONFLICT_RETRY
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -140,7 +140,7 @@ class KubernetesRendezvousConfig:
     #: ``owner=pod``: the owner (and an unset run id) come from the agent's own pod (``workload_owner``).
     owner_from_pod: bool = False
     request_timeout: float = 30.0
-    retry_timeout: float = 60.0
+    retry_timeout: float = OUTAGE_RETRY_SECONDS
     store_timeout: float = 300.0
     conflict_backoff: float = STATE_CONFLICT_RETRY.first_delay
 

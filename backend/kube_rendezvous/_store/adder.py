@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 #: Seconds an adder that lost a fold waits for its watch to show a newer counter before it lists the
 #: keys again (the watch lags: an API server whose watch cache fell behind etcd shows nothing new).
 STALE_COUNTER_SECONDS = 5.0
+#: Seconds an adder waits for its watch to change when its deadline or its patience is past already: the next look
+#: raises or folds; with the watch unhealthy (no fold) it looks again this often instead of spinning.
+PAST_DUE_WAIT_SECONDS = 0.5
 
 
 class AddIndex:
@@ -281,7 +284,7 @@ class CombinedAdd:
                 elif outcome is None:
                     patience = now + FOLD_PATIENCE_SECONDS * random.uniform(1, 2)
             wait = min(deadline, patience) - time.monotonic()
-            cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else 0.5)
+            cache.wait_for(_changed_since(cache, cache.changes), wait if wait > 0 else PAST_DUE_WAIT_SECONDS)
 
     def _fold(self) -> bool | None:
         """Fold every pending add request on the counter into it: True when written, False when another

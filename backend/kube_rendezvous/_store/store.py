@@ -69,7 +69,7 @@ from .._rules.adder_rules import (
     fold,
 )
 from .._rules.counters import Counters
-from .._rules.retries import KEY_CONFLICT_RETRY, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
+from .._rules.retries import KEY_CONFLICT_RETRY, OUTAGE_RETRY_SECONDS, UNCLEAR_WRITE_PAUSE, WATCH_CATCH_UP_PAUSE
 from .adder import AddIndex, CombinedAdd
 from .bundles import split
 from .keywatch import KeyWatch, key_watch
@@ -88,6 +88,9 @@ WRITERS_KEPT = 2048
 DEFAULT_STORE_TIMEOUT = timedelta(seconds=300)
 #: Seconds between two reads of a blocking call when the server refuses to let this process watch the keys.
 POLL_SECONDS = 0.5
+#: The longest a blocking call waits on the process's watch of the keys before it looks again whether that watch
+#: was refused meanwhile (then it reads instead) and whether its deadline passed.
+SHARED_WAIT_LOOK_SECONDS = 1.0
 #: Sets one ``multi_set`` (or one pipelined view) keeps in flight at once.
 SETS_IN_FLIGHT = 16
 
@@ -129,7 +132,7 @@ class KubernetesStore:
         rendezvous_uid: str,
         *,
         timeout: float | timedelta = DEFAULT_STORE_TIMEOUT,
-        retry_timeout: float = 60.0,
+        retry_timeout: float = OUTAGE_RETRY_SECONDS,
     ) -> None:
         if not rendezvous_uid:
             raise ValueError("rendezvous_uid must be the Rendezvous object's metadata.uid, got ''")
@@ -449,7 +452,7 @@ class KubernetesStore:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not cache.supported:
                     return got if cache.supported else None
-                event.wait(min(remaining, 1.0))
+                event.wait(min(remaining, SHARED_WAIT_LOOK_SECONDS))
 
     def add(self, key: str | bytes, amount: int, *, round_number: int | None = None) -> int:
         """Add ``amount`` to the integer at ``key`` (missing counts as 0); return the new value.
