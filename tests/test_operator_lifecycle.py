@@ -227,6 +227,10 @@ def per_rendezvous_series(operator: OperatorProcess, namespace: str) -> list[str
     return [line for line in lines if not line.startswith("#") and f'namespace="{namespace}"' in line]
 
 
+#: Seconds the operator may take to list, then to forget, a thousand Rendezvous (a helper saw 60 s missed at load 12).
+FORGET_SECONDS = 180
+
+
 def test_the_operator_holds_nothing_of_a_thousand_deleted_rendezvous(
     control_plane: ControlPlane,
     objects: client.CustomObjectsApi,
@@ -275,9 +279,10 @@ def test_the_operator_holds_nothing_of_a_thousand_deleted_rendezvous(
                     operator.metric("kube_rendezvous_operator_training_pods"),
                 )
 
+            # Deadlines for a loaded machine (CI's parallel workers): the claim is what it keeps, not how fast.
             wait_until(
                 lambda: held() == (MANY, LIVE),
-                60,
+                FORGET_SECONDS,
                 f"the operator to track {MANY} Rendezvous and list the {LIVE} pods of the live ones",
                 explain=lambda: str(held()),
             )
@@ -286,7 +291,7 @@ def test_the_operator_holds_nothing_of_a_thousand_deleted_rendezvous(
             list(pool.map(release, held_names))
             wait_until(
                 lambda: held() == (0, 0) and not per_rendezvous_series(operator, namespace),
-                60,
+                FORGET_SECONDS,
                 f"the operator to forget the {MANY} deleted Rendezvous",
                 explain=lambda: f"{held()}, {len(per_rendezvous_series(operator, namespace))} series left",
             )
