@@ -574,17 +574,20 @@ class TestTheOperatorRBAC:
         for seconds in ("0", "120"):
             manifests = helm.template(f"operator.lostNodes.failPodsAfterSeconds={seconds}")
             role = the(operator_objects(manifests, "ClusterRole"), "ClusterRole")
-            assert role["rules"] == without(documented_rules, "nodes", "customresourcedefinitions", "namespaces") + [
+            cluster_only = ["customresourcedefinitions", "namespaces", "nodes"]
+            assert role["rules"] == [
+                *without(documented_rules, *cluster_only),
                 *lost_nodes,
-                *(rule for rule in documented_rules if rule["resources"] == ["customresourcedefinitions"]),
-                *(rule for rule in documented_rules if rule["resources"] == ["namespaces"]),
-                *(rule for rule in documented_rules if rule["resources"] == ["nodes"]),
+                *(rule for resource in cluster_only for rule in documented_rules if rule["resources"] == [resource]),
             ]
             assert env_of(operator_container(manifests))["KUBE_RENDEZVOUS_FAIL_LOST_PODS_AFTER_SECONDS"] == seconds
         # Namespace scope: in each watched namespace's Role (pods are namespaced), never cluster-wide.
         manifests = helm.template("rbac.scope=namespace", "operator.lostNodes.failPodsAfterSeconds=60")
         role = the(operator_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
-        assert role["rules"] == without(documented_rules, "customresourcedefinitions", "namespaces", "nodes") + lost_nodes
+        assert role["rules"] == [
+            *without(documented_rules, "customresourcedefinitions", "namespaces", "nodes"),
+            *lost_nodes,
+        ]
         cluster_role = the(operator_objects(manifests, "ClusterRole"), "ClusterRole")
         assert all("pods/status" not in rule["resources"] for rule in cluster_role["rules"])
         no_option = helm.template("rbac.scope=namespace")
