@@ -74,12 +74,10 @@ def lost_nodes_operator(control_plane: ControlPlane, namespace: str, log: Path) 
             f"--serviceaccount={namespace}:kube-rendezvous-operator",
         )
         args = ("--node-not-ready-seconds", "1", "--resync-seconds", "2")
-        running = OperatorProcess(kubeconfig, namespace, log, args=args)
         try:
-            running.start()
-            yield running
+            with OperatorProcess(kubeconfig, namespace, log, args=args) as running:
+                yield running
         finally:
-            running.stop()
             control_plane.kubectl("delete", "clusterrolebinding", binding, check=False)
 
 
@@ -143,11 +141,17 @@ def played(control_plane: ControlPlane, crds: None, namespace: str, admin_api: c
         node.delete()
 
 
-def start(
-    control_plane: ControlPlane, objects: client.CustomObjectsApi, namespace: str, played: LostNode, **spec: Any
-) -> None:
-    create_rendezvous(objects, namespace, minNodes=1, maxNodes=2, **spec)
-    member_state(control_plane, objects, namespace)
+@contextmanager
+def outage(
+    control_plane: ControlPlane, objects: client.CustomObjectsApi, played: LostNode, log: Path, **spec: Any
+) -> Iterator[datetime]:
+    """Rendezvous ``job`` (``spec``) with trainer-0's agent in its round, the operator running and its pod census
+    taken, then the lost Node NotReady: yields since when."""
+    create_rendezvous(objects, played.namespace, minNodes=1, maxNodes=2, **spec)
+    member_state(control_plane, objects, played.namespace)
+    with lost_nodes_operator(control_plane, played.namespace, log) as operator:
+        wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
+        yield played.go_not_ready()
 
 
 def assert_node_lost_told(played: LostNode, option: bool) -> str:
@@ -173,17 +177,10 @@ def assert_node_lost_told(played: LostNode, option: bool) -> str:
 
 class TestLostNode:
     def test_node_lost_names_the_fix_once_and_with_the_option_the_pod_is_failed_after_its_seconds_not_before(
-        self,
-        control_plane: ControlPlane,
-        objects: client.CustomObjectsApi,
-        namespace: str,
-        played: LostNode,
-        tmp_path: Path,
+        self, control_plane: ControlPlane, objects: client.CustomObjectsApi, played: LostNode, tmp_path: Path
     ) -> None:
-        start(control_plane, objects, namespace, played, lostNodes={"failPodsAfterSeconds": FAIL_AFTER})
-        with lost_nodes_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
-            wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
-            since = played.go_not_ready()
+        spec = {"lostNodes": {"failPodsAfterSeconds": FAIL_AFTER}}
+        with outage(control_plane, objects, played, tmp_path / "operator.log", **spec) as since:
             message = assert_node_lost_told(played, option=True)
             assert f"at {stamp(since + timedelta(seconds=FAIL_AFTER))}" in message
             # Not before its seconds: Running, no DisruptionTarget, until a second before they end.
@@ -221,17 +218,9 @@ class TestLostNode:
             assert len(played.events("job", "LostPodsFailed")) == 1
 
     def test_without_the_option_the_pod_is_told_about_and_left_alone(
-        self,
-        control_plane: ControlPlane,
-        objects: client.CustomObjectsApi,
-        namespace: str,
-        played: LostNode,
-        tmp_path: Path,
+        self, control_plane: ControlPlane, objects: client.CustomObjectsApi, played: LostNode, tmp_path: Path
     ) -> None:
-        start(control_plane, objects, namespace, played)
-        with lost_nodes_operator(control_plane, namespace, tmp_path / "operator.log") as operator:
-            wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
-            since = played.go_not_ready()
+        with outage(control_plane, objects, played, tmp_path / "operator.log") as since:
             assert_node_lost_told(played, option=False)
             # Well past any wait (the option's default is off; the operator may patch pods/status here).
             until = (since + timedelta(seconds=FAIL_AFTER + 5) - datetime.now(timezone.utc)).total_seconds()

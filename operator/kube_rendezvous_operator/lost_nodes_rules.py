@@ -106,9 +106,10 @@ def next_fail_at(not_ready: Mapping[str, datetime], now: datetime, wait: timedel
     return min((since + wait for since in not_ready.values() if since + wait > now), default=None)
 
 
-def pod_names(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The names of ``pods``, sorted."""
-    return sorted(str((pod.get("metadata") or {}).get("name")) for pod in pods)
+def pods_named(pods: Iterable[Mapping[str, Any]]) -> str:
+    """``pod a`` or ``pods a, b`` (sorted; the first ``NODES_LISTED``, then how many more)."""
+    names = sorted(str((pod.get("metadata") or {}).get("name")) for pod in pods)
+    return f"{'pod' if len(names) == 1 else 'pods'} {listed_names(names)}"
 
 
 def taint_command(node: str) -> str:
@@ -121,11 +122,9 @@ def node_lost_event(
 ) -> RendezvousEvent:
     """``NodeLost``: the Node, its lost pods, the command that frees them and what it does (and, with the
     opt-in on, when the operator marks them Failed itself)."""
-    names = pod_names(pods)
-    which = "pod" if len(names) == 1 else "pods"
     message = (
         f"Kubernetes node {node} is NotReady (Ready={status}) since {format_time(since)} and the agents of "
-        f"{which} {listed_names(names)} on it are silent: its kubelet cannot report them, so they are not marked "
+        f"{pods_named(pods)} on it are silent: its kubelet cannot report them, so they are not marked "
         "Failed and their Job does not replace them (they stay Terminating once evicted). If the machine is down, "
         f"run `{taint_command(node)}`: Kubernetes then force-deletes the pods on it and detaches their volumes, "
         "so the Job can replace them (remove the taint once the machine is back)."
@@ -135,20 +134,18 @@ def node_lost_event(
             f" The operator marks them Failed itself (DisruptionTarget) at "
             f"{format_time(since + fail_after)} (spec.lostNodes.failPodsAfterSeconds)."
         )
-    return RendezvousEvent("Warning", NODE_LOST, message, len(names))
+    return RendezvousEvent("Warning", NODE_LOST, message, len(pods))
 
 
 def pods_failed_event(node: str, since: datetime, pods: list[dict[str, Any]]) -> RendezvousEvent:
     """``LostPodsFailed``: the operator marked ``pods`` on lost Node ``node`` Failed, and what follows."""
-    names = pod_names(pods)
-    which = "pod" if len(names) == 1 else "pods"
     message = (
-        f"marked {which} {listed_names(names)} on Kubernetes node {node} (NotReady since {format_time(since)}) "
+        f"marked {pods_named(pods)} on Kubernetes node {node} (NotReady since {format_time(since)}) "
         f"Failed with condition {DISRUPTION_TARGET}, as Kubernetes' pod garbage collector does on an out-of-service "
         "node: a Job whose podFailurePolicy ignores DisruptionTarget replaces them without counting a failure. "
         "A pod still running on a machine that is only partitioned is not stopped by this"
     )
-    return RendezvousEvent("Normal", LOST_PODS_FAILED, message, len(names))
+    return RendezvousEvent("Normal", LOST_PODS_FAILED, message, len(pods))
 
 
 def failed_status_patch(node: str, since: datetime, now: datetime) -> dict[str, Any]:
