@@ -213,7 +213,9 @@ class TestTheRuleIO:
         assert posted == [("rendezvous", "LostPodsFailed"), ("silent", "LostPodsFailed")]
         assert lost_nodes.fail_due(memo, ("team-a", "job"), pods, {"gpu-7": SINCE}, NOW)[0] == ["gpu-7"]
 
-    def test_off_nothing_is_patched_and_a_refused_patch_marks_nothing(self, posted: list[tuple[str, str]]) -> None:
+    def test_off_nothing_is_patched_and_a_refused_patch_marks_nothing_and_says_why(
+        self, posted: list[tuple[str, str]]
+    ) -> None:
         api = RecordingApi()
         states = {"gpu-7": NotReady("Unknown", SINCE)}
         pods = [pod("silent", "10.0.0.1")]
@@ -222,4 +224,11 @@ class TestTheRuleIO:
         assert lost_nodes.fail_due(self.memo(api, None), ("team-a", "job"), pods, {"gpu-7": SINCE}, NOW) == ([], None)
         refusing = RecordingApi(refuse=True)
         lost_nodes.fail_lost_pods(self.memo(refusing, 0), ("team-a", "job"), pods, document(), states, NOW)
-        assert posted == []
+        assert posted == [("rendezvous", "LostPodsNotFailed")]  # the permission named, and no LostPodsFailed
+
+    def test_a_refusal_names_the_permission_and_both_ways_to_grant_it(self) -> None:
+        event = lost_nodes_rules.refused_event("gpu-7", lost_nodes.PERMISSION)
+        assert (event.type, event.reason) == ("Warning", "LostPodsNotFailed")
+        assert "lost Kubernetes node gpu-7" in event.message and "patch on pods/status" in event.message
+        assert "operator.lostNodes.failPodsAfterSeconds" in event.message
+        assert "docs/operator-rbac-lost-nodes.yaml" in event.message

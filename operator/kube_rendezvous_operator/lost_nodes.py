@@ -8,7 +8,7 @@ the Nodes' NotReady since: ``tell_node_lost`` when it judges a Node past its wai
 ``NodeLost`` is posted once per Node outage (Node and NotReady since) per Rendezvous: a restarted operator or
 a new leader finds it among the Rendezvous's Events and does not repeat it. A pod is marked Failed through
 the pods/status subresource (patch: the one permission this adds, granted by the chart only when it is on);
-without it the operator logs a warning naming the permission and marks nothing.
+without it the operator posts one ``LostPodsNotFailed`` Warning naming the permission and marks nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def mark_failed(client: KubernetesApi, pod: Mapping[str, Any], node: str, since:
     """Patch ``pod``'s status to phase Failed with a ``DisruptionTarget`` condition; whether it was marked.
 
     The patch names the pod's uid, so a newer pod of that name is never marked (the server refuses the change).
+
+    Raises:
+        ForbiddenError: the operator may not patch pods/status (``PERMISSION``).
     """
     meta = pod.get("metadata") or {}
     patch = lost_nodes_rules.failed_status_patch(node, since, now)
@@ -87,17 +90,8 @@ def mark_failed(client: KubernetesApi, pod: Mapping[str, Any], node: str, since:
         client.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE_PATCH)
     except NotFoundError:
         return False  # gone already: nothing left to replace
-    except ForbiddenError as exc:
-        logger.warning(
-            "could not mark pod %s/%s on lost Kubernetes node %s Failed: the operator's ServiceAccount needs %s "
-            "(chart value operator.lostNodes.failPodsAfterSeconds grants it): %s",
-            meta.get("namespace"),
-            meta.get("name"),
-            node,
-            PERMISSION,
-            exc,
-        )
-        return False
+    except ForbiddenError:
+        raise
     except KubernetesApiError as exc:
         name = f"{meta.get('namespace')}/{meta.get('name')}"
         logger.warning("could not mark pod %s Failed (the next judgement tries again): %s", name, exc)
@@ -124,7 +118,13 @@ def fail_lost_pods(
     for node, on_node in sorted(due.items()):
         state = states[node]
         lost = lost_nodes_rules.lost_pods(on_node, document, state.since)
-        failed = [pod for pod in lost if mark_failed(memo.api, pod, node, state.since, now)]
+        try:
+            failed = [pod for pod in lost if mark_failed(memo.api, pod, node, state.since, now)]
+        except ForbiddenError as exc:
+            refused = lost_nodes_rules.refused_event(node, PERMISSION)
+            logger.warning("rendezvous %s/%s: %s: %s", *key, refused.message, exc)
+            events.post_on_rendezvous(memo.api, *key, refused, once=True)
+            return
         if failed:
             event = lost_nodes_rules.pods_failed_event(node, state.since, failed)
             logger.info("rendezvous %s/%s: %s", *key, event.message)

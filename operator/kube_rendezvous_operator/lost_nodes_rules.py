@@ -31,6 +31,8 @@ OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute
 NODE_LOST = "NodeLost"
 #: The Event reason that says the operator marked a lost Node's pods Failed (Normal).
 LOST_PODS_FAILED = "LostPodsFailed"
+#: The Event reason that says the operator may not mark a lost Node's pods Failed (Warning).
+LOST_PODS_NOT_FAILED = "LostPodsNotFailed"
 #: The pod condition the operator adds, as the pod garbage collector does: the Job's podFailurePolicy ignores it.
 DISRUPTION_TARGET = "DisruptionTarget"
 #: The reason of that condition (the pod garbage collector's is ``DeletionByPodGC``).
@@ -146,6 +148,16 @@ def pods_failed_event(node: str, since: datetime, pods: list[dict[str, Any]]) ->
         "A pod still running on a machine that is only partitioned is not stopped by this"
     )
     return RendezvousEvent("Normal", LOST_PODS_FAILED, message, len(pods))
+
+
+def refused_event(node: str, permission: str) -> RendezvousEvent:
+    """``LostPodsNotFailed``: the API server refused to let the operator mark the pods of ``node`` Failed."""
+    message = (
+        f"could not mark the pods of lost Kubernetes node {node} Failed: the operator's ServiceAccount needs "
+        f"{permission}; set the chart value operator.lostNodes.failPodsAfterSeconds (it grants it) or apply "
+        "docs/operator-rbac-lost-nodes.yaml. Until then, the NodeLost Event names the fix"
+    )
+    return RendezvousEvent("Warning", LOST_PODS_NOT_FAILED, message)
 
 
 def failed_status_patch(node: str, since: datetime, now: datetime) -> dict[str, Any]:
