@@ -55,9 +55,12 @@ def ready_condition(status: str, since: datetime) -> dict[str, Any]:
 
 
 @contextmanager
-def lost_nodes_operator(control_plane: ControlPlane, namespace: str, log: Path) -> Iterator[OperatorProcess]:
-    """The operator as its ServiceAccount bound to docs/operator-rbac.yaml and docs/operator-rbac-lost-nodes.yaml
-    (patch on pods/status), judging NotReady Nodes at its shortest wait and resyncing every 2 s."""
+def lost_nodes_operator(
+    control_plane: ControlPlane, namespace: str, log: Path, grant: bool = True
+) -> Iterator[OperatorProcess]:
+    """The operator as its ServiceAccount bound to docs/operator-rbac.yaml and (``grant``)
+    docs/operator-rbac-lost-nodes.yaml (patch on pods/status), judging NotReady Nodes at its shortest wait and
+    resyncing every 2 s."""
     role = next(
         doc
         for doc in yaml.safe_load_all((REPO / "docs" / "operator-rbac-lost-nodes.yaml").read_text())
@@ -66,13 +69,14 @@ def lost_nodes_operator(control_plane: ControlPlane, namespace: str, log: Path) 
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
     binding = f"kube-rendezvous-operator-lost-nodes-{namespace}"
     with operator_account(control_plane, namespace) as kubeconfig:
-        control_plane.kubectl(
-            "create",
-            "clusterrolebinding",
-            binding,
-            f"--clusterrole={role['metadata']['name']}",
-            f"--serviceaccount={namespace}:kube-rendezvous-operator",
-        )
+        if grant:
+            control_plane.kubectl(
+                "create",
+                "clusterrolebinding",
+                binding,
+                f"--clusterrole={role['metadata']['name']}",
+                f"--serviceaccount={namespace}:kube-rendezvous-operator",
+            )
         args = ("--node-not-ready-seconds", "1", "--resync-seconds", "2")
         try:
             with OperatorProcess(kubeconfig, namespace, log, args=args) as running:
@@ -143,13 +147,19 @@ def played(control_plane: ControlPlane, crds: None, namespace: str, admin_api: c
 
 @contextmanager
 def outage(
-    control_plane: ControlPlane, objects: client.CustomObjectsApi, played: LostNode, log: Path, **spec: Any
+    control_plane: ControlPlane,
+    objects: client.CustomObjectsApi,
+    played: LostNode,
+    log: Path,
+    *,
+    grant: bool = True,
+    **spec: Any,
 ) -> Iterator[datetime]:
-    """Rendezvous ``job`` (``spec``) with trainer-0's agent in its round, the operator running and its pod census
-    taken, then the lost Node NotReady: yields since when."""
+    """Rendezvous ``job`` (``spec``) with trainer-0's agent in its round, the operator running (allowed to patch
+    pods/status if ``grant``) and its pod census taken, then the lost Node NotReady: yields since when."""
     create_rendezvous(objects, played.namespace, minNodes=1, maxNodes=2, **spec)
     member_state(control_plane, objects, played.namespace)
-    with lost_nodes_operator(control_plane, played.namespace, log) as operator:
+    with lost_nodes_operator(control_plane, played.namespace, log, grant) as operator:
         wait_until(lambda: operator.metric("kube_rendezvous_operator_resyncs_total") >= 1, 30, "a pod census")
         yield played.go_not_ready()
 
@@ -231,3 +241,21 @@ class TestLostNode:
             )
             assert played.events("job", "LostPodsFailed") == []
             assert len(played.events("job", "NodeLost")) == 1
+
+    def test_an_operator_not_allowed_to_patch_pod_status_says_so_once_and_marks_nothing(
+        self, control_plane: ControlPlane, objects: client.CustomObjectsApi, played: LostNode, tmp_path: Path
+    ) -> None:
+        """The spec asks for it, but the operator has only docs/operator-rbac.yaml (the chart without its value)."""
+        spec = {"lostNodes": {"failPodsAfterSeconds": 0}}
+        with outage(control_plane, objects, played, tmp_path / "operator.log", grant=False, **spec):
+            assert_node_lost_told(played, option=True)
+            refused = wait_until(lambda: played.events("job", "LostPodsNotFailed"), 30, "LostPodsNotFailed")
+            assert refused == [
+                f"could not mark the pods of lost Kubernetes node {played.lost} Failed: the operator's ServiceAccount "
+                "needs patch on pods/status (core API group); set the chart value "
+                "operator.lostNodes.failPodsAfterSeconds (it grants it) or apply docs/operator-rbac-lost-nodes.yaml. "
+                "Until then, the NodeLost Event names the fix"
+            ]
+            holds_for(lambda: played.pod("trainer-0").status.phase == "Running", 6, "trainer-0 untouched")
+            assert len(played.events("job", "LostPodsNotFailed")) == 1  # over 3 resyncs
+            assert played.events("job", "LostPodsFailed") == []
