@@ -259,3 +259,17 @@ class TestLostNode:
             holds_for(lambda: played.pod("trainer-0").status.phase == "Running", 6, "trainer-0 untouched")
             assert len(played.events("job", "LostPodsNotFailed")) == 1  # over 3 resyncs
             assert played.events("job", "LostPodsFailed") == []
+
+
+class TestTheSpec:
+    def test_the_crd_refuses_failpods_false_beside_seconds_and_negative_seconds_naming_the_field(
+        self, crds: None, objects: client.CustomObjectsApi, namespace: str
+    ) -> None:
+        for lost_nodes, said in (
+            ({"failPods": False, "failPodsAfterSeconds": 30}, "spec.lostNodes.failPods false turns the rule off"),
+            ({"failPodsAfterSeconds": -1}, "spec.lostNodes.failPodsAfterSeconds"),
+        ):
+            with pytest.raises(client.ApiException) as refused:
+                create_rendezvous(objects, namespace, lostNodes=lost_nodes)
+            assert refused.value.status == 422 and said in str(refused.value.body), refused.value.body
+        create_rendezvous(objects, namespace, lostNodes={"failPods": False})
