@@ -561,6 +561,47 @@ class TestTheOperatorRBAC:
             rule for rule in cluster_wide if rule["resources"] in (["customresourcedefinitions"], ["nodes"])
         ]
 
+    def test_pods_status_patch_is_granted_only_when_the_operator_marks_lost_pods_failed(self, helm: Helm) -> None:
+        """operator.lostNodes.failPodsAfterSeconds (0 counts) adds exactly docs/operator-rbac-lost-nodes.yaml's
+        rule (patch on pods/status) and the operator's default; unset, neither."""
+        documented_rules = documented("operator-rbac.yaml", "ClusterRole")["rules"]
+        lost_nodes = documented("operator-rbac-lost-nodes.yaml", "ClusterRole")["rules"]
+        assert lost_nodes == [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+        for values in ([], ["operator.lostNodes.failPodsAfterSeconds=null"]):
+            manifests = helm.template(*values)
+            assert the(operator_objects(manifests, "ClusterRole"), "ClusterRole")["rules"] == documented_rules
+            assert "KUBE_RENDEZVOUS_FAIL_LOST_PODS_AFTER_SECONDS" not in env_of(operator_container(manifests))
+        for seconds in ("0", "120"):
+            manifests = helm.template(f"operator.lostNodes.failPodsAfterSeconds={seconds}")
+            role = the(operator_objects(manifests, "ClusterRole"), "ClusterRole")
+            cluster_only = ["customresourcedefinitions", "namespaces", "nodes"]
+            assert role["rules"] == [
+                *without(documented_rules, *cluster_only),
+                *lost_nodes,
+                *(rule for resource in cluster_only for rule in documented_rules if rule["resources"] == [resource]),
+            ]
+            assert env_of(operator_container(manifests))["KUBE_RENDEZVOUS_FAIL_LOST_PODS_AFTER_SECONDS"] == seconds
+        # Namespace scope: in each watched namespace's Role (pods are namespaced), never cluster-wide.
+        manifests = helm.template("rbac.scope=namespace", "operator.lostNodes.failPodsAfterSeconds=60")
+        role = the(operator_objects(manifests, "Role"), "Role", RELEASE_NAMESPACE)
+        assert role["rules"] == [
+            *without(documented_rules, "customresourcedefinitions", "namespaces", "nodes"),
+            *lost_nodes,
+        ]
+        cluster_role = the(operator_objects(manifests, "ClusterRole"), "ClusterRole")
+        assert all("pods/status" not in rule["resources"] for rule in cluster_role["rules"])
+        no_option = helm.template("rbac.scope=namespace")
+        assert all(
+            "pods/status" not in rule["resources"]
+            for kind in ("Role", "ClusterRole")
+            for manifest in operator_objects(no_option, kind)
+            for rule in manifest["rules"]
+        )
+        refused = helm.run(
+            "template", "rdzv", CHART, "--set", "operator.lostNodes.failPodsAfterSeconds=-1", check=False
+        )
+        assert refused.returncode != 0 and "failPodsAfterSeconds" in refused.stderr
+
     def test_watch_namespaces_render_one_namespace_argument_and_one_role_each(self, helm: Helm) -> None:
         manifests = helm.template("rbac.scope=namespace", "watchNamespaces={team-a,team-b}")
         assert operator_container(manifests)["args"] == ["--namespace", "team-a", "--namespace", "team-b"]

@@ -52,7 +52,7 @@ class TestLayering:
             "kube_rendezvous_operator.pods_rules, kube_rendezvous_operator.gone_pods_rules, "
             "kube_rendezvous_operator.restarts_rules, kube_rendezvous_operator.resync_rules, "
             "kube_rendezvous_operator.writer_rules, kube_rendezvous_operator.ttl_rules, "
-            "kube_rendezvous_operator.not_ready_rules"
+            "kube_rendezvous_operator.not_ready_rules, kube_rendezvous_operator.lost_nodes_rules"
         )
         assert "kube_rendezvous_operator" in loaded
         assert not loaded & {"kopf", "tensorplay", "torch"}

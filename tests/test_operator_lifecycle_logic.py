@@ -85,6 +85,8 @@ def filled_memo() -> OperatorMemo:
         record.not_ready_judged.add(("node-a", since))
         record.not_ready_spared.add(("node-a", since))
         record.not_ready_wake = asyncio.Event()
+        record.fail_pods_after = timedelta(seconds=60)
+        record.node_lost_told.add(("node-a", since))
         record.tasks = RendezvousTasks(f"uid-{key[1]}")
     return memo
 

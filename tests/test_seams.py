@@ -60,6 +60,7 @@ PURE = {
     "kube_rendezvous_operator.writer_rules",
     "kube_rendezvous_operator.ttl_rules",
     "kube_rendezvous_operator.not_ready_rules",
+    "kube_rendezvous_operator.lost_nodes_rules",
 }
 #: Modules outside the packages that do I/O (or run threads): no pure module imports them.
 IO_MODULES = {"kubernetes", "kopf", "urllib3", "socket", "threading", "subprocess", "requests", "http", "asyncio"}

@@ -51,6 +51,10 @@ class OperatorConfig:
         node_not_ready_seconds: how long a Kubernetes Node must have been NotReady (its ``Ready``
             condition ``False`` or ``Unknown``, counted from that condition's ``lastTransitionTime``)
             before the nodes of the training pods on it are evicted (``NODE_NOT_READY_SECONDS``).
+        fail_lost_pods_after_seconds: the default of ``spec.lostNodes.failPodsAfterSeconds``: how long after
+            its Kubernetes Node went NotReady a training pod whose agents are silent is marked Failed with a
+            ``DisruptionTarget`` condition, so its Job replaces it (``lost_nodes``). None (the default): off,
+            except for a Rendezvous that sets it. Needs patch on pods/status.
         identity: this replica's name (``POD_NAME``, else host and pid).
         pod_namespace: the operator's own namespace (the election Lease's), None when unknown.
         kubeconfig: a kubeconfig to use instead of in-cluster credentials.
@@ -64,6 +68,7 @@ class OperatorConfig:
     leader_election: bool = False
     resync_seconds: float = 10.0
     node_not_ready_seconds: float = NODE_NOT_READY_SECONDS
+    fail_lost_pods_after_seconds: float | None = None
     identity: str = "operator"
     pod_namespace: str | None = None
     kubeconfig: str | None = None
@@ -76,6 +81,9 @@ class OperatorConfig:
             raise ValueError(f"--resync-seconds {self.resync_seconds:g}: must be positive seconds")
         if not 0 < self.node_not_ready_seconds < float("inf"):
             raise ValueError(f"--node-not-ready-seconds {self.node_not_ready_seconds:g}: must be positive seconds")
+        seconds = self.fail_lost_pods_after_seconds
+        if seconds is not None and not 0 <= seconds < float("inf"):
+            raise ValueError(f"--fail-lost-pods-after-seconds {seconds:g}: must be seconds, 0 or more")
         if self.log_format not in ("json", "plain"):
             raise ValueError(f"--log-format {self.log_format!r}: must be json or plain")
 
@@ -131,6 +139,16 @@ class OperatorConfig:
             environ.get("KUBE_RENDEZVOUS_NODE_NOT_READY_SECONDS", cls.node_not_ready_seconds),
             "evict the nodes of training pods on a Kubernetes Node NotReady for this long",
         )
+        parser.add_argument(
+            "--fail-lost-pods-after-seconds",
+            type=float,
+            default=float(environ["KUBE_RENDEZVOUS_FAIL_LOST_PODS_AFTER_SECONDS"])
+            if environ.get("KUBE_RENDEZVOUS_FAIL_LOST_PODS_AFTER_SECONDS")
+            else None,
+            help="mark Failed (DisruptionTarget) the training pods with silent agents on a Kubernetes Node NotReady "
+            "for this long, so their Job replaces them; the default of spec.lostNodes.failPodsAfterSeconds "
+            "(default: off). Needs patch on pods/status",
+        )
         parser.add_argument("--verbose", action="store_true")
         args = parser.parse_args(list(argv))
         return cls(
@@ -141,6 +159,7 @@ class OperatorConfig:
             leader_election=args.leader_election,
             resync_seconds=args.resync_seconds,
             node_not_ready_seconds=args.node_not_ready_seconds,
+            fail_lost_pods_after_seconds=args.fail_lost_pods_after_seconds,
             identity=environ.get("POD_NAME") or f"{socket.gethostname()}-{pid}",
             pod_namespace=environ.get("POD_NAMESPACE") or None,
             kubeconfig=environ.get("KUBECONFIG") or None,

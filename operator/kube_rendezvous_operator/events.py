@@ -18,9 +18,16 @@ import logging
 from typing import Any, cast
 
 import kopf
-from kube_rendezvous import RENDEZVOUS_LABEL, KubernetesApi, KubernetesApiError, RendezvousDocument
+from kube_rendezvous import (
+    RENDEZVOUS_LABEL,
+    RENDEZVOUS_PLURAL,
+    KubernetesApi,
+    KubernetesApiError,
+    RendezvousDocument,
+    resource_path,
+)
 
-from . import conditions_rules, events_rules, metrics, pods_rules
+from . import conditions_rules, events_rules, lost_nodes_rules, metrics, pods_rules
 from .conditions import update_conditions
 from .memory import Key, Observed, OperatorMemo, stored_state
 
@@ -31,6 +38,25 @@ def post_event(body: kopf.Body, event: events_rules.RendezvousEvent, namespace: 
     """Post ``event`` on the Rendezvous and count it."""
     kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     metrics.count_event(event.reason, namespace, name, event.count)
+
+
+def post_on_rendezvous(
+    client: KubernetesApi, namespace: str, name: str, event: events_rules.RendezvousEvent, *, once: bool = False
+) -> bool:
+    """Post ``event`` on Rendezvous ``namespace/name`` read anew (a rule that has no body of it at hand).
+
+    With ``once``, not when an Event of its reason and message was posted on it already (by this replica
+    before a restart, or by an earlier leader). Returns whether it was posted; a failed read is logged.
+    """
+    try:
+        body = client.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, name))
+    except KubernetesApiError as exc:
+        logger.warning("could not post the %s event on %s/%s: %s", event.reason, namespace, name, exc)
+        return False
+    if once and (event.reason, event.message) in announced_events(client, namespace, body.get("metadata") or {}):
+        return False
+    post_event(kopf.Body(body), event, namespace, name)
+    return True
 
 
 def tell(body: kopf.Body, event: events_rules.RendezvousEvent, key: Key, memo: OperatorMemo) -> None:
@@ -99,6 +125,7 @@ def observe_rendezvous(
     new_round = events_rules.newly_formed(baseline if same_run else None, document)
     record.observed = Observed(status, document, formed, current_spares if new_round else seen_spares | current_spares)
     record.keep_alive = conditions_rules.timings(spec or {}).keep_alive_interval
+    record.fail_pods_after = lost_nodes_rules.fail_pods_after(spec or {}, memo.config.fail_lost_pods_after_seconds)
     placement = conditions_rules.placement_spec(spec or {})
     if record.placement != placement:
         record.placement = placement

@@ -37,7 +37,8 @@ class RendezvousEvent:
     count: int = 1
 
 
-def _listed(names: list[str]) -> str:
+def listed_names(names: list[str]) -> str:
+    """``names`` joined by commas: the first ``NODES_LISTED``, then how many more."""
     shown = ", ".join(names[:NODES_LISTED])
     return shown if len(names) <= NODES_LISTED else f"{shown} and {len(names) - NODES_LISTED} more"
 
@@ -46,7 +47,7 @@ def _node_events(reason: str, names: list[str], one: str, many: str) -> list[Ren
     """One Event per node, or a single counting Event when there are more than ``NODES_LISTED``."""
     if len(names) <= NODES_LISTED:
         return [RendezvousEvent("Normal", reason, one.format(node=name)) for name in names]
-    return [RendezvousEvent("Normal", reason, many.format(count=len(names), nodes=_listed(names)), len(names))]
+    return [RendezvousEvent("Normal", reason, many.format(count=len(names), nodes=listed_names(names)), len(names))]
 
 
 def newly_formed(old: RendezvousDocument | None, new: RendezvousDocument | None) -> bool:
@@ -145,7 +146,7 @@ def state_events(
             f"{{count}} spare nodes were promoted into round {new.round}: {{nodes}}",
         )
         ranked = sorted(new.participants.items(), key=lambda item: (item[1], item[0]))
-        listed = _listed([f"{node}={rank}" for node, rank in ranked])
+        listed = listed_names([f"{node}={rank}" for node, rank in ranked])
         events.append(
             RendezvousEvent(
                 "Normal", "RoundCompleted", f"round {new.round} completed with {len(ranked)} nodes: {listed}"
@@ -173,7 +174,7 @@ def held_event(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) ->
         return RendezvousEvent(
             "Warning", "NodeHeld", f"node {new[0]} waits, not admitted to a new round: {now[new[0]]}"
         )
-    listed = _listed([f"{node} ({now[node].split(':', 1)[0]})" for node in new])
+    listed = listed_names([f"{node} ({now[node].split(':', 1)[0]})" for node in new])
     return RendezvousEvent(
         "Warning", "NodeHeld", f"{len(new)} nodes wait, not admitted to a new round: {listed}", len(new)
     )
@@ -215,10 +216,15 @@ def _controller_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
 def told_on(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """What an eviction of ``pod``'s nodes is told on besides the Rendezvous: the pod, and the workload that
     controls it (``_controller_of``), as Event involved objects."""
+    controller = _controller_of(pod)
+    return [pod_reference(pod), *([controller] if controller else [])]
+
+
+def pod_reference(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` as an Event's involved object (its name, namespace and uid)."""
     meta = pod.get("metadata") or {}
     reference: dict[str, Any] = {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid")}
-    controller = _controller_of(pod)
-    return [{"apiVersion": "v1", "kind": "Pod", "metadata": reference}, *([controller] if controller else [])]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": reference}
 
 
 def workloads(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -244,7 +250,7 @@ def pod_eviction_event(
     name = (pod.get("metadata") or {}).get("name")
     node_name = (pod.get("spec") or {}).get("nodeName")
     where = f" on Kubernetes node {node_name}" if node_name else ""
-    message = f"rendezvous {namespace}/{rendezvous} evicted agent {_listed(nodes)} of pod {name}{where}: {because}"
+    message = f"rendezvous {namespace}/{rendezvous} evicted agent {listed_names(nodes)} of pod {name}{where}: {because}"
     return RendezvousEvent("Normal", "NodeEvicted", message, len(nodes))
 
 

@@ -12,14 +12,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
 from kube_rendezvous import (
-    RENDEZVOUS_PLURAL,
     KubernetesApi,
     KubernetesApiError,
     NotFoundError,
     RendezvousDocument,
-    resource_path,
     with_evicted,
 )
 from kube_rendezvous import add_evictions as evict
@@ -93,13 +90,9 @@ def evict_and_report(
         observed.status["evictedNodes"] = evicted
     metrics.EVICTIONS.labels(namespace=namespace, name=rendezvous).inc(len(nodes))
     logger.info("evicted %s from rendezvous %s/%s: %s", nodes, namespace, rendezvous, because)
-    try:
-        rdzv_body = memo.api.request("GET", resource_path(RENDEZVOUS_PLURAL, namespace, rendezvous))
-    except KubernetesApiError as exc:
-        logger.warning("could not post the NodeEvicted event: %s", exc)
-        return True
     listed = events_rules.RendezvousEvent("Normal", "NodeEvicted", f"evicted {', '.join(nodes)}: {because}")
-    events.post_event(kopf.Body(rdzv_body), listed, namespace, rendezvous)
+    if not events.post_on_rendezvous(memo.api, namespace, rendezvous, listed):
+        return True
     if pod is not None:
         told = events_rules.pod_eviction_event(namespace, rendezvous, nodes, pod, because)
         events.post_on_related(events_rules.told_on(pod), told)

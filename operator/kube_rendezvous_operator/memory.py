@@ -15,7 +15,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from kube_rendezvous import KubernetesApi, NodeId, PlacementSpec, RendezvousDocument
@@ -80,6 +80,11 @@ class RendezvousRecord:
     not_ready_judged: set[tuple[str, datetime]] = field(default_factory=set)
     #: (Node, NotReady since) whose live agents were logged as spared (logged once).
     not_ready_spared: set[tuple[str, datetime]] = field(default_factory=set)
+    #: How long after its Node went NotReady a lost pod is marked Failed (``lost_nodes_rules.fail_pods_after``
+    #: of its spec and the operator's default); None: never.
+    fail_pods_after: timedelta | None = None
+    #: (Node, NotReady since) whose lost pods were told (``NodeLost``, once per outage).
+    node_lost_told: set[tuple[str, datetime]] = field(default_factory=set)
     #: Its background tasks: its folder, resync, NotReady-node rule and TTL (``lifecycle``); None while stopped.
     tasks: RendezvousTasks | None = None
 

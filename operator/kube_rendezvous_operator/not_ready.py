@@ -16,7 +16,7 @@ from typing import Any
 
 from kube_rendezvous import KubernetesApiError, RendezvousDocument, format_time
 
-from . import conditions_rules, not_ready_rules
+from . import conditions_rules, lost_nodes, not_ready_rules
 from .evictions import evict_and_report
 from .memory import Key, OperatorMemo
 from .nodes import NodeReadiness, NotReady
@@ -59,6 +59,7 @@ def evict_on_not_ready(
     (``not_ready_rules.nodes_on_not_ready_node``).
     """
     namespace, name = key
+    pods = list(pods)
     record = memo.get(key)
     if record is None:
         return  # forgotten: deleted
@@ -100,6 +101,9 @@ def evict_on_not_ready(
                 [str(item) for item in evict],
                 f"{whose} Kubernetes node {node} is NotReady (Ready={state.status}) since {format_time(state.since)}",
             )
+            lost_nodes.tell_node_lost(memo, key, node, state, on_node, document)
+    with memo.node_rule.judging:
+        lost_nodes.fail_lost_pods(memo, key, pods, document, states, now)
 
 
 def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
@@ -119,7 +123,8 @@ def evict_on_not_ready_node(memo: OperatorMemo, key: Key, node: str) -> None:
 
 
 def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str], datetime | None]:
-    """The Nodes whose grace ended for ``key``'s pods and that were not judged yet; when the next grace ends."""
+    """The Nodes whose grace ended for ``key``'s pods and that were not judged yet, or that have pods to mark
+    Failed (``lost_nodes.fail_due``); when the next grace (or wait to mark pods Failed) ends."""
     states = not_ready_nodes(memo)
     record = memo.get(key)
     if record is None:
@@ -128,6 +133,7 @@ def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str
         current = {(node, state.since) for node, state in states.items()}
         record.not_ready_judged = {item for item in record.not_ready_judged if item in current}
         record.not_ready_spared = {item for item in record.not_ready_spared if item in current}
+        record.node_lost_told = {item for item in record.node_lost_told if item in current}
         judged = {node for node, _ in record.not_ready_judged}
     if not states:
         return [], None
@@ -135,7 +141,10 @@ def due_not_ready(memo: OperatorMemo, key: Key, now: datetime) -> tuple[list[str
     wait = not_ready_wait(memo, key)
     since = {node: state.since for node, state in states.items()}
     due = [node for node in not_ready_rules.pods_on_not_ready_nodes(pods, since, now, wait) if node not in judged]
-    return due, min((moment + wait for moment in since.values() if moment + wait > now), default=None)
+    failing, fail_at = lost_nodes.fail_due(memo, key, pods, since, now)
+    due += [node for node in failing if node not in due]
+    next_at = min((moment + wait for moment in since.values() if moment + wait > now), default=None)
+    return due, min((moment for moment in (next_at, fail_at) if moment is not None), default=None)
 
 
 async def evict_on_not_ready_nodes(memo: OperatorMemo, key: Key, stopped: asyncio.Event) -> None:

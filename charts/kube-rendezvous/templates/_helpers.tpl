@@ -135,6 +135,19 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch, list]
+{{- if include "kube-rendezvous.failsLostPods" . }}
+# Mark the training pods of a lost Node Failed (DisruptionTarget) so their Job replaces them
+# (operator.lostNodes.failPodsAfterSeconds; docs/operator-rbac-lost-nodes.yaml).
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
+{{- end }}
+{{- end }}
+
+{{/* "true" when the operator marks a lost Node's pods Failed (operator.lostNodes.failPodsAfterSeconds set, 0 too). */}}
+{{- define "kube-rendezvous.failsLostPods" -}}
+{{- $lost := .Values.operator.lostNodes | default dict }}
+{{- if not (kindIs "invalid" $lost.failPodsAfterSeconds) }}true{{ end }}
 {{- end }}
 
 {{/* The operator's cluster-wide read of CustomResourceDefinitions. */}}
