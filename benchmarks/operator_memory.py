@@ -309,9 +309,13 @@ its pod index held the 12 training pods. MiB, every repeat; the ratios compare m
 
 
 NOTES = """
-How to read it. The operator keeps whole pod objects only of training pods; the others cost it while they pass
-through its watch (Kopf's list, its per-pod workers, which end 5 s after a pod's last event): the peak grows
-with P, and what stays after is what the Python allocator does not hand back.
+How to read it. Kopf turns each pod of its initial list into an event for a worker of its own, which keeps the
+pod's body until it ends, 5 s after the pod's last event: at the start every pod's body is in memory at once, so
+the peak grows with P. After it, the operator holds Kopf's record of every pod it has seen (about 1 KB each, kept
+until the pod is deleted), whole objects of the training pods only, and what the Python allocator did not hand
+back to the system. Time to first reconcile does not grow with P: the Rendezvous have a watch of their own, and
+the training pods are indexed from a LIST by their label. *Churn* is the wall time of the status patches (this
+script's threads, through the shared API server), not the operator's.
 """
 
 
@@ -335,6 +339,8 @@ def section(report: dict[str, Any]) -> list[str]:
             shown(values(runs, "churn_seconds", pods=pods)),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    filled = [f"{run['pods']:,} in {run['filled_seconds']:.0f} s" for run in runs if "filled_seconds" in run]
+    lines += ["", f"Filling the namespaces (pods created and patched to Running, once per P): {', '.join(filled)}."]
     failed = [run for run in runs if "error" in run]
     lines += ["", *(f"P = {run['pods']:,}, repeat failed: {run['error']}" for run in failed)]
     slopes = {key: per_thousand(report, key) for key in ("peak_mib", "settled_mib")}
