@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,9 @@ from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     NAMESPACE,
+    Started,
     admin_api,
+    chart_runtime_trainjob_objects,
     clear_namespace,
     jobset_objects,
     live_pods,
@@ -179,7 +182,7 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     round of 4, and neither the JobSet nor the TrainJob restarts or fails. The TrainJob row of the pod-selection table
     selects exactly its pods."""
     api = admin_api(team_a)
-    core, batch, objects = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     apply(team_a, trainjob_objects())
     selector = f"{JOBSET_NAME_LABEL}={RENDEZVOUS}"
     started = start_training(team_a, NAMESPACE, selector, 4)
@@ -194,9 +197,18 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     assert rendezvous["metadata"]["ownerReferences"] == [reference(jobset)]
     assert selected_pods(core, reference(trainjob)) == set(started.pods), "the TrainJob row of the pod-selection table"
 
+    trainjob_survives_an_eviction(team_a, started, "TrainJob")
+    close_and_complete(team_a, objects, "trainjobs", restarts=0)
+
+
+def trainjob_survives_an_eviction(cluster: Cluster, started: Started, what: str) -> None:
+    """Rank 0's pod of the TrainJob evicted: the other 3 train on, the replacement joins a round of 4, its Job counts
+    no failure, and neither the JobSet nor the TrainJob restarts or fails."""
+    api = admin_api(cluster)
+    batch, objects = client.BatchV1Api(api), client.CustomObjectsApi(api)
     victim = rank_zero_pod(objects, NAMESPACE, started.pods)
-    evicted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, started, victim)
-    print(f"TrainJob, rank 0's pod evicted: {evicted}")
+    evicted = lose_a_pod_and_recover(cluster, NAMESPACE, f"{JOBSET_NAME_LABEL}={RENDEZVOUS}", started, victim)
+    print(f"{what}, rank 0's pod evicted: {evicted}")
     assert evicted.survivors_training is not None, f"the other 3 did not train again: {evicted}"
     assert evicted.replacement_training is not None
     (job,) = batch.list_namespaced_job(NAMESPACE).items
@@ -206,7 +218,25 @@ def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_witho
     trainjob = get(objects, "trainer.kubeflow.org", "v1alpha1", "trainjobs", RENDEZVOUS)
     assert not true_conditions(trainjob) & {"Failed", "Complete"}, trainjob.get("status")
 
-    close_and_complete(team_a, objects, "trainjobs", restarts=0)
+
+def test_a_trainjob_naming_the_charts_cluster_training_runtime_trains_on_through_an_eviction(
+    team_a: Cluster, tmp_path: Path
+) -> None:
+    """The chart's ClusterTrainingRuntime (``trainingRuntime.enabled``, rendered and applied) and the example's
+    TrainJob naming it (``runtimeRef: {kind: ClusterTrainingRuntime}``): its 4 pods run as the chart's training
+    ServiceAccount and train; rank 0's pod is evicted and the TrainJob trains on without a JobSet restart. No close:
+    the namespace is cleared after the test."""
+    runtime, trainjob = chart_runtime_trainjob_objects(tmp_path)
+    name = runtime["metadata"]["name"]
+    team_a.plane.kubectl("apply", "--validate=strict", "-f", "-", input=yaml.safe_dump(runtime))
+    try:
+        apply(team_a, [trainjob])
+        started = start_training(team_a, NAMESPACE, f"{JOBSET_NAME_LABEL}={RENDEZVOUS}", 4)
+        pod = client.CoreV1Api(admin_api(team_a)).read_namespaced_pod(sorted(started.pods)[0], NAMESPACE)
+        assert pod.spec and pod.spec.service_account_name == "trainer", "the chart's trainingRBAC.serviceAccountName"
+        trainjob_survives_an_eviction(team_a, started, "TrainJob of the ClusterTrainingRuntime")
+    finally:  # Trainer holds a runtime in use (a finalizer) until its TrainJobs are gone: cleared after the test
+        team_a.plane.kubectl("delete", "clustertrainingruntimes", name, "--wait=false", "--ignore-not-found")
 
 
 def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the_end_in_a_new_round(

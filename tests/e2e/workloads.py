@@ -64,9 +64,29 @@ def jobset_objects(**environment: str) -> list[dict[str, Any]]:
 
 
 def trainjob_objects(**environment: str) -> list[dict[str, Any]]:
-    """``examples/torch/trainjob.yaml``, fitted: its TrainingRuntime's pod (image, mounts, requests) and its
-    TrainJob's image and command (Trainer sets the command it gives on the runtime's container)."""
+    """``examples/torch/trainjob.yaml``, fitted (``fit_trainjob``)."""
     runtime, trainjob = example("torch/trainjob.yaml")
+    return fit_trainjob(runtime, trainjob, **environment)
+
+
+def chart_runtime_trainjob_objects(helm_home: Path, **environment: str) -> list[dict[str, Any]]:
+    """The chart's ClusterTrainingRuntime (``helm template --set trainingRuntime.enabled=true``) and the TrainJob of
+    ``examples/torch/trainjob.yaml`` naming it instead of the example's TrainingRuntime, fitted (``fit_trainjob``)."""
+    from tests.test_chart import Helm, the
+    from tests.testenv import ensure_binaries
+
+    rendered = Helm(ensure_binaries().helm, helm_home).template(
+        "trainingRuntime.enabled=true", release=RELEASE, namespace=RELEASE_NAMESPACE
+    )
+    runtime = the(rendered, "ClusterTrainingRuntime")
+    _, trainjob = example("torch/trainjob.yaml")
+    trainjob["spec"]["runtimeRef"] = {"kind": runtime["kind"], "name": runtime["metadata"]["name"]}
+    return fit_trainjob(runtime, trainjob, **environment)
+
+
+def fit_trainjob(runtime: dict[str, Any], trainjob: dict[str, Any], **environment: str) -> list[dict[str, Any]]:
+    """A (Cluster)TrainingRuntime and a TrainJob naming it, fitted: the runtime's pod (image, mounts, requests) and
+    the TrainJob's image and command (Trainer sets the command it gives on the runtime's container)."""
     job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]
     pod = fit_pod(job["spec"]["template"]["spec"], TORCHRUN, TORCH_SCRIPT, **environment)
     for key in ("command", "args"):
