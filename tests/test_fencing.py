@@ -1,0 +1,292 @@
+"""Fencing at the API (issue #46 item 3, ``fencing.enabled``): the chart's ValidatingAdmissionPolicy lets a pod's
+bound ServiceAccount token write only the node Lease its agent created (annotation ``kube-rendezvous.io/pod-uid``).
+
+Rendered by ``helm template`` (off by default; on, a policy and its binding) and enforced by the test control plane's
+API server on played pods (no kubelet): each pod's token is minted by TokenRequest bound to the pod, as the kubelet
+mints the one it mounts. The policy is applied as the chart renders it, its binding narrowed to the test's
+namespace so that the other tests sharing the control plane never meet it. What the policy cannot prevent is
+asserted too (docs/security.md, "Fencing at the API").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_rendezvous._kube.kubeapi import ForbiddenError, KubernetesApi, load_api_client
+from kube_rendezvous._kube.leases import LeaseNodeLock, record_of
+from kube_rendezvous._rules.document import NodeId
+from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
+from kube_rendezvous._rules.leases_rules import ANNOTATION_POD_UID, LABEL_LEASE
+from kubernetes import client, config
+
+from tests.test_chart import Helm, Manifest, objects_of, the
+from tests.testenv import ensure_binaries
+from tests.testenv.controlplane import ControlPlane, wait_until
+
+ENABLED = "fencing.enabled=true"
+POLICY, BINDING = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"
+REFUSAL = "kube-rendezvous fencing"
+TRAINER = "trainer"
+#: The operator's ServiceAccount of release ``rdzv`` (``helm template``'s default release name here).
+OPERATOR_ACCOUNT = "rdzv-kube-rendezvous-operator"
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
+
+
+class TestTheChartsPolicy:
+    def test_it_is_off_by_default(self, helm: Helm) -> None:
+        manifests = helm.template()
+        assert objects_of(manifests, POLICY) == objects_of(manifests, BINDING) == []
+
+    def test_on_it_is_a_denying_policy_on_node_leases_bound_by_name_that_spares_the_operator(self, helm: Helm) -> None:
+        manifests = helm.template(ENABLED, release="rdzv", namespace="kr")
+        policy, binding = the(manifests, POLICY), the(manifests, BINDING)
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+        assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {LABEL_LEASE: "node"}}
+        (rule,) = spec["matchConstraints"]["resourceRules"]
+        assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+        assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+        conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+        assert "authentication.kubernetes.io/pod-uid" in conditions["from-a-pod"]
+        assert f"'system:serviceaccount:kr:{OPERATOR_ACCOUNT}'" in conditions["not-the-operator"]
+        assert all(
+            ANNOTATION_POD_UID in v["expression"] for v in spec["variables"] if v["name"] in ("stamped", "owner")
+        )
+
+
+# -- enforced by the API server ------------------------------------------------------------------------------------
+
+
+def played_pod(core: client.CoreV1Api, namespace: str, name: str, account: str = TRAINER) -> str:
+    """A pod of ServiceAccount ``account`` (never scheduled: no kubelet needed); its uid."""
+    pod = core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(
+                service_account_name=account,
+                automount_service_account_token=False,
+                containers=[client.V1Container(name="agent", image="trainer:latest")],
+            ),
+        ),
+    )
+    uid: str = pod.metadata.uid
+    return uid
+
+
+class Pod:
+    """A played pod and the clients of its bound token: what its agent would run with."""
+
+    def __init__(self, control_plane: ControlPlane, core: client.CoreV1Api, namespace: str, name: str, account: str):
+        self.name, self.namespace = name, namespace
+        self.uid = played_pod(core, namespace, name, account)
+        self.kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, account, pod=(name, self.uid))
+        self.client = config.new_client_from_config(str(self.kubeconfig))
+        self.leases = client.CoordinationV1Api(self.client)
+        self.api = KubernetesApi(load_api_client(str(self.kubeconfig), None)[0])
+
+    def lock(self, index: int, pod_uid: str | None = "") -> LeaseNodeLock:
+        """The ``LeaseNodeLock`` of node ``index`` as this pod's agent makes it (its uid, unless ``pod_uid``)."""
+        return LeaseNodeLock(
+            self.api,
+            self.namespace,
+            "job",
+            NodeId(f"10.0.0.{index}", 100 + index, 0),
+            run_id="run-1",
+            settings=JoinSettings(1, 4, timedelta(0)),
+            expiry_seconds=15,
+            pod_uid=self.uid if pod_uid == "" else pod_uid,
+        )
+
+
+def node_lease(name: str, pod_uid: str | None) -> dict[str, Any]:
+    annotations = {} if pod_uid is None else {ANNOTATION_POD_UID: pod_uid}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "labels": {LABEL_LEASE: "node"}, "annotations": annotations},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 15},
+    }
+
+
+def refused(call: Any) -> str:
+    """The message of the 403 the policy answers ``call()`` with (fails if it is allowed)."""
+    with pytest.raises(client.ApiException) as caught:
+        call()
+    assert caught.value.status == 403, caught.value
+    message: str = json.loads(caught.value.body)["message"]
+    assert REFUSAL in message, message
+    return message
+
+
+@pytest.fixture
+def fencing(
+    helm: Helm, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, admin_api: client.ApiClient
+) -> Iterator[list[Manifest]]:
+    """The chart's policy and binding (released in ``namespace``), the binding narrowed to ``namespace``; removed."""
+    manifests = [m for m in helm.template(ENABLED, namespace=namespace) if m["kind"] in (POLICY, BINDING)]
+    the(manifests, BINDING)["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    }
+    control_plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    )
+    try:
+        probe = Pod(control_plane, client.CoreV1Api(admin_api), namespace, "probe", TRAINER)
+        admin = client.CoordinationV1Api(admin_api)
+
+        def enforced() -> bool:
+            try:
+                probe.leases.create_namespaced_lease(namespace, node_lease("probe", None))
+            except client.ApiException as exc:
+                return exc.status == 403 and REFUSAL in exc.body
+            admin.delete_namespaced_lease("probe", namespace)
+            return False
+
+        wait_until(enforced, 60, "the fencing policy to be enforced")
+        yield manifests
+    finally:
+        for manifest in manifests:
+            control_plane.kubectl("delete", manifest["kind"], manifest["metadata"]["name"], "--ignore-not-found")
+
+
+class TestFencedNodeLeases:
+    def test_a_pod_bound_token_names_its_pod_in_the_user_info(
+        self, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, admin_api: client.ApiClient
+    ) -> None:
+        """What the policy reads: the API server (1.30+) puts a bound token's pod in the user info's extra."""
+        pod = Pod(control_plane, client.CoreV1Api(admin_api), namespace, "a", TRAINER)
+        review = client.AuthenticationV1Api(pod.client).create_self_subject_review(
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview")
+        )
+        user = review.status.user_info
+        assert user.username == f"system:serviceaccount:{namespace}:{TRAINER}"
+        assert user.extra["authentication.kubernetes.io/pod-name"] == ["a"]
+        assert user.extra["authentication.kubernetes.io/pod-uid"] == [pod.uid]
+
+    def test_a_pod_writes_its_own_node_lease_and_no_other_pods(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        fencing: list[Manifest],
+    ) -> None:
+        core, admin = client.CoreV1Api(admin_api), client.CoordinationV1Api(admin_api)
+        a, b = (Pod(control_plane, core, namespace, name, TRAINER) for name in ("a", "b"))
+        # A's agent creates, renews and re-asks on its own Lease, stamped with its uid.
+        lock = a.lock(1)
+        lock.create(Desire.JOIN)
+        lock.update()
+        lock.update(Desire.LEAVE)
+        stored = admin.read_namespaced_lease(lock.name, namespace)
+        assert stored.metadata.annotations[ANNOTATION_POD_UID] == a.uid
+        record = record_of(client.ApiClient().sanitize_for_serialization(stored))
+        assert record is not None and record.desire is Desire.LEAVE
+        # B cannot renew, rewrite or delete it, nor make one in A's name, nor one without its own uid.
+        renewal = {"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}}
+        message = refused(lambda: b.leases.patch_namespaced_lease(lock.name, namespace, renewal))
+        assert (
+            f"pod b may write only the node Lease it created, and Lease {lock.name} was created by pod uid {a.uid}"
+            in (message)
+        )
+        with pytest.raises(ForbiddenError):
+            b.lock(1).update(Desire.JOIN)  # B's agent with A's node: its create conflicts, then its patch is refused
+        refused(lambda: b.leases.delete_namespaced_lease(lock.name, namespace))
+        refused(lambda: b.leases.create_namespaced_lease(namespace, node_lease("posing-as-a", a.uid)))
+        message = refused(lambda: b.leases.create_namespaced_lease(namespace, node_lease("unstamped", None)))
+        assert "set env POD_UID from the downward API (fieldRef metadata.uid)" in message
+        with pytest.raises(ForbiddenError):
+            b.lock(2, pod_uid=None).create(Desire.JOIN)  # an agent without POD_UID is refused at its first write
+        # Nor can A hand its Lease to B.
+        handover = {"metadata": {"annotations": {ANNOTATION_POD_UID: b.uid}}}
+        refused(lambda: a.leases.patch_namespaced_lease(lock.name, namespace, handover))
+        assert admin.read_namespaced_lease(lock.name, namespace).metadata.annotations[ANNOTATION_POD_UID] == a.uid
+        # A deletes its own; an admin (no pod identity) writes and deletes any.
+        a.leases.delete_namespaced_lease(lock.name, namespace)
+        b.lock(3).create(Desire.JOIN)
+        admin.patch_namespaced_lease(b.lock(3).name, namespace, renewal)
+        admin.delete_namespaced_lease(b.lock(3).name, namespace)
+
+    def test_the_operators_account_and_tokens_bound_to_no_pod_are_not_restricted(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        fencing: list[Manifest],
+    ) -> None:
+        """The operator's own pods (its folder deletes idle Leases) pass; so does a token bound to no pod, of any
+        account: what the policy cannot prevent (docs/security.md)."""
+        core = client.CoreV1Api(admin_api)
+        a = Pod(control_plane, core, namespace, "a", TRAINER)
+        lock = a.lock(1)
+        lock.create(Desire.JOIN)
+        unbound = client.CoordinationV1Api(config.new_client_from_config(str(agent_kubeconfig)))
+        unbound.patch_namespaced_lease(lock.name, namespace, {"metadata": {"labels": {"checked": "true"}}})
+        account = OPERATOR_ACCOUNT
+        control_plane.kubectl(
+            "-n",
+            namespace,
+            "create",
+            "role",
+            "operator-leases",
+            "--verb=delete",
+            "--resource=leases.coordination.k8s.io",
+        )
+        control_plane.kubectl(
+            "-n",
+            namespace,
+            "create",
+            "rolebinding",
+            "operator-leases",
+            "--role=operator-leases",
+            f"--serviceaccount={namespace}:{account}",
+        )
+        control_plane.kubectl("-n", namespace, "create", "serviceaccount", account)
+        operator = Pod(control_plane, core, namespace, "operator", account)
+        wait_until(
+            lambda: (
+                control_plane.kubectl(
+                    "auth", "can-i", "delete", "leases", "-n", namespace, kubeconfig=operator.kubeconfig, check=False
+                ).stdout.strip()
+                == "yes"
+            ),
+            30,
+            "the operator's RoleBinding to apply",
+        )
+        operator.leases.delete_namespaced_lease(lock.name, namespace)
+
+    def test_a_deleted_pods_token_is_refused(
+        self, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, admin_api: client.ApiClient
+    ) -> None:
+        """Fencing Kubernetes gives with no policy: a bound token dies with its pod (a Failed pod's does not), once the
+        API server's cache of successful authentications (10 s) forgets it."""
+        core = client.CoreV1Api(admin_api)
+        a = Pod(control_plane, core, namespace, "a", TRAINER)
+        a.leases.list_namespaced_lease(namespace)
+        core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
+        deleted = time.monotonic()
+
+        def unauthorized() -> bool:
+            try:
+                a.leases.list_namespaced_lease(namespace)
+            except client.ApiException as exc:
+                assert exc.status == 401, exc
+                return True
+            return False
+
+        wait_until(unauthorized, 30, "the deleted pod's token to be refused")
+        assert time.monotonic() - deleted < 15
