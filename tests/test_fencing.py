@@ -22,9 +22,10 @@ from kube_rendezvous._kube.kubeapi import ForbiddenError, KubernetesApi, load_ap
 from kube_rendezvous._kube.leases import LeaseNodeLock, record_of
 from kube_rendezvous._rules.document import NodeId
 from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
-from kube_rendezvous._rules.leases_rules import ANNOTATION_POD_UID, LABEL_LEASE
+from kube_rendezvous._rules.leases_rules import ANNOTATION_POD_UID, LABEL_LEASE, POD_UID_ENV
 from kubernetes import client, config
 
+from tests.helpers import create_rendezvous, rendezvous_parameters
 from tests.test_chart import Helm, Manifest, objects_of, the
 from tests.testenv import ensure_binaries
 from tests.testenv.controlplane import ControlPlane, wait_until
@@ -290,3 +291,41 @@ class TestFencedNodeLeases:
 
         wait_until(unauthorized, 30, "the deleted pod's token to be refused")
         assert time.monotonic() - deleted < 15
+
+    def test_an_agent_run_with_its_pods_token_and_uid_joins_and_heartbeats(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        objects: client.CustomObjectsApi,
+        fencing: list[Manifest],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A real ``k8s`` handler with pod A's bound token and ``POD_UID`` set (as the examples set it) forms its round,
+        folds it itself (no operator) and renews its stamped Lease under the policy."""
+        from kube_rendezvous._adapters.handler import create_k8s_handler
+
+        a = Pod(control_plane, client.CoreV1Api(admin_api), namespace, "a", TRAINER)
+        create_rendezvous(objects, namespace, minNodes=1, maxNodes=1)
+        monkeypatch.setenv(POD_UID_ENV, a.uid)
+        handler = create_k8s_handler(
+            rendezvous_parameters(
+                f"{namespace}/job", a.kubeconfig, min_nodes=1, max_nodes=1, create="false", keep_alive_interval="1"
+            )
+        )
+        try:
+            info = handler.next_rendezvous()
+            assert (info.rank, info.world_size) == (0, 1)
+            admin = client.CoordinationV1Api(admin_api)
+            (lease,) = admin.list_namespaced_lease(namespace, label_selector=f"{LABEL_LEASE}=node").items
+            assert lease.metadata.annotations[ANNOTATION_POD_UID] == a.uid
+            renewed = lease.spec.renew_time
+
+            def heartbeat() -> bool:
+                again = admin.read_namespaced_lease(lease.metadata.name, namespace)
+                return bool(again.spec.renew_time != renewed)
+
+            wait_until(heartbeat, 30, "the agent's Lease to be renewed")
+        finally:
+            handler.shutdown()
