@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_rendezvous import create_backend
 from kube_rendezvous._kube.kubeapi import ForbiddenError, KubernetesApi, load_api_client
 from kube_rendezvous._kube.leases import LeaseNodeLock, record_of
 from kube_rendezvous._rules.document import NodeId
@@ -25,15 +26,20 @@ from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
 from kube_rendezvous._rules.leases_rules import ANNOTATION_POD_UID, LABEL_LEASE, POD_UID_ENV
 from kubernetes import client, config
 
-from tests.helpers import create_rendezvous, rendezvous_parameters
+from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
 from tests.test_chart import Helm, Manifest, objects_of, the
 from tests.testenv import ensure_binaries
 from tests.testenv.controlplane import ControlPlane, wait_until
 
 ENABLED = "fencing.enabled=true"
+PER_JOB = "fencing.perJob=true"
+#: The namespace label that binds the per-job policy.
+PER_JOB_LABEL = "kube-rendezvous.io/fencing"
 POLICY, BINDING = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"
 REFUSAL = "kube-rendezvous fencing"
 TRAINER = "trainer"
+#: The group and version of RendezvousKeys.
+KEYS = ("kube-rendezvous.io", "v1alpha1")
 #: The operator's ServiceAccount of release ``rdzv`` (``helm template``'s default release name here).
 OPERATOR_ACCOUNT = "rdzv-kube-rendezvous-operator"
 
@@ -65,6 +71,21 @@ class TestTheChartsPolicy:
         assert all(
             ANNOTATION_POD_UID in v["expression"] for v in spec["variables"] if v["name"] in ("stamped", "owner")
         )
+
+    def test_per_job_is_its_own_policy_on_leases_and_keys_bound_in_labelled_namespaces_only(self, helm: Helm) -> None:
+        manifests = helm.template(PER_JOB, release="rdzv", namespace="kr")
+        policy, binding = the(manifests, POLICY), the(manifests, BINDING)
+        assert policy["metadata"]["name"].endswith("-job-fencing")
+        assert binding["spec"]["matchResources"] == {"namespaceSelector": {"matchLabels": {PER_JOB_LABEL: "per-job"}}}
+        rules = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert [(r["apiGroups"], r["resources"]) for r in rules] == [
+            (["coordination.k8s.io"], ["leases"]),
+            (["kube-rendezvous.io"], ["rendezvouskeys"]),
+        ]
+        conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+        assert f"'system:serviceaccount:kr:{OPERATOR_ACCOUNT}'" in conditions["not-the-operator"]
+        both = helm.template(ENABLED, PER_JOB)
+        assert len(objects_of(both, POLICY)) == len(objects_of(both, BINDING)) == 2
 
 
 # -- enforced by the API server ------------------------------------------------------------------------------------
@@ -132,6 +153,13 @@ def refused(call: Any) -> str:
     return message
 
 
+def apply(control_plane: ControlPlane, manifests: list[Manifest]) -> None:
+    """``kubectl apply`` ``manifests`` as the admin."""
+    control_plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    )
+
+
 @pytest.fixture
 def fencing(
     helm: Helm, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, admin_api: client.ApiClient
@@ -141,9 +169,7 @@ def fencing(
     the(manifests, BINDING)["spec"]["matchResources"] = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     }
-    control_plane.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
-    )
+    apply(control_plane, manifests)
     try:
         probe = Pod(control_plane, client.CoreV1Api(admin_api), namespace, "probe", TRAINER)
         admin = client.CoordinationV1Api(admin_api)
@@ -329,3 +355,91 @@ class TestFencedNodeLeases:
             wait_until(heartbeat, 30, "the agent's Lease to be renewed")
         finally:
             handler.shutdown()
+
+
+@pytest.fixture
+def per_job_fencing(helm: Helm, control_plane: ControlPlane, namespace: str, crds: None) -> Iterator[list[Manifest]]:
+    """The chart's per-job policy and binding, ``namespace`` labelled for it (the only one so labelled); removed."""
+    manifests = [m for m in helm.template(PER_JOB, namespace=namespace) if m["kind"] in (POLICY, BINDING)]
+    control_plane.kubectl("label", "namespace", namespace, f"{PER_JOB_LABEL}=per-job")
+    apply(control_plane, manifests)
+    try:
+        yield manifests
+    finally:
+        for manifest in manifests:
+            control_plane.kubectl("delete", manifest["kind"], manifest["metadata"]["name"], "--ignore-not-found")
+
+
+def labelled_lease(name: str, rendezvous: str) -> dict[str, Any]:
+    lease = node_lease(name, None)
+    lease["metadata"]["labels"]["kube-rendezvous.io/rendezvous"] = rendezvous
+    return lease
+
+
+class TestPerJobFencing:
+    def test_a_jobs_account_writes_only_its_own_rendezvouss_leases_and_keys(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        admin_api: client.ApiClient,
+        objects: client.CustomObjectsApi,
+        per_job_fencing: list[Manifest],
+    ) -> None:
+        """examples/rbac-per-job.yaml's job (ServiceAccount and Rendezvous llama-train) beside job other-job: with the
+        policy, llama-train's token (bound to no pod) cannot create, write or delete other-job's Leases or keys; it
+        still reads them (admission sees writes only)."""
+        for name in ("llama-train", "other-job"):
+            create_rendezvous(objects, namespace, name)
+        control_plane.kubectl("-n", namespace, "apply", "-f", str(REPO / "examples" / "rbac-per-job.yaml"))
+        kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, "llama-train")
+        # Its own job works: a backend and store (keys labelled llama-train), a node Lease labelled llama-train.
+        _, store = wait_until(
+            lambda: create_backend(rendezvous_parameters(f"{namespace}/llama-train", kubeconfig, create="false")),
+            30,
+            "the per-job RoleBinding to take effect",
+        )
+        leases = client.CoordinationV1Api(config.new_client_from_config(str(kubeconfig)))
+
+        def enforced() -> bool:
+            try:
+                leases.create_namespaced_lease(namespace, labelled_lease("probe", "other-job"))
+            except client.ApiException as exc:
+                return exc.status == 403 and REFUSAL in exc.body
+            client.CoordinationV1Api(admin_api).delete_namespaced_lease("probe", namespace)
+            return False
+
+        wait_until(enforced, 60, "the per-job policy to be enforced")
+        store.set("mine", b"1")
+        assert store.get("mine") == b"1"
+        leases.create_namespaced_lease(namespace, labelled_lease("mine", "llama-train"))
+        leases.delete_namespaced_lease("mine", namespace)
+        # Another job's: refused, naming the rule; an admin's writes pass.
+        message = refused(lambda: leases.create_namespaced_lease(namespace, labelled_lease("theirs", "other-job")))
+        assert "ServiceAccount llama-train writes only the Leases and keys of Rendezvous llama-train" in message
+        assert "leases theirs is labelled kube-rendezvous.io/rendezvous=other-job" in message
+        client.CoordinationV1Api(admin_api).create_namespaced_lease(namespace, labelled_lease("theirs", "other-job"))
+        refused(lambda: leases.patch_namespaced_lease("theirs", namespace, {"spec": {"leaseDurationSeconds": 1}}))
+        refused(lambda: leases.delete_namespaced_lease("theirs", namespace))
+        relabel = {"metadata": {"labels": {"kube-rendezvous.io/rendezvous": "llama-train"}}}
+        refused(lambda: leases.patch_namespaced_lease("theirs", namespace, relabel))
+        admin_config = control_plane.admin_kubeconfig
+        _, their_store = create_backend(rendezvous_parameters(f"{namespace}/other-job", admin_config, create="false"))
+        their_store.set("theirs", b"1")
+        keys = client.CustomObjectsApi(config.new_client_from_config(str(kubeconfig)))
+        (key,) = keys.list_namespaced_custom_object(
+            "kube-rendezvous.io",
+            "v1alpha1",
+            namespace,
+            "rendezvouskeys",
+            label_selector="kube-rendezvous.io/rendezvous=other-job",
+        )["items"]
+        name = key["metadata"]["name"]
+        message = refused(
+            lambda: keys.delete_namespaced_custom_object(
+                "kube-rendezvous.io", "v1alpha1", namespace, "rendezvouskeys", name
+            )
+        )
+        assert f"rendezvouskeys {name} is labelled kube-rendezvous.io/rendezvous=other-job" in message
+        key["metadata"]["labels"]["kube-rendezvous.io/rendezvous"] = "llama-train"
+        refused(lambda: keys.replace_namespaced_custom_object(*KEYS, namespace, "rendezvouskeys", name, key))
+        assert their_store.get("theirs") == b"1"
