@@ -77,6 +77,7 @@ class TestTheChartsPolicy:
         policy, binding = the(manifests, POLICY), the(manifests, BINDING)
         assert policy["metadata"]["name"].endswith("-job-fencing")
         assert binding["spec"]["matchResources"] == {"namespaceSelector": {"matchLabels": {PER_JOB_LABEL: "per-job"}}}
+        assert "objectSelector" not in policy["spec"]["matchConstraints"]
         rules = policy["spec"]["matchConstraints"]["resourceRules"]
         assert [(r["apiGroups"], r["resources"]) for r in rules] == [
             (["coordination.k8s.io"], ["leases"]),
@@ -422,6 +423,12 @@ class TestPerJobFencing:
         refused(lambda: leases.delete_namespaced_lease("theirs", namespace))
         relabel = {"metadata": {"labels": {"kube-rendezvous.io/rendezvous": "llama-train"}}}
         refused(lambda: leases.patch_namespaced_lease("theirs", namespace, relabel))
+        squatter = node_lease("other-job-writer", None)  # unlabelled, named as other-job's writer Lease
+        del squatter["metadata"]["labels"]
+        refused(lambda: leases.create_namespaced_lease(namespace, squatter))
+        unrelated = node_lease("some-app-leader", None)  # another application's Lease: not the policy's business
+        del unrelated["metadata"]["labels"]
+        leases.create_namespaced_lease(namespace, unrelated)
         admin_config = control_plane.admin_kubeconfig
         _, their_store = create_backend(rendezvous_parameters(f"{namespace}/other-job", admin_config, create="false"))
         their_store.set("theirs", b"1")
