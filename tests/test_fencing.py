@@ -226,10 +226,8 @@ class TestFencedNodeLeases:
         # B cannot renew, rewrite or delete it, nor make one in A's name, nor one without its own uid.
         renewal = {"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}}
         message = refused(lambda: b.leases.patch_namespaced_lease(lock.name, namespace, renewal))
-        assert (
-            f"pod b may write only the node Lease it created, and Lease {lock.name} was created by pod uid {a.uid}"
-            in (message)
-        )
+        owned = f"pod b may write only the node Lease it created, and Lease {lock.name} was created by pod uid {a.uid}"
+        assert owned in message
         with pytest.raises(ForbiddenError):
             b.lock(1).update(Desire.JOIN)  # B's agent with A's node: its create conflicts, then its patch is refused
         refused(lambda: b.leases.delete_namespaced_lease(lock.name, namespace))

@@ -52,8 +52,8 @@ from .._kube.leases import LeaseNodeLock
 from .._rules.counters import Counters
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
-from .._rules.leases_rules import POD_UID_ENV
 from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
+from .._rules.leases_rules import POD_UID_ENV
 from .._rules.retries import CLOSE_RETRY, retry
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
