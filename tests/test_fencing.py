@@ -24,6 +24,7 @@ from kube_rendezvous._kube.leases import LeaseNodeLock, record_of
 from kube_rendezvous._rules.document import NodeId
 from kube_rendezvous._rules.folder_rules import Desire, JoinSettings
 from kube_rendezvous._rules.leases_rules import ANNOTATION_POD_UID, LABEL_LEASE, POD_UID_ENV
+from kube_rendezvous._rules.leases_rules import ANNOTATION_WRITER_PRIORITY as WRITER_PRIORITY
 from kubernetes import client, config
 
 from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
@@ -61,7 +62,9 @@ class TestTheChartsPolicy:
         assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
         spec = policy["spec"]
         assert spec["failurePolicy"] == "Fail"
-        assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {LABEL_LEASE: "node"}}
+        assert spec["matchConstraints"]["objectSelector"] == {
+            "matchExpressions": [{"key": LABEL_LEASE, "operator": "In", "values": ["node", "writer"]}]
+        }
         (rule,) = spec["matchConstraints"]["resourceRules"]
         assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
         assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
@@ -142,6 +145,14 @@ def node_lease(name: str, pod_uid: str | None) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {LABEL_LEASE: "node"}, "annotations": annotations},
         "spec": {"holderIdentity": name, "leaseDurationSeconds": 15},
     }
+
+
+def writer_lease(name: str, priority: str, holder: str) -> dict[str, Any]:
+    lease = node_lease(name, None)
+    lease["metadata"]["labels"][LABEL_LEASE] = "writer"
+    lease["metadata"]["annotations"] = {WRITER_PRIORITY: priority}
+    lease["spec"]["holderIdentity"] = holder
+    return lease
 
 
 def refused(call: Any) -> str:
@@ -245,6 +256,36 @@ class TestFencedNodeLeases:
         b.lock(3).create(Desire.JOIN)
         admin.patch_namespaced_lease(b.lock(3).name, namespace, renewal)
         admin.delete_namespaced_lease(b.lock(3).name, namespace)
+
+    def test_a_pod_writes_a_writer_lease_as_an_agent_only(
+        self,
+        control_plane: ControlPlane,
+        namespace: str,
+        agent_kubeconfig: Path,
+        admin_api: client.ApiClient,
+        fencing: list[Manifest],
+    ) -> None:
+        """A pod's agent takes and renews the writer Lease with the agents' priority (the writer rules: its expiry
+        is not checked, a policy has no clock); it cannot pose as the operator, which would hold it for ever."""
+        a = Pod(control_plane, client.CoreV1Api(admin_api), namespace, "a", TRAINER)
+        lease = writer_lease("job-writer", "agent", "agent/10.0.0.1_101_0")
+        a.leases.create_namespaced_lease(namespace, lease)
+        a.leases.patch_namespaced_lease("job-writer", namespace, {"spec": {"holderIdentity": "agent/10.0.0.2_102_0"}})
+        message = refused(lambda: a.leases.create_namespaced_lease(namespace, writer_lease("x-writer", "operator", "")))
+        assert "may write writer Lease x-writer only as an agent" in message
+        refused(lambda: a.leases.create_namespaced_lease(namespace, writer_lease("x-writer", "agent", "operator/pod")))
+        pose = {"metadata": {"annotations": {WRITER_PRIORITY: "operator"}}}
+        refused(lambda: a.leases.patch_namespaced_lease("job-writer", namespace, pose))
+        # The operator's writes stand; a pod takes its Lease back as an agent (once stale: the rule it cannot check).
+        admin = client.CoordinationV1Api(admin_api)
+        admin.patch_namespaced_lease(
+            "job-writer", namespace, {"metadata": pose["metadata"], "spec": {"holderIdentity": "operator/op"}}
+        )
+        takeover = {
+            "metadata": {"annotations": {WRITER_PRIORITY: "agent"}},
+            "spec": {"holderIdentity": "agent/10.0.0.1_101_0"},
+        }
+        a.leases.patch_namespaced_lease("job-writer", namespace, takeover)
 
     def test_the_operators_account_and_tokens_bound_to_no_pod_are_not_restricted(
         self,
