@@ -778,6 +778,7 @@ class TestTheExamples:
             "POD_NAMESPACE": "metadata.namespace",
             "POD_IP": "status.podIP",
             "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
+            "POD_UID": "metadata.uid",  # the stamp the fencing policy checks (docs/security.md)
         }
         # Identical pods: the frameworks' own fast path for worker ranks, no store round trip (#28).
         values = {item["name"]: item["value"] for item in container["env"] if "value" in item}

@@ -356,12 +356,20 @@ class ControlPlane:
         path.chmod(0o600)
 
     def serviceaccount_kubeconfig(
-        self, namespace: str, name: str, expiration_seconds: int = 3600, create: bool = True
+        self,
+        namespace: str,
+        name: str,
+        expiration_seconds: int = 3600,
+        create: bool = True,
+        pod: tuple[str, str] | None = None,
     ) -> Path:
         """Mint a token for ServiceAccount ``namespace/name`` (TokenRequest) and write a kubeconfig.
 
         A process that uses it authenticates exactly as a pod running under that account would.
         The ServiceAccount is created first when ``create`` is true and it does not exist.
+        ``pod`` (name, uid): bind the token to that pod of the account, as the kubelet does for the token it mounts:
+        the API server then puts the pod in the request's user info (``authentication.kubernetes.io/pod-name`` and
+        ``pod-uid``) and refuses the token once the pod is gone.
         """
         from kubernetes import client, config
 
@@ -374,14 +382,19 @@ class ControlPlane:
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
+        bound = (
+            None
+            if pod is None
+            else client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod[0], uid=pod[1])
+        )
         request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds, bound_object_ref=bound)
         )
         answer = api.create_namespaced_service_account_token(name, namespace, request)
         token = answer.status.token if answer.status is not None else None
         if not token:
             raise RuntimeError(f"TokenRequest for {namespace}/{name} returned no token: {answer}")
-        path = self.workdir / "kubeconfigs" / f"{namespace}.{name}.kubeconfig"
+        path = self.workdir / "kubeconfigs" / f"{namespace}.{name}{'' if pod is None else '.' + pod[0]}.kubeconfig"
         path.parent.mkdir(exist_ok=True)
         self._write_kubeconfig(path, f"system:serviceaccount:{namespace}:{name}", {"token": token}, namespace)
         return path

@@ -53,6 +53,7 @@ from .._rules.counters import Counters
 from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
+from .._rules.leases_rules import POD_UID_ENV
 from .._rules.retries import CLOSE_RETRY, retry
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
@@ -139,6 +140,7 @@ class NativeHandler:
             settings=self._join_settings,
             expiry_seconds=self.timings.heartbeat_expiry,
             owner=self._owner,
+            pod_uid=os.environ.get(POD_UID_ENV) or None,
         )
 
     def _fenced(self, reading: RendezvousReading) -> bool:

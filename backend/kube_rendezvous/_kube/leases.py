@@ -7,7 +7,8 @@ Node Lease contract (also read by the operator and ``kubectl rdzv``):
   (``join`` or ``leave``), ``kube-rendezvous.io/desired-at`` (when the node asked, its clock),
   ``kube-rendezvous.io/join-settings`` (``min:max:last_call_seconds``),
   ``kube-rendezvous.io/desired-round`` (the round the node saw when it asked),
-  ``kube-rendezvous.io/run-id``;
+  ``kube-rendezvous.io/run-id``, and ``kube-rendezvous.io/pod-uid`` (the creating agent's pod, when it knows it:
+  what the chart's fencing policy checks);
 - ``spec.holderIdentity`` the node, ``spec.renewTime`` its last heartbeat,
   ``spec.leaseDurationSeconds`` its heartbeat expiry;
 - owned by the Rendezvous, so deleting the Rendezvous deletes its Leases.
@@ -40,6 +41,7 @@ from .._rules.leases_rules import (
     ANNOTATION_DESIRE,
     ANNOTATION_DESIRED_AT,
     ANNOTATION_NODE,
+    ANNOTATION_POD_UID,
     ANNOTATION_ROUND,
     ANNOTATION_RUN_ID,
     ANNOTATION_SETTINGS,
@@ -159,6 +161,7 @@ class LeaseNodeLock:
         settings: JoinSettings,
         expiry_seconds: float,
         owner: dict[str, Any] | None = None,
+        pod_uid: str | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
@@ -168,6 +171,8 @@ class LeaseNodeLock:
         self.settings = settings
         self.expiry_seconds = expiry_seconds
         self.owner = owner
+        #: The uid of this agent's pod, stamped on the Lease at creation (never changed by a renewal), or None.
+        self.pod_uid = pod_uid
         self.name = node_lease_name(rendezvous_name, node)
         self._path = resource_path(LEASE_PLURAL, namespace, self.name)
         self.desire: Desire | None = None
@@ -197,6 +202,8 @@ class LeaseNodeLock:
             "labels": {RENDEZVOUS_LABEL: self.rendezvous_name, LABEL_LEASE: "node"},
             "annotations": self._annotations(desire, now),
         }
+        if self.pod_uid:
+            metadata["annotations"][ANNOTATION_POD_UID] = self.pod_uid
         if self.owner:
             metadata["ownerReferences"] = [self.owner]
         body = {

@@ -15,3 +15,8 @@ ANNOTATION_SETTINGS = "kube-rendezvous.io/join-settings"
 ANNOTATION_RUN_ID = "kube-rendezvous.io/run-id"
 ANNOTATION_ROUND = "kube-rendezvous.io/desired-round"
 ANNOTATION_WRITER_PRIORITY = "kube-rendezvous.io/writer-priority"
+#: The uid of the pod whose agent created a node Lease (only when the agent runs with ``POD_UID_ENV`` set). The
+#: chart's fencing policy (``fencing.enabled``) lets a pod's bound token write only the node Lease carrying its uid.
+ANNOTATION_POD_UID = "kube-rendezvous.io/pod-uid"
+#: The environment variable an agent reads its pod's uid from (downward API, ``fieldRef: metadata.uid``).
+POD_UID_ENV = "POD_UID"
