@@ -563,10 +563,13 @@ class TestTheOperatorRBAC:
 
     def test_pods_status_patch_is_granted_only_when_the_operator_marks_lost_pods_failed(self, helm: Helm) -> None:
         """operator.lostNodes.failPodsAfterSeconds (0 counts) adds exactly docs/operator-rbac-lost-nodes.yaml's
-        rule (patch on pods/status) and the operator's default; unset, neither."""
+        rules (patch on pods/status, delete on pods) and the operator's default; unset, neither."""
         documented_rules = documented("operator-rbac.yaml", "ClusterRole")["rules"]
         lost_nodes = documented("operator-rbac-lost-nodes.yaml", "ClusterRole")["rules"]
-        assert lost_nodes == [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+        assert lost_nodes == [
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]},
+        ]
         for values in ([], ["operator.lostNodes.failPodsAfterSeconds=null"]):
             manifests = helm.template(*values)
             assert the(operator_objects(manifests, "ClusterRole"), "ClusterRole")["rules"] == documented_rules
@@ -589,10 +592,10 @@ class TestTheOperatorRBAC:
             *lost_nodes,
         ]
         cluster_role = the(operator_objects(manifests, "ClusterRole"), "ClusterRole")
-        assert all("pods/status" not in rule["resources"] for rule in cluster_role["rules"])
+        assert all(rule not in cluster_role["rules"] for rule in lost_nodes)
         no_option = helm.template("rbac.scope=namespace")
         assert all(
-            "pods/status" not in rule["resources"]
+            rule not in lost_nodes
             for kind in ("Role", "ClusterRole")
             for manifest in operator_objects(no_option, kind)
             for rule in manifest["rules"]

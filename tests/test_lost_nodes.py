@@ -4,7 +4,8 @@ no kubelet) whose Ready condition the test turns False, and played training pods
 - ``NodeLost`` names the Node, the pod and the out-of-service taint command, on the Rendezvous and on the pod,
   once per outage however many resyncs judge the Node again.
 - With ``spec.lostNodes.failPodsAfterSeconds`` the pod becomes Failed with a ``DisruptionTarget`` condition once
-  that many seconds passed since the Node went NotReady, and not before; a pod on a Ready Node is left alone.
+  that many seconds passed since the Node went NotReady, and not before, and is then deleted at once (a
+  finalizer, as a Job's, keeps it to be seen); a pod on a Ready Node is left alone.
 - Without it the pod is untouched, even with the operator allowed to patch pods/status.
 
 A real Node that dies, with a Job that replaces the pod, is the three-node suite's (issue #46 item 4).
@@ -12,6 +13,7 @@ A real Node that dies, with a Job that replaces the pod, is the three-node suite
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -37,6 +39,8 @@ AGENT = NodeId(LOST_ADDRESS, 7, 0)
 #: The option's seconds in the test: long enough that "not before" is seen for well over the NotReady wait.
 FAIL_AFTER = 20
 TAINT = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+#: Keeps trainer-0 after its deletion, as the Job controller's tracking finalizer does, so the test sees it.
+FINALIZER = "kube-rendezvous.io/test-keeps-the-pod"
 
 
 def stamp(moment: datetime) -> str:
@@ -99,9 +103,12 @@ class LostNode:
             self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
             self.core.patch_node_status(node, {"status": {"conditions": [ready_condition("True", now)]}})
         create_pod_on(self.core, self.namespace, "trainer-0", self.lost, LOST_ADDRESS)
+        self.core.patch_namespaced_pod("trainer-0", self.namespace, {"metadata": {"finalizers": [FINALIZER]}})
         create_pod_on(self.core, self.namespace, "trainer-1", self.ready, READY_ADDRESS)
 
     def delete(self) -> None:
+        with contextlib.suppress(client.ApiException):
+            self.core.patch_namespaced_pod("trainer-0", self.namespace, {"metadata": {"finalizers": None}})
         for node in (self.lost, self.ready):
             self.core.delete_node(node)
 
@@ -212,6 +219,11 @@ class TestLostNode:
                 condition.message == f"kube-rendezvous: Kubernetes node {played.lost} is NotReady since {stamp(since)}"
             )
             assert condition.last_transition_time >= since + timedelta(seconds=FAIL_AFTER)
+            # Then deleted at once, as the pod garbage collector does (its token dies with it).
+            deleted = wait_until(
+                lambda: played.pod("trainer-0").metadata.deletion_timestamp is not None, 30, "trainer-0 deleted"
+            )
+            assert deleted and played.pod("trainer-0").metadata.deletion_grace_period_seconds == 0
             for involved in ("job", "trainer-0"):
                 told = wait_until(
                     lambda on=involved: played.events(on, "LostPodsFailed"), 30, f"LostPodsFailed on {involved}"
@@ -255,8 +267,8 @@ class TestLostNode:
             assert_node_lost_told(played, option=True)
             refused = wait_until(lambda: played.events("job", "LostPodsNotFailed"), 30, "LostPodsNotFailed")
             assert refused == [
-                f"could not mark the pods of lost Kubernetes node {played.lost} Failed: the operator's ServiceAccount "
-                "needs patch on pods/status (core API group); set the chart value "
+                f"could not mark the pods of lost Kubernetes node {played.lost} Failed and delete them: the operator's "
+                "ServiceAccount needs patch on pods/status and delete on pods (core API group); set the chart value "
                 "operator.lostNodes.failPodsAfterSeconds (it grants it) or apply docs/operator-rbac-lost-nodes.yaml. "
                 "Until then, the NodeLost Event names the fix"
             ]

@@ -146,17 +146,22 @@ class TestWhatIsTold:
 
 
 class RecordingApi:
-    """A KubernetesApi that answers the reads the rule makes and records its writes; refuses pod patches if told."""
+    """A KubernetesApi that answers the reads the rule makes and records its writes; refuses pod patches (or only
+    pod deletes) if told."""
 
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, refuse: bool = False, refuse_delete: bool = False) -> None:
         self.patches: list[tuple[str, Any, str]] = []
-        self.refuse = refuse
+        self.deletes: list[tuple[str, Any]] = []
+        self.refuse, self.refuse_delete = refuse, refuse_delete
 
     def request(self, method: str, path: str, *, body: Any = None, content_type: str = "", **_: Any) -> Any:
-        if method == "PATCH":
-            if self.refuse:
+        if method in ("PATCH", "DELETE"):
+            if self.refuse or (method == "DELETE" and self.refuse_delete):
                 raise ForbiddenError(403, "Forbidden", "pods is forbidden", method, path)
-            self.patches.append((path, body, content_type))
+            if method == "PATCH":
+                self.patches.append((path, body, content_type))
+            else:
+                self.deletes.append((path, body))
             return {}
         if path.endswith("/events"):
             return {"items": []}
@@ -210,8 +215,41 @@ class TestTheRuleIO:
         assert body["metadata"] == {"uid": "uid-silent"}  # never a newer pod of that name
         assert body["status"]["phase"] == "Failed"
         assert body["status"]["conditions"][0]["type"] == "DisruptionTarget"
+        # Then deleted at once, as the pod garbage collector does: its token dies with it (fenced).
+        assert api.deletes == [
+            (
+                "/api/v1/namespaces/team-a/pods/silent",
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": "uid-silent"},
+                },
+            )
+        ]
         assert posted == [("rendezvous", "LostPodsFailed"), ("silent", "LostPodsFailed")]
         assert lost_nodes.fail_due(memo, ("team-a", "job"), pods, {"gpu-7": SINCE}, NOW)[0] == ["gpu-7"]
+
+    def test_a_pod_marked_failed_whose_delete_was_refused_is_deleted_at_the_next_judgement_not_marked_again(
+        self, posted: list[tuple[str, str]]
+    ) -> None:
+        states = {"gpu-7": NotReady("Unknown", SINCE)}
+        refusing = RecordingApi(refuse_delete=True)
+        lost_nodes.fail_lost_pods(
+            self.memo(refusing, 0), ("team-a", "job"), [pod("silent", "10.0.0.1")], document(), states, NOW
+        )
+        assert len(refusing.patches) == 1 and refusing.deletes == []
+        assert posted == [("rendezvous", "LostPodsNotFailed")]
+        marked = pod("silent", "10.0.0.1")
+        marked["status"].update(phase="Failed", conditions=refusing.patches[0][1]["status"]["conditions"])
+        api = RecordingApi()
+        lost_nodes.fail_lost_pods(self.memo(api, 0), ("team-a", "job"), [marked], document(), states, NOW)
+        assert api.patches == [] and [path for path, _ in api.deletes] == ["/api/v1/namespaces/team-a/pods/silent"]
+        # Being deleted (or Failed by someone else): left alone.
+        marked["metadata"]["deletionTimestamp"] = "2026-12-07T12:00:01Z"
+        other = pod("other", "10.0.0.3")
+        other["status"]["phase"] = "Failed"
+        assert lost_nodes_rules.pods_to_fail([marked, other], {"gpu-7": SINCE}, NOW, timedelta(0)) == {}
 
     def test_off_nothing_is_patched_and_a_refused_patch_marks_nothing_and_says_why(
         self, posted: list[tuple[str, str]]
@@ -229,6 +267,7 @@ class TestTheRuleIO:
     def test_a_refusal_names_the_permission_and_both_ways_to_grant_it(self) -> None:
         event = lost_nodes_rules.refused_event("gpu-7", lost_nodes.PERMISSION)
         assert (event.type, event.reason) == ("Warning", "LostPodsNotFailed")
-        assert "lost Kubernetes node gpu-7" in event.message and "patch on pods/status" in event.message
+        assert "lost Kubernetes node gpu-7" in event.message
+        assert "patch on pods/status and delete on pods" in event.message
         assert "operator.lostNodes.failPodsAfterSeconds" in event.message
         assert "docs/operator-rbac-lost-nodes.yaml" in event.message

@@ -21,6 +21,8 @@ from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     drain_and_recover,
     local_operator,
+    lost_node,
+    members,
     node_failure,
     node_named,
     rank0_node_killed,
@@ -38,7 +40,13 @@ from tests.e2e.placement import (
     rdzv_status_text,
     spare_recovery,
 )
-from tests.e2e.real_pods import RENDEZVOUS, example_objects, namespace_with_crds, pod_log, rendezvous_status
+from tests.e2e.real_pods import (
+    RENDEZVOUS,
+    example_objects,
+    namespace_with_crds,
+    pod_log,
+    rendezvous_status,
+)
 from tests.helpers import holds_for
 from tests.test_chart import Helm, install
 from tests.testenv import ensure_binaries, wait_until
@@ -46,6 +54,9 @@ from tests.testenv.cluster import Cluster
 from tests.testenv.images import TRAINING_IMAGE, import_images, training_mounts, venv_python
 from tests.testenv.node import TOPOLOGY_KEYS
 from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image
+
+#: The test's spec.lostNodes.failPodsAfterSeconds: the lost pod is marked Failed 10 s after its Node is NotReady.
+FAIL_LOST_PODS_AFTER = 10
 
 
 @pytest.fixture
@@ -407,3 +418,78 @@ def test_a_spare_takes_a_deleted_members_place_before_the_replacement_starts(
         by_address = sorted(address for address, _ in survivors.values())
         assert details["ranks_after"] == {address: rank for rank, address in enumerate(by_address)}
         assert status["topology"]["order"] == "Address" and "does not know the Nodes" in status["topology"]["reason"]
+
+
+def test_a_lost_node_s_pod_is_replaced_with_no_human_and_fenced_when_its_partition_heals(
+    recovered: Cluster, api: client.ApiClient, namespace3: str, tmp_path: Path
+) -> None:
+    """Issue #46 on three real nodes. The node of one pod is cut off: its pods' packets dropped and its kubelet
+    stopped, while the pod's agent and workers live on. The Node turns NotReady; the operator posts ``NodeLost``
+    on the Rendezvous and on the pod, naming the Node, the pod and the out-of-service taint command; the
+    survivors train on. With ``spec.lostNodes.failPodsAfterSeconds`` the operator marks the pod Failed
+    (``DisruptionTarget``) and deletes it; the Job replaces it (the pods keep the default 300 s toleration and
+    nobody taints the Node), and the replacement trains with the survivors. Then the partition heals: the old
+    pod's agent, still running, can write nothing (its token died with its pod), never rejoins, no round breaks,
+    and the kubelet, back, stops the old containers."""
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    operator = local_operator(recovered, namespace3, tmp_path / "operator.log", lost_nodes=True)
+    with operator:
+        story = lost_node(recovered, namespace3, operator, FAIL_LOST_PODS_AFTER, partition=True)
+        print(f"lost node, partitioned: {story}")
+        assert story.replacement_training is not None, f"the replacement did not train: {story}"
+        victim = story.victim_pods[0]
+        node = node_named(recovered, story.victim_node)
+        # Told: NodeLost names the fix on the Rendezvous and the pod; LostPodsFailed says what the operator did.
+        lost = events(core, namespace3, "NodeLost")
+        assert lost and all(f"Kubernetes node {story.victim_node} is NotReady" in m for m in lost), lost
+        assert f"pod {victim}" in lost[0]
+        assert f"kubectl taint nodes {story.victim_node} node.kubernetes.io/out-of-service" in lost[0]
+        involved = {
+            item.involved_object.name
+            for item in core.list_namespaced_event(namespace3).items
+            if item.reason == "NodeLost"
+        }
+        assert involved == {RENDEZVOUS, victim}
+        failed = events(core, namespace3, "LostPodsFailed")
+        assert failed and f"pod {victim} on Kubernetes node {story.victim_node}" in failed[0]
+        # No human: the Node was never tainted out of service.
+        taints = core.read_node(story.victim_node).spec.taints or []
+        assert all(taint.key != "node.kubernetes.io/out-of-service" for taint in taints), taints
+        after = story.details["after"]
+        assert after is not None and story.details["victim_address"] not in after[1] and len(after[1]) == 3
+        round_after = after[0]
+        assert round_after <= story.details["round_before"] + 2, "the round broke more than once for the lost node"
+        # The partition heals: the old pod's processes are still running and reach the API server again.
+        old_lines = len(pod_log(recovered.node, namespace3, victim))
+        node.reconnect()
+        node.start_kubelet()
+        wait_until(node.ready, 120, f"{story.victim_node} Ready again")
+        holds_for(
+            lambda: (
+                (now := members(objects, namespace3)) is not None
+                and now[0] == round_after
+                and story.details["victim_address"] not in now[1]
+            ),
+            20,
+            "the round unbroken and the fenced pod's agent not in it",
+        )
+        fenced = pod_log(recovered.node, namespace3, victim)[old_lines:]
+        assert not any("init_process_group" in line for line in fenced), fenced[-20:]
+        assert pod_processes(story.details["victim_uid"]), "the partitioned pod's processes did not live on"
+        wait_until(lambda: not pod_processes(story.details["victim_uid"]), 120, f"the kubelet to stop the old {victim}")
+
+
+def pod_processes(uid: str) -> list[int]:
+    """The processes of the pod of ``uid`` on this machine (its containers' cgroups name it)."""
+    marks = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            groups = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if any(mark in groups for mark in marks):
+            found.append(int(entry.name))
+    return found

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; at run time each i
     from ._kube.kubeapi import VERSION as VERSION
     from ._kube.kubeapi import ApiError as ApiError
     from ._kube.kubeapi import ApiUnavailableError as ApiUnavailableError
+    from ._kube.kubeapi import ConflictError as ConflictError
     from ._kube.kubeapi import ForbiddenError as ForbiddenError
     from ._kube.kubeapi import InvalidError as InvalidError
     from ._kube.kubeapi import KubernetesApi as KubernetesApi
@@ -89,6 +90,7 @@ _EXPORTS = {
     "Takeover": "._kube.election",
     "ApiError": "._kube.kubeapi",
     "ApiUnavailableError": "._kube.kubeapi",
+    "ConflictError": "._kube.kubeapi",
     "ForbiddenError": "._kube.kubeapi",
     "GROUP": "._kube.kubeapi",
     "InvalidError": "._kube.kubeapi",

@@ -7,8 +7,10 @@ the Nodes' NotReady since: ``tell_node_lost`` when it judges a Node past its wai
 
 ``NodeLost`` is posted once per Node outage (Node and NotReady since) per Rendezvous: a restarted operator or
 a new leader finds it among the Rendezvous's Events and does not repeat it. A pod is marked Failed through
-the pods/status subresource (patch: the one permission this adds, granted by the chart only when it is on);
-without it the operator posts one ``LostPodsNotFailed`` Warning naming the permission and marks nothing.
+the pods/status subresource, then deleted at once, as Kubernetes' pod garbage collector does, so that its
+ServiceAccount token stops working (a fenced pod's agent cannot rejoin when its machine comes back): the two
+permissions this adds, granted by the chart only when it is on. Without them the operator posts one
+``LostPodsNotFailed`` Warning naming them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from kube_rendezvous import ForbiddenError, KubernetesApi, KubernetesApiError, NotFoundError, RendezvousDocument
+from kube_rendezvous import (
+    ConflictError,
+    ForbiddenError,
+    KubernetesApi,
+    KubernetesApiError,
+    NotFoundError,
+    RendezvousDocument,
+)
 
 from . import conditions_rules, events, events_rules, lost_nodes_rules
 from .memory import Key, OperatorMemo
@@ -28,8 +37,9 @@ logger = logging.getLogger(__name__)
 
 #: The content type of a strategic merge patch: the pod's conditions merge by type (the others stay).
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-#: What the operator's ServiceAccount needs to mark pods Failed (the chart's operator.lostNodes.failPodsAfterSeconds).
-PERMISSION = "patch on pods/status (core API group)"
+#: What the operator's ServiceAccount needs to mark pods Failed and delete them (the chart's
+#: operator.lostNodes.failPodsAfterSeconds).
+PERMISSION = "patch on pods/status and delete on pods (core API group)"
 
 
 def tell(memo: OperatorMemo, key: Key, event: events_rules.RendezvousEvent, pods: Iterable[dict[str, Any]]) -> bool:
@@ -99,6 +109,35 @@ def mark_failed(client: KubernetesApi, pod: Mapping[str, Any], node: str, since:
     return True
 
 
+def delete_failed(client: KubernetesApi, pod: Mapping[str, Any]) -> bool:
+    """Delete ``pod`` at once (no grace: its kubelet is gone), naming its uid; whether the delete went through.
+
+    As the pod garbage collector does after marking a pod of an out-of-service Node Failed: the pod's bound
+    ServiceAccount token stops working with it, and its kubelet, once back, stops its containers.
+
+    Raises:
+        ForbiddenError: the operator may not delete pods (``PERMISSION``).
+    """
+    meta = pod.get("metadata") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    body = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": 0,
+        "preconditions": {"uid": meta.get("uid")},
+    }
+    try:
+        client.request("DELETE", f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}", body=body)
+    except (NotFoundError, ConflictError):
+        return True  # gone already, or a newer pod of that name: this one is gone
+    except ForbiddenError:
+        raise
+    except KubernetesApiError as exc:
+        logger.warning("could not delete pod %s (the next judgement tries again): %s", name, exc)
+        return False
+    return True
+
+
 def fail_lost_pods(
     memo: OperatorMemo,
     key: Key,
@@ -119,7 +158,12 @@ def fail_lost_pods(
         state = states[node]
         lost = lost_nodes_rules.lost_pods(on_node, document, state.since)
         try:
-            failed = [pod for pod in lost if mark_failed(memo.api, pod, node, state.since, now)]
+            failed = [
+                pod
+                for pod in lost
+                if (not lost_nodes_rules.needs_marking(pod) or mark_failed(memo.api, pod, node, state.since, now))
+                and delete_failed(memo.api, pod)
+            ]
         except ForbiddenError as exc:
             refused = lost_nodes_rules.refused_event(node, PERMISSION)
             logger.warning("rendezvous %s/%s: %s: %s", *key, refused.message, exc)

@@ -7,7 +7,11 @@ A kubelet that died never reports its pods: they stay Running (then Terminating,
 after its 300 s toleration) until the Node is deleted or tainted ``node.kubernetes.io/out-of-service``, and a
 Job with a ``podFailurePolicy`` creates a replacement only once the old pod is Failed. Marking the pod Failed
 with ``DisruptionTarget`` is what Kubernetes' pod garbage collector does for pods on an out-of-service Node;
-the examples' ``podFailurePolicy`` ignores that condition, so the Job replaces the pod and counts nothing.
+the examples' ``podFailurePolicy`` ignores that condition, so the Job replaces the pod and counts nothing. Then,
+as the pod garbage collector does too, the pod is deleted at once (no grace: its kubelet is gone): its
+ServiceAccount token stops working, so an agent of it that comes back (a partition that heals) can write
+nothing, and its kubelet, once back, stops its containers. The Job's finalizer keeps the object until the Job
+counted it.
 
 Nothing here does I/O: ``lost_nodes`` feeds it the pods, the state document and the Node's NotReady since,
 and posts and patches what it decides. Which pods are on a NotReady Node past its wait is ``not_ready_rules``'s.
@@ -39,6 +43,21 @@ DISRUPTION_TARGET = "DisruptionTarget"
 DISRUPTION_REASON = "DeletionByKubeRendezvous"
 #: The phases a pod never leaves: such a pod is not marked again.
 TERMINAL_PHASES = frozenset({"Failed", "Succeeded"})
+
+
+def marked_by_us(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is Failed with the operator's ``DisruptionTarget`` condition (``failed_status_patch``)."""
+    status = pod.get("status") or {}
+    conditions = status.get("conditions") or []
+    return status.get("phase") == "Failed" and any(
+        isinstance(item, Mapping) and item.get("type") == DISRUPTION_TARGET and item.get("reason") == DISRUPTION_REASON
+        for item in conditions
+    )
+
+
+def needs_marking(pod: Mapping[str, Any]) -> bool:
+    """Whether a due lost pod still needs the status patch (it is not in a terminal phase yet)."""
+    return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
 
 
 def fail_pods_after(spec: Mapping[str, Any], default: float | None) -> timedelta | None:
@@ -87,15 +106,17 @@ def pods_to_fail(
     now: datetime,
     wait: timedelta,
 ) -> dict[str, list[dict[str, Any]]]:
-    """The pods to mark Failed now, by Node: bound to a Node NotReady (``not_ready``: name -> since) for ``wait``
-    (``fail_wait``) or more by ``now``, and not in a terminal phase yet. Pods Kubernetes is deleting count
-    (the taint manager's eviction leaves them Terminating for as long as the kubelet is gone); whether
-    their agents are alive is ``lost_pods``'s to say."""
+    """The pods to mark Failed (and delete) now, by Node: bound to a Node NotReady (``not_ready``: name -> since)
+    for ``wait`` (``fail_wait``) or more by ``now``, and either not in a terminal phase yet, or marked Failed by
+    the operator (``marked_by_us``) and not deleted yet (a delete that did not go through is tried again). Pods
+    Kubernetes is deleting count while not terminal (the taint manager's eviction leaves them Terminating for as
+    long as the kubelet is gone); whether their agents are alive is ``lost_pods``'s to say."""
     found: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         since = not_ready.get(node) if isinstance(node, str) else None
-        if since is None or now - since < wait or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if since is None or now - since < wait or not (needs_marking(pod) or (marked_by_us(pod) and not deleting)):
             continue
         found.setdefault(str(node), []).append(pod)
     return found
@@ -143,9 +164,10 @@ def pods_failed_event(node: str, since: datetime, pods: list[dict[str, Any]]) ->
     """``LostPodsFailed``: the operator marked ``pods`` on lost Node ``node`` Failed, and what follows."""
     message = (
         f"marked {pods_named(pods)} on Kubernetes node {node} (NotReady since {format_time(since)}) "
-        f"Failed with condition {DISRUPTION_TARGET}, as Kubernetes' pod garbage collector does on an out-of-service "
-        "node: a Job whose podFailurePolicy ignores DisruptionTarget replaces them without counting a failure. "
-        "A pod still running on a machine that is only partitioned is not stopped by this"
+        f"Failed with condition {DISRUPTION_TARGET} and deleted them, as Kubernetes' pod garbage collector does on an "
+        "out-of-service node: a Job whose podFailurePolicy ignores DisruptionTarget replaces them without counting "
+        "a failure. If the machine is only partitioned, their containers run on until its kubelet is back and stops "
+        "them, but their ServiceAccount tokens no longer work: their agents cannot rejoin or write"
     )
     return RendezvousEvent("Normal", LOST_PODS_FAILED, message, len(pods))
 
@@ -153,7 +175,8 @@ def pods_failed_event(node: str, since: datetime, pods: list[dict[str, Any]]) ->
 def refused_event(node: str, permission: str) -> RendezvousEvent:
     """``LostPodsNotFailed``: the API server refused to let the operator mark the pods of ``node`` Failed."""
     message = (
-        f"could not mark the pods of lost Kubernetes node {node} Failed: the operator's ServiceAccount needs "
+        f"could not mark the pods of lost Kubernetes node {node} Failed and delete them: the operator's "
+        "ServiceAccount needs "
         f"{permission}; set the chart value operator.lostNodes.failPodsAfterSeconds (it grants it) or apply "
         "docs/operator-rbac-lost-nodes.yaml. Until then, the NodeLost Event names the fix"
     )

@@ -328,13 +328,99 @@ def drain_and_recover(
         plane.kubectl("uncordon", node)
 
 
-def local_operator(cluster: Cluster, namespace: str, log: Path) -> OperatorProcess:
-    """The operator as a local process with its documented RBAC, watching ``namespace`` (not started)."""
+def local_operator(cluster: Cluster, namespace: str, log: Path, lost_nodes: bool = False) -> OperatorProcess:
+    """The operator as a local process with its documented RBAC (and, with ``lost_nodes``, the opt-in
+    docs/operator-rbac-lost-nodes.yaml), watching ``namespace`` (not started)."""
     plane = cluster.plane
     plane.kubectl("create", "namespace", "kube-rendezvous-system", check=False)
     plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"))
+    if lost_nodes:
+        plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac-lost-nodes.yaml"))
     kubeconfig = plane.serviceaccount_kubeconfig("kube-rendezvous-system", "kube-rendezvous-operator")
     return OperatorProcess(kubeconfig, namespace, log)
+
+
+@dataclass
+class LostNode(Recovery):
+    """A lost Node's story, in seconds from the fault (None: not within the window): the operator's ``NodeLost``
+    Event, the lost pod Failed and deleted, its replacement Running (and, from ``Recovery``, training)."""
+
+    node_lost: float | None = None
+    pod_failed: float | None = None
+    replacement_running: float | None = None
+
+
+def lost_node(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    fail_after: int | None,
+    *,
+    partition: bool = False,
+    window: float = 240,
+) -> LostNode:
+    """The README's example Job spread over the nodes, the pods keeping the default 300 s toleration, the operator
+    running (``spec.lostNodes.failPodsAfterSeconds`` = ``fail_after``; None: off); then the node of the second pod
+    is lost: with ``partition`` cut off (its pods' packets dropped, its kubelet stopped: the pod's processes live
+    on), else dead (``Node.fail``). Times the ``NodeLost`` Event, the survivors training, and (with ``fail_after``)
+    the pod Failed and deleted by the operator, the replacement Running and training with 3, with no taint and no
+    human. Returns the story; the node stays lost (``Node.recover``)."""
+    api = _api(cluster)
+    core, objects_api = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    manifests = spread(example_objects(last_call_seconds=LAST_CALL_SECONDS), toleration=None)
+    if fail_after is not None:
+        rendezvous = next(m for m in manifests if m["kind"] == "Rendezvous")
+        rendezvous["spec"]["lostNodes"] = {"failPodsAfterSeconds": fail_after}
+    operator.start()
+    first, trained = start_spread_job(cluster, namespace, manifests)
+    victim = sorted(first.pods)[1]
+    address, where = first.pods[victim]
+    node = node_named(cluster, where)
+    survivors = sorted(set(first.pods) - {victim})
+    victim_uid = core.read_namespaced_pod(victim, namespace).metadata.uid
+    if partition:
+        node.isolate()
+        node.stop_kubelet()
+    else:
+        node.fail()
+    fault = time.monotonic()
+    before = rendezvous_status(objects_api, namespace)["round"]
+    story = LostNode(where, [victim], None, details={"round_before": before, "victim_uid": victim_uid})
+
+    def seen() -> bool:
+        now = time.monotonic() - fault
+        if story.node_lost is None and any(
+            item.reason == "NodeLost" and item.involved_object.name == RENDEZVOUS
+            for item in core.list_namespaced_event(namespace).items
+        ):
+            story.node_lost = now
+        if story.survivors_training is None and all(
+            worker_rounds(cluster.node, namespace, pod) > trained[pod] for pod in survivors
+        ):
+            story.survivors_training = now
+        if story.pod_failed is None and fail_after is not None:
+            pods = {pod.metadata.name: pod for pod in training_pods(core, namespace)}
+            old = pods.get(victim)
+            if old is None or (old.status.phase == "Failed" and old.metadata.deletion_timestamp is not None):
+                story.pod_failed = now
+        if story.replacement_running is None and fail_after is not None:
+            if placement(core, namespace, exclude=frozenset([victim]), nodes=2) is not None:
+                story.replacement_running = now
+        done = story.node_lost is not None and story.survivors_training is not None
+        return done and (fail_after is None or story.replacement_running is not None)
+
+    what = "NodeLost, the survivors training" + ("" if fail_after is None else " and the replacement Running")
+    try:
+        wait_until(seen, window, what)
+    except TimeoutError:
+        story.details["logs"] = log_tails(cluster, namespace, survivors)
+        story.details["status"] = rendezvous_status(objects_api, namespace)
+        return story
+    if fail_after is not None:
+        await_replacement(cluster, namespace, first, [victim], story, fault, window)
+        story.details["after"] = members(objects_api, namespace)
+    story.details.update(victim_address=address, victim_uid=victim_uid)
+    return story
 
 
 def node_failure(

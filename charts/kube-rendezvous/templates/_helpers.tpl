@@ -136,11 +136,14 @@ rbac.scope=namespace without watchNamespaces watches the release namespace.
   resources: [events]
   verbs: [create, patch, list]
 {{- if include "kube-rendezvous.failsLostPods" . }}
-# Mark the training pods of a lost Node Failed (DisruptionTarget) so their Job replaces them
-# (operator.lostNodes.failPodsAfterSeconds; docs/operator-rbac-lost-nodes.yaml).
+# Mark the training pods of a lost Node Failed (DisruptionTarget) so their Job replaces them, then delete
+# them so their tokens stop working (operator.lostNodes.failPodsAfterSeconds; docs/operator-rbac-lost-nodes.yaml).
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [delete]
 {{- end }}
 {{- end }}
 
