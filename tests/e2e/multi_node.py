@@ -243,6 +243,12 @@ def await_replacement(
     recovery.replacement_training = time.monotonic() - since
 
 
+def not_ready(core: client.CoreV1Api, node: str) -> bool:
+    """Whether Node ``node``'s Ready condition is not True (read from the API server only)."""
+    conditions = core.read_node(node).status.conditions or []
+    return any(c.type == "Ready" and c.status != "True" for c in conditions)
+
+
 def fail_node_and_recover(
     cluster: Cluster,
     namespace: str,
@@ -263,12 +269,8 @@ def fail_node_and_recover(
     failed = time.monotonic()
     recovery = Recovery(victim_node, victims, None)
 
-    def not_ready() -> bool:
-        conditions = core.read_node(victim_node).status.conditions or []
-        return any(c.type == "Ready" and c.status != "True" for c in conditions)
-
     def survivors_trained() -> bool:
-        if recovery.not_ready is None and not_ready():
+        if recovery.not_ready is None and not_ready(core, victim_node):
             recovery.not_ready = time.monotonic() - failed
         return all(worker_rounds(cluster.node, namespace, pod) > trained[pod] for pod in survivors)
 
@@ -281,7 +283,7 @@ def fail_node_and_recover(
     if replacement:
         # The machine is gone for good: the administrator says so (a cloud's node lifecycle deletes the Node). The
         # examples' Jobs replace only Failed pods (their podFailurePolicy), and a dead kubelet fails none.
-        wait_until(not_ready, window, f"{victim_node} NotReady")
+        wait_until(lambda: not_ready(core, victim_node), window, f"{victim_node} NotReady")
         node_named(cluster, victim_node).mark_out_of_service()
         recovery.details["out_of_service"] = time.monotonic() - failed
         await_replacement(cluster, namespace, first, victims, recovery, failed, window)
@@ -328,24 +330,29 @@ def drain_and_recover(
         plane.kubectl("uncordon", node)
 
 
-def local_operator(cluster: Cluster, namespace: str, log: Path, lost_nodes: bool = False) -> OperatorProcess:
+def local_operator(
+    cluster: Cluster, namespace: str, log: Path, lost_nodes: bool = False, env: dict[str, str] | None = None
+) -> OperatorProcess:
     """The operator as a local process with its documented RBAC (and, with ``lost_nodes``, the opt-in
-    docs/operator-rbac-lost-nodes.yaml), watching ``namespace`` (not started)."""
+    docs/operator-rbac-lost-nodes.yaml), watching ``namespace`` (not started); ``env`` is added to its
+    environment (a previous release on ``PYTHONPATH``)."""
     plane = cluster.plane
     plane.kubectl("create", "namespace", "kube-rendezvous-system", check=False)
     plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac.yaml"))
     if lost_nodes:
         plane.kubectl("apply", "-f", str(REPO / "docs" / "operator-rbac-lost-nodes.yaml"))
     kubeconfig = plane.serviceaccount_kubeconfig("kube-rendezvous-system", "kube-rendezvous-operator")
-    return OperatorProcess(kubeconfig, namespace, log)
+    return OperatorProcess(kubeconfig, namespace, log, env=env)
 
 
 @dataclass
 class LostNode(Recovery):
-    """A lost Node's story, in seconds from the fault (None: not within the window): the operator's ``NodeLost``
-    Event, the lost pod Failed and deleted, its replacement Running (and, from ``Recovery``, training)."""
+    """A lost Node's story, in seconds from the fault (None: not seen within the window): the Node NotReady (from
+    ``Recovery``), the operator's ``NodeLost`` Event, the out-of-service taint (by a human, when played), the lost
+    pod Failed or gone, its replacement Running (and, from ``Recovery``, training), and the survivors training."""
 
     node_lost: float | None = None
+    tainted: float | None = None
     pod_failed: float | None = None
     replacement_running: float | None = None
 
@@ -357,14 +364,16 @@ def lost_node(
     fail_after: int | None,
     *,
     partition: bool = False,
-    window: float = 240,
+    human: bool = False,
+    window: float = 300,
 ) -> LostNode:
-    """The README's example Job spread over the nodes, the pods keeping the default 300 s toleration, the operator
-    running (``spec.lostNodes.failPodsAfterSeconds`` = ``fail_after``; None: off); then the node of the second pod
-    is lost: with ``partition`` cut off (its pods' packets dropped, its kubelet stopped: the pod's processes live
-    on), else dead (``Node.fail``). Times the ``NodeLost`` Event, the survivors training, and (with ``fail_after``)
-    the pod Failed and deleted by the operator, the replacement Running and training with 3, with no taint and no
-    human. Returns the story; the node stays lost (``Node.recover``)."""
+    """The README's example Job spread over the nodes, the pods keeping the default 300 s toleration, ``operator``
+    running (``spec.lostNodes.failPodsAfterSeconds`` = ``fail_after``; None: not set); then the node of the
+    second pod is lost: with ``partition`` cut off (its pods' packets dropped, its kubelet stopped: the pod's
+    processes live on), else dead (``Node.fail``). With ``human``, an administrator taints the Node out of
+    service the moment it is NotReady (what the tests did before the operator could). Times the Node NotReady,
+    ``NodeLost`` (when the operator posts it), the survivors training, the pod Failed or gone, and the
+    replacement Running and training with 3. Returns the story; the node stays lost (``Node.recover``)."""
     api = _api(cluster)
     core, objects_api = client.CoreV1Api(api), client.CustomObjectsApi(api)
     manifests = spread(example_objects(last_call_seconds=LAST_CALL_SECONDS), toleration=None)
@@ -389,6 +398,11 @@ def lost_node(
 
     def seen() -> bool:
         now = time.monotonic() - fault
+        if story.not_ready is None and not_ready(core, where):
+            story.not_ready = now
+        if human and story.not_ready is not None and story.tainted is None:
+            node.mark_out_of_service()
+            story.tainted = time.monotonic() - fault
         if story.node_lost is None and any(
             item.reason == "NodeLost" and item.involved_object.name == RENDEZVOUS
             for item in core.list_namespaced_event(namespace).items
@@ -398,28 +412,22 @@ def lost_node(
             worker_rounds(cluster.node, namespace, pod) > trained[pod] for pod in survivors
         ):
             story.survivors_training = now
-        if story.pod_failed is None and fail_after is not None:
-            pods = {pod.metadata.name: pod for pod in training_pods(core, namespace)}
-            old = pods.get(victim)
-            if old is None or (old.status.phase == "Failed" and old.metadata.deletion_timestamp is not None):
+        if story.pod_failed is None:
+            old = {pod.metadata.name: pod for pod in training_pods(core, namespace)}.get(victim)
+            if old is None or old.status.phase == "Failed":
                 story.pod_failed = now
-        if story.replacement_running is None and fail_after is not None:
-            if placement(core, namespace, exclude=frozenset([victim]), nodes=2) is not None:
-                story.replacement_running = now
-        done = story.node_lost is not None and story.survivors_training is not None
-        return done and (fail_after is None or story.replacement_running is not None)
+        if story.replacement_running is None and placement(core, namespace, exclude=frozenset([victim]), nodes=2):
+            story.replacement_running = now
+        return story.survivors_training is not None and story.replacement_running is not None
 
-    what = "NodeLost, the survivors training" + ("" if fail_after is None else " and the replacement Running")
     try:
-        wait_until(seen, window, what)
+        wait_until(seen, window, "the survivors training and the replacement Running")
+        await_replacement(cluster, namespace, first, [victim], story, fault, window)
     except TimeoutError:
         story.details["logs"] = log_tails(cluster, namespace, survivors)
         story.details["status"] = rendezvous_status(objects_api, namespace)
         return story
-    if fail_after is not None:
-        await_replacement(cluster, namespace, first, [victim], story, fault, window)
-        story.details["after"] = members(objects_api, namespace)
-    story.details.update(victim_address=address, victim_uid=victim_uid)
+    story.details.update(victim_address=address, after=members(objects_api, namespace))
     return story
 
 

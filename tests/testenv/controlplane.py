@@ -168,6 +168,8 @@ class ControlPlane:
     binaries: Binaries = field(default_factory=ensure_binaries)
     #: Whether a real node (``tests.testenv.node``) will join: the controllers its pods need run too.
     with_node: bool = False
+    #: Seconds without a kubelet's status before its Node turns NotReady (``set_node_monitor_grace``).
+    node_monitor_grace: int = NODE_MONITOR_GRACE_PERIOD
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -253,7 +255,7 @@ class ControlPlane:
             str(self.binaries.kube_controller_manager),
             f"--kubeconfig={self.admin_kubeconfig}",
             f"--controllers={','.join(controllers)}",
-            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}s",
+            f"--node-monitor-grace-period={self.node_monitor_grace}s",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
@@ -288,6 +290,18 @@ class ControlPlane:
         self.stop_apiserver()
         time.sleep(downtime)
         self.start_apiserver(timeout)
+
+    def set_node_monitor_grace(self, seconds: int, timeout: float = 60.0) -> None:
+        """Restart kube-controller-manager with ``--node-monitor-grace-period`` ``seconds`` (upstream's default: 50),
+        if it differs; return once it serves again."""
+        if seconds == self.node_monitor_grace:
+            return
+        self.node_monitor_grace = seconds
+        server = self._servers["kube-controller-manager"]
+        server.stop()
+        server.command = self._controller_manager_command()
+        server.start()
+        wait_until(self._controller_manager_healthy, timeout, "kube-controller-manager serving again")
 
     def stop(self) -> None:
         """Stop every server, the controller manager first and etcd last."""
@@ -329,6 +343,18 @@ class ControlPlane:
             with urllib.request.urlopen(self.server + "/readyz", timeout=2, context=self._ssl_context()) as response:
                 return bool(response.status == 200)
         except urllib.error.HTTPError:
+            return False
+
+    def _controller_manager_healthy(self) -> bool:
+        server = self._servers["kube-controller-manager"]
+        server.check_running()
+        port = next(arg.split("=", 1)[1] for arg in server.command if arg.startswith("--secure-port="))
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # its serving certificate is self-signed
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=context) as response:
+                return bool(response.status == 200)
+        except OSError:
             return False
 
     def _default_serviceaccount_exists(self) -> bool:
