@@ -43,6 +43,7 @@ from tests.e2e.placement import (
 from tests.e2e.real_pods import (
     RENDEZVOUS,
     example_objects,
+    host_pod,
     namespace_with_crds,
     pod_log,
     rendezvous_status,
@@ -51,7 +52,7 @@ from tests.helpers import holds_for
 from tests.test_chart import Helm, install
 from tests.testenv import ensure_binaries, wait_until
 from tests.testenv.cluster import Cluster
-from tests.testenv.images import TRAINING_IMAGE, import_images, training_mounts, venv_python
+from tests.testenv.images import import_images, venv_python
 from tests.testenv.node import TOPOLOGY_KEYS
 from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image
 
@@ -79,30 +80,6 @@ def recovered(three_nodes: Cluster) -> Iterator[Cluster]:
     for node in three_nodes.nodes:
         if not node.running:
             node.recover()
-
-
-def _pod(name: str, node: str, command: list[str], **spec: Any) -> dict[str, Any]:
-    mounts = training_mounts()
-    container = {
-        "name": "main",
-        "image": TRAINING_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": command,
-        "volumeMounts": [
-            {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
-        ],
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": node,
-            "containers": [container],
-            "volumes": [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)],
-            **spec,
-        },
-    }
 
 
 PROBE = """
@@ -136,8 +113,8 @@ def test_three_nodes_carry_topology_labels_and_route_services_and_dns_between_th
     assert zones == {"node-1": "zone-a", "node-2": "zone-a", "node-3": "zone-b"}
     assert all(set(TOPOLOGY_KEYS) <= set(labels) for labels in nodes.values())
 
-    web = _pod("web", "node-1", [venv_python(), "-m", "http.server", "8080"], hostname="web-0", subdomain="web")
-    probe = _pod("probe", "node-3", [venv_python(), "-c", "import time; time.sleep(600)"])
+    web = host_pod("web", "node-1", [venv_python(), "-m", "http.server", "8080"], hostname="web-0", subdomain="web")
+    probe = host_pod("probe", "node-3", [venv_python(), "-c", "import time; time.sleep(600)"])
     services = [
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
          "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"port": 8080}]}},

@@ -11,16 +11,18 @@ controllers put on their pods. What each failure does, with times: docs/workload
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kube_rendezvous import create_backend
 from kube_rendezvous_operator.pods_rules import pod_selector
 from kubernetes import client
 
-from tests.e2e.real_pods import RENDEZVOUS, rendezvous_status
+from tests.e2e.real_pods import RENDEZVOUS, host_pod, rendezvous_status
 from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
@@ -41,8 +43,10 @@ from tests.e2e.workloads import (
     start_training,
     trainjob_objects,
 )
+from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
 from tests.testenv import wait_until
 from tests.testenv.cluster import Cluster
+from tests.testenv.images import venv_python
 
 #: The label the operator always honours (docs/training-jobs.md, "Use it from a training job").
 RENDEZVOUS_LABEL = "kube-rendezvous.io/rendezvous"
@@ -283,3 +287,97 @@ def test_the_example_job_queued_by_kueue_survives_a_preemption_and_trains_to_the
     assert member_addresses(final) == new_addresses and final["phase"] == "Closed", final
     with contextlib.suppress(Exception):
         print(team_a.plane.kubectl("-n", NAMESPACE, "get", "rdzv,job,workloads").stdout)
+
+
+#: Run in a pod of job llama-train: its agent's writes, with the token the kubelet mounted (bound to the pod), to
+#: its own Lease and to job other-job's Lease, writer Lease and key; prints each answer's status and message.
+PER_JOB_PROBE = """
+import json, os, ssl, sys, urllib.error, urllib.request
+secrets = "/var/run/secrets/kubernetes.io/serviceaccount/"
+namespace, token = open(secrets + "namespace").read(), open(secrets + "token").read()
+context = ssl.create_default_context(cafile=secrets + "ca.crt")
+uid, key = os.environ["POD_UID"], sys.argv[1]
+
+def call(method, path, body=None):
+    headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+    if method == "PATCH":
+        headers["Content-Type"] = "application/merge-patch+json"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request("https://kubernetes.default.svc" + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            return [answer.status, ""]
+    except urllib.error.HTTPError as refused:
+        return [refused.code, json.loads(refused.read()).get("message", "")]
+
+def lease(name, rendezvous, kind="node", **annotations):
+    labels = {"kube-rendezvous.io/lease": kind, "kube-rendezvous.io/rendezvous": rendezvous}
+    metadata = {"name": name, "labels": labels, "annotations": {"kube-rendezvous.io/pod-uid": uid, **annotations}}
+    holder = "agent/" + name if kind == "writer" else name
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}}
+
+leases = "/apis/coordination.k8s.io/v1/namespaces/" + namespace + "/leases"
+keys = "/apis/kube-rendezvous.io/v1alpha1/namespaces/" + namespace + "/rendezvouskeys/"
+writer = lease("other-job-writer", "other-job", "writer", **{"kube-rendezvous.io/writer-priority": "agent"})
+print(json.dumps({
+    "own lease": call("POST", leases, lease("mine", "llama-train")),
+    "own lease deleted": call("DELETE", leases + "/mine"),
+    "their lease": call("POST", leases, lease("theirs", "other-job")),
+    "their writer lease": call("POST", leases, writer),
+    "their key": call("DELETE", keys + key),
+}))
+"""
+
+
+def test_with_the_charts_fencing_a_pod_of_one_job_writes_its_own_lease_and_none_of_another_jobs(
+    workload_cluster: Cluster,
+) -> None:
+    """Issue #46 on three real nodes, with the chart installed with ``fencing.enabled`` and ``fencing.perJob`` (as
+    for every case of this module): in a namespace labelled for the per-job policy, a real pod of job llama-train
+    (examples/rbac-per-job.yaml, its own ServiceAccount) writes with the token its kubelet mounted: its own node
+    Lease is created and deleted; job other-job's node Lease, writer Lease and key are refused, naming the rule."""
+    plane = workload_cluster.plane
+    api = admin_api(workload_cluster)
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    namespace = "per-job"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"kube-rendezvous.io/fencing": "per-job"}}})
+    try:
+        for name in ("llama-train", "other-job"):
+            create_rendezvous(objects, namespace, name)
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": "llama-train"}})
+        plane.kubectl("-n", namespace, "apply", "-f", str(REPO / "examples" / "rbac-per-job.yaml"))
+        _, their_store = create_backend(
+            rendezvous_parameters(f"{namespace}/other-job", plane.admin_kubeconfig, create="false")
+        )
+        their_store.set("theirs", b"1")
+        (key,) = objects.list_namespaced_custom_object(
+            "kube-rendezvous.io", "v1alpha1", namespace, "rendezvouskeys",
+            label_selector="kube-rendezvous.io/rendezvous=other-job",
+        )["items"]  # fmt: skip
+        uid_env = {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+        pod = host_pod("llama-train-0", None, [venv_python(), "-c", "import time; time.sleep(600)"])
+        pod["spec"].update(serviceAccountName="llama-train", terminationGracePeriodSeconds=0)
+        pod["spec"]["containers"][0]["env"] = [uid_env]
+        core.create_namespaced_pod(namespace, pod)
+        wait_until(
+            lambda: core.read_namespaced_pod("llama-train-0", namespace).status.phase == "Running", 120, "the pod"
+        )
+
+        def probed() -> dict[str, list[Any]] | None:
+            done = plane.kubectl(
+                "-n", namespace, "exec", "llama-train-0", "--", venv_python(), "-c", PER_JOB_PROBE,
+                key["metadata"]["name"], check=False,
+            )  # fmt: skip
+            return json.loads(done.stdout) if done.returncode == 0 else None
+
+        found = wait_until(probed, 60, "the probe's answers")
+        assert found["own lease"][0] == 201 and found["own lease deleted"][0] == 200, found
+        rule = "ServiceAccount llama-train writes only the Leases and keys of Rendezvous llama-train"
+        for what in ("their lease", "their writer lease", "their key"):
+            status, message = found[what]
+            assert status == 403 and "kube-rendezvous fencing" in message and rule in message, (what, message)
+        assert "is labelled kube-rendezvous.io/rendezvous=other-job" in found["their key"][1]
+        assert their_store.get("theirs") == b"1"
+    finally:
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -293,3 +293,29 @@ def example_job_training(
         formed=lambda pods: round_with(objects, namespace, pods),
         what="3 training pods",
     )
+
+
+def host_pod(name: str, node: str | None, command: list[str], **spec: Any) -> dict[str, Any]:
+    """A pod of the training image running ``command`` with the host's interpreter mounted, on ``node`` (None: where
+    the scheduler puts it); ``spec`` is added to its spec."""
+    mounts = training_mounts()
+    container = {
+        "name": "main",
+        "image": TRAINING_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": command,
+        "volumeMounts": [
+            {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
+        ],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            **({} if node is None else {"nodeName": node}),
+            "containers": [container],
+            "volumes": [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)],
+            **spec,
+        },
+    }

@@ -408,7 +408,8 @@ RELEASE, RELEASE_NAMESPACE = "kube-rendezvous", "kube-rendezvous-system"
 
 def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]:
     """The operator image (built from the Dockerfile) imported on every node and the chart installed as the README
-    says (its CRDs, cluster scope, the training RBAC in ``team-a``); return the operator pod's log files once its
+    says (its CRDs, cluster scope, the training RBAC in ``team-a``), with fencing at the API on (``fencing.enabled``
+    and ``fencing.perJob``: every case runs under the policies); return the operator pod's log files once its
     Deployment rolled out."""
     from tests.test_chart import Helm, install
     from tests.testenv import ensure_binaries
@@ -426,6 +427,7 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
         Helm(ensure_binaries().helm, helm_home), plane, RELEASE, RELEASE_NAMESPACE,
         "crds.install=true", f"trainingRBAC.namespaces={{{NAMESPACE}}}",
         f"image.repository={repository}", f"image.tag={tag}", "image.pullPolicy=Never",
+        "fencing.enabled=true", "fencing.perJob=true",
     )  # fmt: skip
     plane.kubectl("-n", RELEASE_NAMESPACE, "rollout", "status", "deployment", "--timeout=180s")
     return sorted(plane.workdir.glob(f"*/pod-logs/{RELEASE_NAMESPACE}_*/*/*.log"))
