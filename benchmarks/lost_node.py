@@ -87,9 +87,7 @@ def measure(setup: Setup, case: dict[str, Any], repeat: int, args: argparse.Name
             cluster, namespace, log, lost_nodes=this_release, env=None if this_release else setup.previous
         )
         with operator:
-            story = lost_node(
-                cluster, namespace, operator, FAIL_AFTER if this_release else None, human=not this_release
-            )
+            story = lost_node(cluster, namespace, FAIL_AFTER if this_release else None, human=not this_release)
     found = asdict(story)
     found.pop("details", None)
     return found

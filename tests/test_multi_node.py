@@ -411,7 +411,7 @@ def test_a_lost_node_s_pod_is_replaced_with_no_human_and_fenced_when_its_partiti
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     operator = local_operator(recovered, namespace3, tmp_path / "operator.log", lost_nodes=True)
     with operator:
-        story = lost_node(recovered, namespace3, operator, FAIL_LOST_PODS_AFTER, partition=True)
+        story = lost_node(recovered, namespace3, FAIL_LOST_PODS_AFTER, partition=True)
         print(f"lost node, partitioned: {story}")
         assert story.replacement_training is not None, f"the replacement did not train: {story}"
         victim = story.victim_pods[0]

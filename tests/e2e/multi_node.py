@@ -360,17 +360,16 @@ class LostNode(Recovery):
 def lost_node(
     cluster: Cluster,
     namespace: str,
-    operator: OperatorProcess,
     fail_after: int | None,
     *,
     partition: bool = False,
     human: bool = False,
     window: float = 300,
 ) -> LostNode:
-    """The README's example Job spread over the nodes, the pods keeping the default 300 s toleration, ``operator``
-    running (``spec.lostNodes.failPodsAfterSeconds`` = ``fail_after``; None: not set); then the node of the
-    second pod is lost: with ``partition`` cut off (its pods' packets dropped, its kubelet stopped: the pod's
-    processes live on), else dead (``Node.fail``). With ``human``, an administrator taints the Node out of
+    """The README's example Job spread over the nodes, the pods keeping the default 300 s toleration, with the
+    caller's operator running (``spec.lostNodes.failPodsAfterSeconds`` = ``fail_after``; None: not set); then the
+    node of the second pod is lost: with ``partition`` cut off (its pods' packets dropped, its kubelet stopped:
+    the pod's processes live on), else dead (``Node.fail``). With ``human``, an administrator taints the Node out of
     service the moment it is NotReady (what the tests did before the operator could). Times the Node NotReady,
     ``NodeLost`` (when the operator posts it), the survivors training, the pod Failed or gone, and the
     replacement Running and training with 3. Returns the story; the node stays lost (``Node.recover``)."""
@@ -380,7 +379,6 @@ def lost_node(
     if fail_after is not None:
         rendezvous = next(m for m in manifests if m["kind"] == "Rendezvous")
         rendezvous["spec"]["lostNodes"] = {"failPodsAfterSeconds": fail_after}
-    operator.start()
     first, trained = start_spread_job(cluster, namespace, manifests)
     victim = sorted(first.pods)[1]
     address, where = first.pods[victim]
