@@ -438,6 +438,7 @@ def test_a_lost_node_s_pod_is_replaced_with_no_human_and_fenced_when_its_partiti
         assert round_after <= story.details["round_before"] + 2, "the round broke more than once for the lost node"
         # The partition heals: the old pod's processes are still running and reach the API server again.
         old_lines = len(pod_log(recovered.node, namespace3, victim))
+        assert pod_processes(story.details["victim_uid"]), "the cut-off pod's processes did not live on"
         node.reconnect()
         node.start_kubelet()
         wait_until(node.ready, 120, f"{story.victim_node} Ready again")
@@ -451,8 +452,8 @@ def test_a_lost_node_s_pod_is_replaced_with_no_human_and_fenced_when_its_partiti
             "the round unbroken and the fenced pod's agent not in it",
         )
         fenced = pod_log(recovered.node, namespace3, victim)[old_lines:]
+        print("the fenced agent after the heal:", *fenced[-15:], sep="\n  ")
         assert not any("init_process_group" in line for line in fenced), fenced[-20:]
-        assert pod_processes(story.details["victim_uid"]), "the partitioned pod's processes did not live on"
         wait_until(lambda: not pod_processes(story.details["victim_uid"]), 120, f"the kubelet to stop the old {victim}")
 
 
