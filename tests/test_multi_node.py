@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -436,25 +437,35 @@ def test_a_lost_node_s_pod_is_replaced_with_no_human_and_fenced_when_its_partiti
         assert after is not None and story.details["victim_address"] not in after[1] and len(after[1]) == 3
         round_after = after[0]
         assert round_after <= story.details["round_before"] + 2, "the round broke more than once for the lost node"
-        # The partition heals: the old pod's processes are still running and reach the API server again.
+        # The partition heals (its network first, the kubelet a little later): the old pod's processes are still
+        # running and reach the API server again, with the token of a pod that no longer exists.
         old_lines = len(pod_log(recovered.node, namespace3, victim))
         assert pod_processes(story.details["victim_uid"]), "the cut-off pod's processes did not live on"
+        address = story.details["victim_address"]
+        leases = client.CoordinationV1Api(api)
         node.reconnect()
+        healed = datetime.now(timezone.utc)
+
+        def fenced() -> bool:
+            now = members(objects, namespace3)
+            written = [
+                lease.metadata.name
+                for lease in leases.list_namespaced_lease(namespace3).items
+                if address in f"{lease.spec.holder_identity} {lease.metadata.annotations}"
+                and lease.spec.renew_time is not None
+                and lease.spec.renew_time > healed
+            ]
+            return now is not None and now[0] == round_after and address not in now[1] and not written
+
+        holds_for(fenced, 20, "the round unbroken, the fenced pod's agent not in it and none of its Leases written")
+        since = pod_log(recovered.node, namespace3, victim)[old_lines:]
+        print("the fenced agent after its network came back:", *since[-15:], sep="\n  ")
+        assert not any("init_process_group" in line for line in since), since[-20:]
+        assert any("401 Unauthorized" in line for line in since), since[-20:]  # refused, its token died with its pod
         node.start_kubelet()
         wait_until(node.ready, 120, f"{story.victim_node} Ready again")
-        holds_for(
-            lambda: (
-                (now := members(objects, namespace3)) is not None
-                and now[0] == round_after
-                and story.details["victim_address"] not in now[1]
-            ),
-            20,
-            "the round unbroken and the fenced pod's agent not in it",
-        )
-        fenced = pod_log(recovered.node, namespace3, victim)[old_lines:]
-        print("the fenced agent after the heal:", *fenced[-15:], sep="\n  ")
-        assert not any("init_process_group" in line for line in fenced), fenced[-20:]
         wait_until(lambda: not pod_processes(story.details["victim_uid"]), 120, f"the kubelet to stop the old {victim}")
+        holds_for(fenced, 5, "the round unbroken once the kubelet is back")
 
 
 def pod_processes(uid: str) -> list[int]:
