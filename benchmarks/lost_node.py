@@ -15,7 +15,7 @@ each with the test cluster's node-monitor grace (16 s) and upstream's default (5
 restarted with that ``--node-monitor-grace-period`` before the case.
 
 Seconds from the fault to: the Node NotReady, the operator's ``NodeLost`` Event (this release), the survivors
-training in a new round, the lost pod Failed (or gone), its replacement Running, the replacement training with 3.
+training in a new round, the lost pod Failed or being deleted, its replacement Running, and training with 3.
 Writes ``benchmarks/results/lost_node.json``, ``docs/lost-node.png`` and a section of ``docs/benchmarks.md``.
 """
 
@@ -48,7 +48,7 @@ MOMENTS = {
     "not_ready": "Node NotReady",
     "node_lost": "NodeLost Event",
     "survivors_training": "survivors training",
-    "pod_failed": "lost pod Failed",
+    "pod_failed": "lost pod Failed or deleted",
     "replacement_running": "replacement Running",
     "replacement_training": "replacement training",
 }
