@@ -94,14 +94,16 @@ def measure(setup: Setup, case: dict[str, Any], repeat: int, args: argparse.Name
 
 
 NOTES = """
-How to read it. The Node turns NotReady after kube-controller-manager's ``--node-monitor-grace-period`` (16 s in
+How to read it. The Node turns NotReady after kube-controller-manager's `--node-monitor-grace-period` (16 s in
 the test cluster, 50 s upstream). *previous release, a human*: the fastest an administrator can be (the taint the
-moment the Node is NotReady); in practice a person reads an alert first, so add their reaction time. *this
-release, no human*: the operator posts ``NodeLost`` (the fix named) when it judges the NotReady Node, marks the
-silent pod Failed with ``DisruptionTarget`` 10 s after the NotReady transition (``failPodsAfterSeconds``) and
+moment the Node is NotReady); in practice a person reads an alert first, so add their reaction time. The
+replacement then waits for Kubernetes' pod garbage collector, which looks for pods on out-of-service Nodes every
+20 s. *this
+release, no human*: the operator posts `NodeLost` (the fix named) when it judges the NotReady Node, marks the
+silent pod Failed with `DisruptionTarget` 10 s after the NotReady transition (`failPodsAfterSeconds`) and
 deletes it; the Job replaces it. The survivors do not wait for any of this: the dead agent's heartbeats expire
 (15 s), or the operator evicts it, whichever first. Without the option and without a human, the replacement never
-comes (the Job has no Failed pod): ``tests/test_lost_nodes.py``.
+comes (the Job has no Failed pod): `tests/test_lost_nodes.py`.
 """
 
 
