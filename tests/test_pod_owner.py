@@ -6,6 +6,7 @@ runs them), the agent is ``create_backend`` with the trainer account, as a launc
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from kube_rendezvous import create_backend
 from kubernetes import client
 from tensorplay.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-from tests.helpers import rendezvous_parameters
+from tests.helpers import create_rendezvous, rendezvous_parameters
 from tests.test_pod_selection import create_owner
 from tests.testenv import ControlPlane, wait_until
 
@@ -100,3 +101,35 @@ def test_a_bare_pod_is_refused_with_the_fix(
     params = rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, owner="pod", retry_timeout=5)
     with pytest.raises(ValueError, match=r"owner=pod: pod .*/lonely has no controller .* owner=<apiVersion>"):
         create_backend(params)
+
+
+def test_a_rendezvous_applied_first_keeps_no_owner_and_the_agent_says_the_pods_workload_is_ignored(
+    control_plane: ControlPlane,
+    admin_api: client.ApiClient,
+    objects: client.CustomObjectsApi,
+    namespace: str,
+    agent_kubeconfig: Path,
+    crds: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue #48: with the Rendezvous applied before the job (as a user may), ``owner=pod`` cannot take effect: the
+    object stays ownerless, and the agent says so at WARNING, naming the owner, the consequence and the fix."""
+    owner = create_owner(control_plane, admin_api, namespace, "PyTorchJob")
+    create_pod(client.CoreV1Api(admin_api), namespace, "train-0-abcde", {"ownerReferences": [owner]})
+    create_rendezvous(objects, namespace)
+    allow_reading_pods(control_plane, namespace, agent_kubeconfig)
+    monkeypatch.setenv("POD_NAME", "train-0-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", namespace)
+    params = rendezvous_parameters(f"{namespace}/job", agent_kubeconfig, owner="pod", retry_timeout=5)
+    with caplog.at_level(logging.WARNING):
+        create_backend(params)
+    said = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    ignored = [line for line in said if "is ignored" in line]
+    assert len(ignored) == 1, said
+    assert ignored[0].startswith(
+        f"rdzv-conf owner: Rendezvous {namespace}/job already exists with no owner, so its owner PyTorchJob train "
+        f"(uid {owner['uid']}) is ignored"
+    )
+    made = objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "job")
+    assert not made["metadata"].get("ownerReferences")

@@ -127,6 +127,25 @@ class TestOwnerReference:
         ):
             OwnerReference.parse(text)
 
+    def test_an_existing_rendezvous_without_this_owner_says_it_is_ignored_and_what_to_do(self) -> None:
+        owner = OwnerReference("batch/v1", "Job", "train", "0b7c3e1a-5d2f-4c8e-9a61-3f2d4e5b6c7d")
+        applied = {"metadata": {"namespace": "team-a", "name": "train"}}
+        message = owner.ignored_by(applied)
+        assert message is not None
+        assert message.startswith(
+            "rdzv-conf owner: Rendezvous team-a/train already exists with no owner, so its owner Job train "
+            "(uid 0b7c3e1a-5d2f-4c8e-9a61-3f2d4e5b6c7d) is ignored"
+        )
+        assert "only if they carry the label kube-rendezvous.io/rendezvous=train" in message
+        assert "Let the agents create it (do not apply it first)" in message
+        other = {
+            **applied,
+            "metadata": {**applied["metadata"], "ownerReferences": [{"kind": "Job", "name": "old", "uid": "x"}]},
+        }
+        assert "already exists with owners Job old," in str(owner.ignored_by(other))
+        owned = {**applied, "metadata": {**applied["metadata"], "ownerReferences": [owner.as_dict()]}}
+        assert owner.ignored_by(owned) is None
+
 
 class TestConfigValidation:
     def test_defaults(self) -> None:

@@ -180,6 +180,9 @@ def ensure_rendezvous(
             else:
                 verdict = judge_found(obj, run_id)
                 if verdict.action is Found.USE:
+                    ignored = None if owner is None else owner.ignored_by(obj)
+                    if ignored is not None:
+                        logger.warning("%s", ignored)
                     return obj
                 if verdict.action is Found.REPLACE:
                     if not create:

@@ -90,6 +90,23 @@ class OwnerReference:
         """Return the ``metadata.ownerReferences`` entry."""
         return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
 
+    def ignored_by(self, obj: dict[str, Any]) -> str | None:
+        """Why this owner is ignored for the existing Rendezvous ``obj`` (it names other owners or none, so it
+        was applied or created without it), or None when ``obj`` names it (matched by uid)."""
+        references = (obj.get("metadata") or {}).get("ownerReferences") or []
+        if any(isinstance(ref, dict) and ref.get("uid") == self.uid for ref in references):
+            return None
+        meta = obj.get("metadata") or {}
+        where = f"{meta.get('namespace')}/{meta.get('name')}"
+        found = ", ".join(f"{ref.get('kind')} {ref.get('name')}" for ref in references if isinstance(ref, dict))
+        return (
+            f"rdzv-conf owner: Rendezvous {where} already exists with {'owners ' + found if found else 'no owner'}, "
+            f"so its owner {self.kind} {self.name} (uid {self.uid}) is ignored: the Rendezvous is not deleted with "
+            f"the {self.kind}, and the operator finds this job's pods only if they carry the label "
+            f"kube-rendezvous.io/rendezvous={meta.get('name')}. Let the agents create it (do not apply it first), or "
+            'give the pod template that label (docs/training-jobs.md, "Use it from a training job")'
+        )
+
 
 #: rdzv-conf ``owner=pod``: the Rendezvous's owner is the workload of the agent's own pod.
 OWNER_FROM_POD = "pod"
