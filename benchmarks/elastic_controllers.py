@@ -24,17 +24,14 @@ Seconds from the patch or the fault (``tests.e2e.elastic``, ``tests.e2e.restarts
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from benchmarks.runner import Benchmark, case_plot, main, shown, table_head, values
+from benchmarks.workloads import apply, controllers
 from tests.e2e.elastic import SELECTOR as JOB_SELECTOR
 from tests.e2e.elastic import elastic_job_objects, elastic_queue_objects, scale_down, scale_up
-from tests.e2e.multi_node import three_node_cluster
 from tests.e2e.restarts import SELECTOR as JOBSET_SELECTOR
 from tests.e2e.restarts import (
     in_place_objects,
@@ -43,9 +40,8 @@ from tests.e2e.restarts import (
     restart_one_job,
     restart_recreated,
 )
-from tests.e2e.workloads import NAMESPACE, clear_namespace, install_operator_from_chart, jobset_objects, start_training
+from tests.e2e.workloads import NAMESPACE, clear_namespace, jobset_objects, start_training
 from tests.testenv.cluster import Cluster
-from tests.testenv.workloads import WorkloadControllers
 
 BARE, KUEUE = "Job resized (no Kueue)", "Kueue elastic Job resized"
 RECREATED, IN_PLACE, RESTART_JOB = "JobSet restart (recreated)", "JobSet restart (in place)", "JobSet RestartJob"
@@ -55,23 +51,6 @@ CASES = [*RESIZES, *RESTARTS]
 RESIZE_KEYS = ("up_admitted", "up_pods", "up_training", "down_admitted", "down_pods", "down_training")
 RESTART_KEYS = ("others_training", "training")
 IMAGE, LABELS = "a job resized under Kueue and restarted under JobSet", CASES
-
-
-@contextmanager
-def setup(workdir: Path, args: argparse.Namespace) -> Iterator[Cluster]:
-    """Three real nodes, JobSet, Trainer, Kueue and the operator from the chart (which installs the CRDs)."""
-    with three_node_cluster(workdir, crds=False) as cluster:
-        running = WorkloadControllers(cluster)
-        try:
-            running.start()
-            install_operator_from_chart(cluster, workdir / "helm-home")
-            yield cluster
-        finally:
-            running.stop()
-
-
-def apply(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
-    cluster.plane.kubectl("-n", NAMESPACE, "apply", "-f", "-", input=yaml.safe_dump_all(objects))
 
 
 def resize_case(cluster: Cluster, kueue: bool) -> dict[str, Any]:
@@ -144,6 +123,7 @@ def plot(report: dict[str, Any]) -> Any:
 
 BENCHMARK = Benchmark.of(
     globals(),
+    setup=controllers,
     page="workloads.md",
     at_end=False,
     quick={"cases": [BARE]},

@@ -39,6 +39,7 @@ from tests.e2e.real_pods import RENDEZVOUS, member_addresses, rendezvous_status,
 from tests.e2e.restarts import SELECTOR as RESTART_SELECTOR
 from tests.e2e.restarts import get_jobset, in_place_objects, restart_in_place, restart_job_objects, restart_one_job
 from tests.e2e.workloads import NAMESPACE, Started, admin_api, clear_namespace, rendezvous_events, start_training
+from tests.test_workloads import apply, rendezvous_object
 from tests.testenv.cluster import Cluster
 from tests.testenv.commands import run_command
 
@@ -51,10 +52,6 @@ def team_a(workload_cluster: Cluster) -> Iterator[Cluster]:
     """The cluster; namespace ``team-a`` emptied of the test's workloads, pods and Rendezvous afterwards."""
     yield workload_cluster
     clear_namespace(workload_cluster)
-
-
-def apply(cluster: Cluster, objects: list[dict[str, Any]]) -> None:
-    cluster.plane.kubectl("-n", NAMESPACE, "apply", "--validate=strict", "-f", "-", input=yaml.safe_dump_all(objects))
 
 
 def rdzv_status(cluster: Cluster) -> dict[str, Any]:
@@ -89,7 +86,7 @@ def test_a_kueue_elastic_job_scales_up_in_a_new_slice_past_max_into_a_spare_and_
     started = start_training(team_a, NAMESPACE, SELECTOR, 3)
     (first,) = job_workloads(objects, NAMESPACE)
     assert admitted_slice(objects, NAMESPACE, 3) is not None, first.get("status")
-    uid = rendezvous_status_object(objects)["metadata"]["uid"]
+    uid = rendezvous_object(objects)["metadata"]["uid"]
 
     up, four = scale_up(team_a, NAMESPACE, started, 4)
     print(f"Kueue elastic, 3 -> 4: {up}")
@@ -121,7 +118,7 @@ def test_a_kueue_elastic_job_scales_up_in_a_new_slice_past_max_into_a_spare_and_
     job_status = batch.read_namespaced_job(RENDEZVOUS, NAMESPACE).status
     assert job_status is not None and (job_status.failed or 0) == 0, job_status
     assert not {c.type for c in job_status.conditions or [] if c.status == "True"} & {"Failed", "FailureTarget"}
-    assert rendezvous_status_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
+    assert rendezvous_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
 
     story = rendezvous_events(core, NAMESPACE)
     print("\n".join(f"{reason}: {message}" for reason, message in story))
@@ -129,13 +126,6 @@ def test_a_kueue_elastic_job_scales_up_in_a_new_slice_past_max_into_a_spare_and_
     for pods in (four.pods, three.pods):
         assert any(f"with {len(pods)} nodes" in m and all(a in m for a in pods.values()) for m in completed), story
     print(team_a.plane.kubectl("-n", NAMESPACE, "get", "rdzv,job,workloads,pods", "-o", "wide").stdout)
-
-
-def rendezvous_status_object(objects: client.CustomObjectsApi) -> dict[str, Any]:
-    found: dict[str, Any] = objects.get_namespaced_custom_object(
-        "kube-rendezvous.io", "v1alpha1", NAMESPACE, "rendezvouses", RENDEZVOUS
-    )
-    return found
 
 
 def test_a_jobset_in_place_restart_restarts_every_container_in_its_pod_and_they_form_the_next_round(
@@ -152,7 +142,7 @@ def test_a_jobset_in_place_restart_restarts_every_container_in_its_pod_and_they_
     objects = client.CustomObjectsApi(api)
     apply(team_a, in_place_objects())
     started = start_training(team_a, NAMESPACE, RESTART_SELECTOR, 4)
-    uid = rendezvous_status_object(objects)["metadata"]["uid"]
+    uid = rendezvous_object(objects)["metadata"]["uid"]
     jobset = get_jobset(objects, NAMESPACE)
     assert jobset["status"].get("currentInPlaceRestartAttempt") == 0, jobset["status"]
 
@@ -165,7 +155,7 @@ def test_a_jobset_in_place_restart_restarts_every_container_in_its_pod_and_they_
     assert (status.get("previousInPlaceRestartAttempt"), status.get("currentInPlaceRestartAttempt")) == (0, 1), status
     assert (status.get("restarts") or 0) == 0 and not status.get("terminalState"), status
     assert restart.details["round"] > started.round
-    assert rendezvous_status_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
+    assert rendezvous_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
     final = rendezvous_status(objects, NAMESPACE)
     assert member_addresses(final) == set(started.pods.values()) and len(final["participants"]) == 4, final
     print("\n".join(f"{r}: {m}" for r, m in rendezvous_events(client.CoreV1Api(api), NAMESPACE)))
@@ -181,7 +171,7 @@ def test_a_jobset_restart_job_recreates_the_failed_job_alone_while_the_other_tra
     objects = client.CustomObjectsApi(api)
     apply(team_a, restart_job_objects())
     started = start_training(team_a, NAMESPACE, RESTART_SELECTOR, 4)
-    uid = rendezvous_status_object(objects)["metadata"]["uid"]
+    uid = rendezvous_object(objects)["metadata"]["uid"]
 
     restart = restart_one_job(team_a, NAMESPACE, started)
     print(f"JobSet RestartJob: {restart}")
@@ -195,7 +185,7 @@ def test_a_jobset_restart_job_recreates_the_failed_job_alone_while_the_other_tra
     assert trainer.get("jobRestarts") == [0, 1], status
     assert (status.get("restarts") or 0) == 0 and not status.get("terminalState"), status
     assert restart.details["round"] > started.round
-    assert rendezvous_status_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
+    assert rendezvous_object(objects)["metadata"]["uid"] == uid, "the same Rendezvous"
     jobset_events = [
         event.reason
         for event in client.CoreV1Api(api)

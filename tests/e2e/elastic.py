@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +93,38 @@ def condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["type"] == kind and c["status"] == "True"), None)
 
 
-def all_training(cluster: Cluster, namespace: str, pods: Iterable[str], world: int) -> dict[str, int] | None:
-    """Each of ``pods``' rounds of ``world`` workers that trained a step, once every one has one."""
+def trained_more(
+    cluster: Cluster, namespace: str, pods: Iterable[str], world: int, before: Mapping[str, int]
+) -> dict[str, int] | None:
+    """Each of ``pods``' rounds of ``world`` workers that trained a step, once every one has more than ``before``
+    says (0 for a pod it does not name)."""
     rounds = {pod: worker_rounds(cluster.node, namespace, pod, world) for pod in pods}
-    return rounds if all(rounds.values()) else None
+    return rounds if all(count > before.get(pod, 0) for pod, count in rounds.items()) else None
+
+
+def rounds_of(cluster: Cluster, namespace: str, pods: Iterable[str], world: int) -> dict[str, int]:
+    """Each of ``pods``' rounds of ``world`` workers that trained a step so far."""
+    return {pod: worker_rounds(cluster.node, namespace, pod, world) for pod in pods}
+
+
+def train_together(
+    cluster: Cluster,
+    namespace: str,
+    pods: dict[str, str],
+    after: int,
+    before: Mapping[str, int],
+    window: float,
+    what: str,
+) -> Started:
+    """Wait for a round later than ``after`` of exactly ``pods`` (name -> address) and for each to train in it with
+    ``len(pods)`` workers (more rounds than ``before``); return them."""
+    objects = client.CustomObjectsApi(admin_api(cluster))
+    world = len(pods)
+    status = wait_until(lambda: formed(objects, namespace, pods, after), window, f"a round of {what}")
+    trained = wait_until(
+        lambda: trained_more(cluster, namespace, pods, world, before), window, f"{what} training with {world}"
+    )
+    return Started(pods, trained, int(status["round"]))
 
 
 def admitted_slice(objects: client.CustomObjectsApi, namespace: str, pods: int) -> dict[str, Any] | None:
@@ -148,6 +176,7 @@ def scale_up(
     api = admin_api(cluster)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     found = Resize(len(started.pods), pods)
+    before = rounds_of(cluster, namespace, started.pods, pods)
     resize(cluster, namespace, pods)
     patched = time.monotonic()
     if kueue:
@@ -158,17 +187,11 @@ def scale_up(
         found.details["replaces"] = (admitted["metadata"].get("annotations") or {}).get(SLICE_REPLACES)
     now = wait_until(lambda: running(core, namespace, SELECTOR, pods), window, f"{pods} pods Running")
     found.pods = time.monotonic() - patched
-    new = sorted(set(now) - set(started.pods))
-    found.details["new"] = new
-    status = wait_until(lambda: formed(objects, namespace, now, started.round), window, f"a round of {pods}")
-    trained = wait_until(
-        lambda: all_training(cluster, namespace, now, pods),
-        window,
-        f"all {pods} pods training with {pods}",
-    )
+    found.details["new"] = sorted(set(now) - set(started.pods))
+    together = train_together(cluster, namespace, now, started.round, before, window, f"all {pods} pods")
     found.training = time.monotonic() - patched
-    found.details["round"] = int(status["round"])
-    return found, Started(now, trained, int(status["round"]))
+    found.details["round"] = together.round
+    return found, together
 
 
 def scale_down(
@@ -184,6 +207,7 @@ def scale_down(
     removed = sorted(name for name, index in indexes.items() if index >= pods)
     survivors = {name: address for name, address in started.pods.items() if name not in removed}
     found = Resize(len(started.pods), pods, details={"removed": removed})
+    before = rounds_of(cluster, namespace, survivors, pods)
     resize(cluster, namespace, pods)
     patched = time.monotonic()
     if kueue:
@@ -195,17 +219,10 @@ def scale_down(
         f"the removed pods ({', '.join(removed)}) gone",
     )
     found.pods = time.monotonic() - patched
-    status = wait_until(
-        lambda: formed(objects, namespace, survivors, started.round), window, f"a round of the {pods} survivors"
-    )
-    trained = wait_until(
-        lambda: all_training(cluster, namespace, survivors, pods),
-        window,
-        f"the {pods} survivors training with {pods}",
-    )
+    together = train_together(cluster, namespace, survivors, started.round, before, window, f"the {pods} survivors")
     found.training = time.monotonic() - patched
-    found.details["round"] = int(status["round"])
-    return found, Started(survivors, trained, int(status["round"]))
+    found.details["round"] = together.round
+    return found, together
 
 
 def scale_past_max(

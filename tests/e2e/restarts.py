@@ -24,7 +24,8 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.e2e.real_pods import RENDEZVOUS, fit_pod, fitted_command, rendezvous_status, worker_rounds
+from tests.e2e.elastic import rounds_of, train_together, trained_more
+from tests.e2e.real_pods import RENDEZVOUS, fit_pod, fitted_command, rendezvous_status
 from tests.e2e.workloads import (
     JOBSET_NAME_LABEL,
     TORCH_SCRIPT,
@@ -32,7 +33,6 @@ from tests.e2e.workloads import (
     Started,
     admin_api,
     example,
-    formed,
     live_pods,
     running,
 )
@@ -113,14 +113,6 @@ class Restart:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def all_training_more(
-    cluster: Cluster, namespace: str, pods: dict[str, str], world: int, before: dict[str, int]
-) -> dict[str, int] | None:
-    """Each pod's rounds of ``world`` workers that trained, once every one has more than ``before`` (0 if absent)."""
-    rounds = {pod: worker_rounds(cluster.node, namespace, pod, world) for pod in pods}
-    return rounds if all(count > before.get(pod, 0) for pod, count in rounds.items()) else None
-
-
 def restart_in_place(cluster: Cluster, namespace: str, started: Started, window: float = 180) -> Restart:
     """SIGKILL the container of one pod (not rank 0's: any would do) and wait until the same pods, every container
     restarted once, train in a later round of them all."""
@@ -132,6 +124,7 @@ def restart_in_place(cluster: Cluster, namespace: str, started: Started, window:
     restarts = restart_counts(core, namespace)
     found = Restart("in place", started.round, details={"victim": victim})
     container = core.read_namespaced_pod(victim, namespace).status.container_statuses[0].container_id
+    before = rounds_of(cluster, namespace, started.pods, count)
     node_of(cluster, core, namespace, victim).kill_container(container)
     killed = time.monotonic()
     wait_until(
@@ -142,16 +135,11 @@ def restart_in_place(cluster: Cluster, namespace: str, started: Started, window:
     found.details["restarted"] = time.monotonic() - killed
     now = wait_until(lambda: running(core, namespace, SELECTOR, count), window, f"{count} pods Running")
     found.details["same_pods"] = pod_uids(core, namespace) == uids
-    status = wait_until(lambda: formed(objects, namespace, now, started.round), window, f"a round of {count}")
-    trained = wait_until(
-        lambda: all_training_more(cluster, namespace, now, count, started.trained),
-        window,
-        f"the {count} pods training with {count} again",
-    )
+    together = train_together(cluster, namespace, now, started.round, before, window, f"the {count} pods")
     found.training = time.monotonic() - killed
-    found.details["round"] = int(status["round"])
+    found.details["round"] = together.round
     found.details["restart_counts"] = restart_counts(core, namespace)
-    found.details["trained"] = trained
+    found.details["trained"] = together.trained
     found.details["jobset_status"] = get_jobset(objects, namespace).get("status")
     return found
 
@@ -170,10 +158,9 @@ def restart_recreated(cluster: Cluster, namespace: str, started: Started, window
         window,
         f"{count} new pods Running",
     )
-    status = wait_until(lambda: formed(objects, namespace, now, started.round), window, f"a round of {count}")
-    wait_until(lambda: all_training_more(cluster, namespace, now, count, {}), window, f"the {count} new pods training")
+    together = train_together(cluster, namespace, now, started.round, {}, window, f"the {count} new pods")
     found.training = time.monotonic() - deleted
-    found.details["round"] = int(status["round"])
+    found.details["round"] = together.round
     found.details["jobset_status"] = get_jobset(objects, namespace).get("status")
     return found
 
@@ -189,10 +176,11 @@ def restart_one_job(cluster: Cluster, namespace: str, started: Started, window: 
     doomed = {pod.metadata.name for pod in live_pods(core, namespace, f"{SELECTOR},{JOB_INDEX_LABEL}=1")}
     others = {name: address for name, address in started.pods.items() if name not in doomed}
     found = Restart("RestartJob", started.round, details={"deleted": sorted(doomed), "jobs_before": jobs})
+    alone, before = rounds_of(cluster, namespace, others, len(others)), rounds_of(cluster, namespace, others, count)
     cluster.plane.kubectl("-n", namespace, "delete", "pods", *sorted(doomed), "--wait=false")
     deleted = time.monotonic()
     wait_until(
-        lambda: all_training_more(cluster, namespace, others, len(others), {}),
+        lambda: trained_more(cluster, namespace, others, len(others), alone),
         window,
         f"the other Job's {len(others)} pods training on",
     )
@@ -202,14 +190,9 @@ def restart_one_job(cluster: Cluster, namespace: str, started: Started, window: 
         window,
         f"{count} pods Running, the recreated Job's among them",
     )
-    status = wait_until(lambda: formed(objects, namespace, now, started.round), window, f"a round of {count}")
-    wait_until(
-        lambda: all_training_more(cluster, namespace, now, count, started.trained),
-        window,
-        f"the {count} pods training with {count}",
-    )
+    together = train_together(cluster, namespace, now, started.round, before, window, f"the {count} pods")
     found.training = time.monotonic() - deleted
-    found.details["round"] = int(status["round"])
+    found.details["round"] = together.round
     found.details["jobs_after"] = {
         job.metadata.name: job.metadata.uid for job in batch.list_namespaced_job(namespace).items
     }
