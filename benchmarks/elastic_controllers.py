@@ -83,7 +83,6 @@ def measure(cluster: Cluster, case: dict[str, Any], repeat: int, args: argparse.
         return restart_case(cluster, case["case"])
     finally:
         clear_namespace(cluster)
-        cluster.plane.kubectl("delete", "clusterqueues,resourceflavors", "--all", "--ignore-not-found", check=False)
 
 
 INTRO = """
