@@ -9,7 +9,7 @@ old one Finished ``WorkloadSliceReplaced``) before it lifts the gate. Down: Kueu
 count in place; the Job controller deletes the pods of the indexes now out of range, without counting them as
 failed or succeeded, and each agent leaves on SIGTERM.
 
-Used by ``tests/test_elastic_controllers.py`` (asserted) and ``benchmarks/elastic_controllers.py`` (timed, beside
+Used by ``tests/test_elastic_controllers.py`` (asserted) and ``benchmarks/elastic_jobs.py`` (timed, beside
 the same resize of the bare Job). Times are seconds from the patch.
 """
 

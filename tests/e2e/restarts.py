@@ -11,7 +11,7 @@ recreating restart (``examples/torch/jobset.yaml``) and the ``RestartJob`` actio
 - **RestartJob**: both pods of Job 1 of 2 deleted: that Job fails and JobSet recreates it alone; Job 0's 2 pods
   train on in a round of 2, then the recreated Job's pods join a round of 4.
 
-Used by ``tests/test_elastic_controllers.py`` (asserted) and ``benchmarks/elastic_controllers.py`` (timed). Times
+Used by ``tests/test_elastic_controllers.py`` (asserted) and ``benchmarks/elastic_jobs.py`` (timed). Times
 are seconds from the fault.
 """
 

@@ -1,5 +1,5 @@
 """A running job resized under Kueue and restarted under JobSet, every step timed
-(``python -m benchmarks.elastic_controllers``).
+(``python -m benchmarks.elastic_jobs``).
 
 One control plane with three real nodes, JobSet v0.12.0 (``InPlaceRestart`` and ``RestartJob`` on), Trainer
 v2.3.0 and Kueue v0.19.2 (workload slices on) built from source and running (``tests.testenv.workloads``), and the
@@ -17,7 +17,7 @@ operator installed from the chart. Each repeat runs, in namespace ``team-a``, on
   Job alone is recreated.
 
 Seconds from the patch or the fault (``tests.e2e.elastic``, ``tests.e2e.restarts``). Writes
-``benchmarks/results/elastic_controllers.json``, ``docs/elastic-controllers.png`` and the table of
+``benchmarks/results/elastic_jobs.json``, ``docs/elastic-jobs.png`` and the table of
 ``docs/workloads.md``.
 """
 
@@ -86,7 +86,7 @@ def measure(cluster: Cluster, case: dict[str, Any], repeat: int, args: argparse.
 
 
 INTRO = """
-{stamp}, {repeats} repeats (`python -m benchmarks.elastic_controllers`): three real nodes, the controllers built from
+{stamp}, {repeats} repeats (`python -m benchmarks.elastic_jobs`): three real nodes, the controllers built from
 source, the operator from the chart. Seconds from the patch or the fault, every repeat, in order.
 """
 
