@@ -129,7 +129,13 @@ MACHINE_MODULES = frozenset({"tests.test_demo"})
 #: The modules whose tests use ``MACHINE_FIXTURES`` (checked at collection: the parallel scheduler, which runs before
 #: any collection, reads this list).
 MACHINE_FIXTURE_MODULES = frozenset(
-    {"tests.test_multi_node", "tests.test_network", "tests.test_real_node", "tests.test_workloads"}
+    {
+        "tests.test_elastic_controllers",
+        "tests.test_multi_node",
+        "tests.test_network",
+        "tests.test_real_node",
+        "tests.test_workloads",
+    }
 )
 #: The scope of the tests that need the machine's nodes or networks (``pytest_xdist_make_scheduler``).
 MACHINE_GROUP = "machine"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .binaries import ensure_binaries
 from .controlplane import ControlPlane
-from .workloads import build_workload_controllers
+from .workloads import build_in_place_restart_agent, build_workload_controllers
 
 DEFAULT_WORKDIR = Path(os.environ.get("KUBE_RENDEZVOUS_CONTROL_PLANE_DIR", "/tmp/kube-rendezvous-control-plane"))
 
@@ -87,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["build", "up", "down", "status"])
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help=f"default {DEFAULT_WORKDIR}")
     parser.add_argument(
-        "--workloads", action="store_true", help="build: also JobSet, Trainer and Kueue (tests/test_workloads.py)"
+        "--workloads",
+        action="store_true",
+        help="build: also JobSet (and its in-place restart agent), Trainer and Kueue (tests/test_workloads.py)",
     )
     args = parser.parse_args(argv)
     if args.command == "build":
         print(ensure_binaries())
         if args.workloads:
             print(build_workload_controllers())
+            print(build_in_place_restart_agent())
         return 0
     return {"up": up, "down": down, "status": status}[args.command](args.workdir.resolve())
 

@@ -25,8 +25,9 @@ What differs from a Deployment:
 - the namespace is the release's default, as there is no ServiceAccount namespace file.
 
 Kueue runs with one integration, ``batch/job``, the visibility API server off (``VisibilityOnDemand=false``:
-an unavailable APIService breaks discovery and namespace deletion) and only the webhooks of the kinds it then
-serves (its pod webhook, as rendered, fails closed on every pod outside kube-system).
+an unavailable APIService breaks discovery and namespace deletion), workload slices on (elastic Jobs) and only the
+webhooks of the kinds it then serves (its pod webhook, as rendered, fails closed on every pod outside kube-system).
+JobSet runs with ``InPlaceRestart`` and ``RestartJob`` on.
 
 Not guaranteed: one set of controllers per cluster; the controllers' versions are pinned in ``jobset/``,
 ``trainer/`` and ``kueue/`` (``go.mod``), and their upstreams test against Kubernetes 1.32-1.36, not 1.37.
@@ -66,6 +67,15 @@ SERVING_CERTS = "k8s-webhook-server/serving-certs"
 #: configuration is written here), its Services (the webhook Service is made here, without selector) and
 #: APIServices (Kueue's visibility server is off).
 DROPPED_KINDS = frozenset({"Deployment", "ConfigMap", "Service", "APIService"})
+
+#: Kueue's feature gates: its visibility API server off (see the module's docstring), and workload slices (elastic
+#: Jobs, ``kueue.x-k8s.io/elastic-job``; beta and on by default since v0.18, named here so a change of default shows).
+KUEUE_FEATURE_GATES = "VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices=true"
+#: JobSet's feature gates (its Configuration's ``featureGates``), both alpha and off by default in v0.12: the
+#: ``InPlaceRestart`` restart strategy and the ``RestartJob`` failure-policy action. What in-place restarts need of
+#: Kubernetes is on by default in 1.37: container restart rules (``ContainerRestartRules``, beta since 1.35) and
+#: their ``RestartAllContainers`` action (``RestartAllContainersOnContainerExits``, beta since 1.36).
+JOBSET_FEATURE_GATES = {"InPlaceRestart": True, "RestartJob": True}
 
 #: Kueue's webhooks for the kinds it serves with ``integrations.frameworks: [batch/job]``.
 KUEUE_WEBHOOKS = frozenset(
@@ -146,6 +156,18 @@ def build_workload_controllers(names: tuple[str, ...] = tuple(RECIPES)) -> dict[
     return {r.name: build_go_module(r.name, r.package, r.binary, r.version) for r in recipes}
 
 
+#: JobSet's in-place restart agent (its ``cmd/in-place-restart-agent``, the same module and version as the
+#: controller): the main process of a training container under ``restartStrategy: InPlaceRestart``.
+IN_PLACE_RESTART_AGENT = ("sigs.k8s.io/jobset/cmd/in-place-restart-agent", "in-place-restart-agent")
+
+
+def build_in_place_restart_agent() -> Path:
+    """Compile JobSet's in-place restart agent once (cached like every testenv binary); return the executable.
+    Linked against the host's libc, which the training image has (its ``/usr`` is the host's)."""
+    package, binary = IN_PLACE_RESTART_AGENT
+    return build_go_module("jobset", package, binary, JOBSET_VERSION)
+
+
 def module_dir(recipe: Recipe) -> Path:
     """The module's source folder in Go's module cache (downloaded by the build)."""
     done = run_command(["go", "list", "-m", "-f", "{{.Dir}}", recipe.module], cwd=TESTENV_DIR / recipe.name)
@@ -219,6 +241,7 @@ def configuration(recipe: Recipe, host: str, port: int, health: int, certs: Path
                 "webhookServiceName": recipe.webhook_service,
                 "webhookSecretName": recipe.webhook_secret,
             },
+            "featureGates": JOBSET_FEATURE_GATES,
         }
     if recipe.name == "trainer":
         return {
@@ -295,7 +318,7 @@ class WorkloadControllers:
                 str(binaries[recipe.name]), f"--config={config}",
             ]  # fmt: skip
             if recipe.name == "kueue":
-                command.append("--feature-gates=VisibilityOnDemand=false")
+                command.append(f"--feature-gates={KUEUE_FEATURE_GATES}")
             server = _Server(recipe.name, command, self.plane.logdir / f"{recipe.name}.log")
             server.start()
             self._running[recipe.name] = _Running(recipe, server, port, health, tmp)
