@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from kube_rendezvous import create_backend
 from kube_rendezvous._rules.document import RendezvousDocument, encode_document
+from kube_rendezvous._rules.retries import FENCED_REJOIN_PAUSE
 from kubernetes import client
 
 from tests.e2e.harness import ElasticJob, training_in_world
@@ -252,27 +254,78 @@ class TestFencing:
         with running_operator(control_plane, namespace, tmp_path / "operator.log"):
             self.evict_a_live_member(make_job, control_plane, namespace)
 
-    def evict_a_live_member(self, make_job: MakeJob, control_plane: ControlPlane, namespace: str) -> None:
-        job = make_job(nnodes="3", steps=400, step_seconds=0.25, max_restarts=3)
+    def test_in_a_pod_an_evicted_live_agent_rejoins_only_after_its_pause(
+        self,
+        make_job: MakeJob,
+        control_plane: ControlPlane,
+        namespace: str,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """With ``POD_UID`` set (agents in pods: a deletion brings a SIGTERM), an evicted live agent says it waits
+        ``FENCED_REJOIN_PAUSE``, then rejoins as a new member; the round breaks once."""
+        from tests.test_operator import running_operator
+
+        monkeypatch.setenv("POD_UID", str(uuid.uuid4()))
+        with running_operator(control_plane, namespace, tmp_path / "operator.log"):
+            victim = self.evict_a_live_member(make_job, control_plane, namespace)
+        output = victim.output()
+        assert f"it joins again as a new node in {FENCED_REJOIN_PAUSE:g} s" in output
+        assert output.index("it joins again as a new node in") < output.index("it joins again as node")
+
+    def test_in_a_pod_an_evicted_agent_sigtermed_in_its_pause_never_rejoins_and_the_round_breaks_once(
+        self, make_job: MakeJob, control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The agent of a pod being deleted: evicted (as the operator does the moment the deletion shows) and then
+        SIGTERMed (as the kubelet does). It never rejoins: the others re-form once without it. Before, it rejoined
+        at once, joined their round and broke it again on its way out (a Kueue scale-down, a JobSet's RestartJob)."""
+        monkeypatch.setenv("POD_UID", str(uuid.uuid4()))
+        job = make_job(nnodes="2:3", steps=400, step_seconds=0.25, max_restarts=3, rdzv_conf={"last_call_timeout": "2"})
         agents = job.start_training(3)
-        victim = agents[1]
-        evicted = victim.node_name
-        plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
-        subprocess.run(
-            [plugin, "--kubeconfig", str(control_plane.admin_kubeconfig), "-n", namespace, "evict", "job", evicted],
-            check=True,
-            capture_output=True,
-            timeout=60,
+        victim = agents[2]
+        self.evict(control_plane, namespace, victim.node_name)
+        wait_until(lambda: "it joins again as a new node in" in victim.output(), 30, "the victim's pause")
+        victim.terminate()
+        survivors = [agent for agent in agents if agent is not victim]
+        self.wait_training_in_round_1(job, survivors)
+        assert "it joins again as node" not in victim.output(), victim.output()[-2000:]
+        holds_for(
+            lambda: all(agent.alive() and "round 2 formed" not in agent.output() for agent in survivors),
+            10,
+            "round 1 holding: the SIGTERMed agent never rejoined",
         )
+
+    @staticmethod
+    def wait_training_in_round_1(job: ElasticJob, agents: list[Any]) -> None:
+        """Until every one of ``agents`` trained 4 steps in round 1."""
         wait_until(
             lambda: all(
                 "round 1 formed" in agent.output() and agent.output().split("round 1 formed")[1].count(" step ") >= 4
                 for agent in agents
             ),
             120,
-            "all 3 training again in round 1",
+            f"the {len(agents)} training again in round 1",
             explain=job.last_lines,
         )
+
+    @staticmethod
+    def evict(control_plane: ControlPlane, namespace: str, node: str) -> None:
+        """``kubectl rdzv evict job NODE``."""
+        plugin = str(Path(sys.executable).parent / "kubectl-rdzv")
+        subprocess.run(
+            [plugin, "--kubeconfig", str(control_plane.admin_kubeconfig), "-n", namespace, "evict", "job", node],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def evict_a_live_member(self, make_job: MakeJob, control_plane: ControlPlane, namespace: str) -> Any:
+        job = make_job(nnodes="3", steps=400, step_seconds=0.25, max_restarts=3)
+        agents = job.start_training(3)
+        victim = agents[1]
+        evicted = victim.node_name
+        self.evict(control_plane, namespace, evicted)
+        self.wait_training_in_round_1(job, agents)
         assert f"node {evicted} was evicted from Rendezvous" in victim.output()
         # The round broke once: it stays formed while they train on (before the fix: it broke every few seconds).
         holds_for(
@@ -283,6 +336,7 @@ class TestFencing:
         control_plane.kubectl("-n", namespace, "patch", "rdzv", "job", "--type=merge", "-p", '{"spec":{"closed":true}}')
         assert job.wait(agents, 120) == [0, 0, 0], job.logs()
         assert all("a person closed it (spec.closed, set by kubectl" in agent.output() for agent in agents)
+        return victim
 
 
 def played_pod_on_a_node(core: client.CoreV1Api, namespace: str, node: client.V1Node, address: str) -> None:

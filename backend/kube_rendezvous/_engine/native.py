@@ -54,7 +54,7 @@ from .._rules.document import NodeId, RendezvousDocument, StateDocumentError
 from .._rules.folder_rules import Desire, JoinSettings, carried, join_scope, lost_members, role_of, satisfied
 from .._rules.intents import RendezvousReading, close_cause, read_rendezvous, waiting_count
 from .._rules.leases_rules import POD_UID_ENV
-from .._rules.retries import CLOSE_RETRY, retry
+from .._rules.retries import CLOSE_RETRY, FENCED_REJOIN_PAUSE, WATCH_CATCH_UP_PAUSE, retry
 from .._rules.summary import completed_by_text, forming_line
 from .._store.prefixstore import KubernetesPrefixStore
 from .._store.store import KubernetesStore
@@ -128,6 +128,10 @@ class NativeHandler:
         self.bootstrap_seconds: dict[str, float] | None = None
         #: What this handler did, for tests and benchmarks.
         self.stats = Counters("requests", "self_folds", "overtaken", "carried", "waiting_answers", "fenced")
+        #: When this live node first saw its own eviction (``time.monotonic()``), while it waits to join again.
+        self._evicted_seen: float | None = None
+        #: How long it waits (``FENCED_REJOIN_PAUSE`` in a pod, whose deletion brings a SIGTERM; else none).
+        self._rejoin_pause = FENCED_REJOIN_PAUSE if os.environ.get(POD_UID_ENV) else 0.0
 
     def _lease_of(self, node: NodeId) -> LeaseNodeLock:
         """The Lease on which ``node`` asks to join or leave and heartbeats."""
@@ -148,10 +152,27 @@ class NativeHandler:
 
         An eviction names one incarnation (``addr_pid_localid``) and stays for the run, so the evicted name can
         never rejoin: a live agent evicted by mistake (a healed partition, ``kubectl rdzv evict`` of a live node)
-        takes a new local id and a new Lease, and joins as a new member; its old Lease is no longer renewed.
+        takes a new local id and a new Lease, and joins as a new member; its old Lease is no longer renewed. In a
+        pod it does so only ``FENCED_REJOIN_PAUSE`` after it first saw the eviction (False until then, while
+        ``rejoin_pending``): a pod being deleted gets its SIGTERM meanwhile and never rejoins.
         """
         if str(self.node) not in reading.evicted:
+            self._evicted_seen = None
             return False
+        now = time.monotonic()
+        if self._evicted_seen is None:
+            self._evicted_seen = now
+            if self._rejoin_pause > 0:
+                logger.warning(
+                    "node %s was evicted from Rendezvous %s while alive (status.evictedNodes); unless it is stopped "
+                    "first (its pod being deleted), it joins again as a new node in %g s",
+                    self.node,
+                    self._where,
+                    self._rejoin_pause,
+                )
+        if now - self._evicted_seen < self._rejoin_pause:
+            return False
+        self._evicted_seen = None
         old = self.node
         self._renewer.remove(self._lease)
         self.node = incarnation_node(old.addr)
@@ -165,6 +186,11 @@ class NativeHandler:
             self.node,
         )
         return True
+
+    @property
+    def rejoin_pending(self) -> bool:
+        """Whether this live node saw its own eviction and waits out ``FENCED_REJOIN_PAUSE`` before it joins again."""
+        return self._evicted_seen is not None
 
     @classmethod
     def from_parameters(cls: type[HandlerT], params: Any, framework: Framework) -> HandlerT:
@@ -402,7 +428,7 @@ class NativeHandler:
         """
         reading = self._read(deadline)
         asked = join_scope(reading.document) if desire is Desire.JOIN else self._lease.round
-        if ask:
+        if ask and not (desire is Desire.JOIN and self.rejoin_pending):
             self._ask(desire, asked, deadline)
         waiting_since = progress_logged = time.monotonic()
         last_held: str | None = None
@@ -415,6 +441,13 @@ class NativeHandler:
                 asked = join_scope(document)
                 self._ask(desire, asked, deadline)
                 last_change = time.monotonic()
+            if desire is Desire.JOIN and self.rejoin_pending:
+                # Evicted, waiting out FENCED_REJOIN_PAUSE: the evicted name asks and folds nothing meanwhile.
+                seen = self._evicted_seen if self._evicted_seen is not None else time.monotonic()
+                left = self._rejoin_pause - (time.monotonic() - seen)
+                self._changed_since(reading.version, max(WATCH_CATCH_UP_PAUSE, left))
+                reading = self._read(deadline)
+                continue
             if desire is Desire.LEAVE and satisfied(document, self.node, desire):
                 return reading
             if desire is Desire.JOIN and document is not None:

@@ -113,6 +113,12 @@ UNCLEAR_WRITE_PAUSE = 0.2
 #: Seconds a blocking ``get`` waits when its watch showed the key but the GET that followed found none (the key was
 #: deleted since): the watch catches up on the deletion meanwhile, instead of the get spinning on GETs.
 WATCH_CATCH_UP_PAUSE = 0.05
+#: Seconds an agent in a pod (``POD_UID`` set) waits, once it sees its own live node evicted, before it joins again
+#: as a new node: the operator evicts the node of a pod being deleted the moment the deletion shows, and the
+#: kubelet's SIGTERM follows. An agent that rejoined in between joins a round only to leave it at once, and the
+#: round breaks twice (a Kueue scale-down, a JobSet's RestartJob, ``kubectl delete pod`` of a spare). A live agent
+#: evicted by mistake still rejoins, this much later. Agents outside pods get no SIGTERM from a deletion: none.
+FENCED_REJOIN_PAUSE = 5.0
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
