@@ -113,7 +113,7 @@ def install_operator_chart(plane: ControlPlane, cluster: Cluster, workdir: Path)
     for node in cluster.nodes:  # the Deployment's pod may land on any node
         import_images(node.containerd_socket, [image])
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
-    say("helm install kube-rendezvous charts/kube-rendezvous (CRDs, operator Deployment, RBAC)")
+    say("helm install kube-rendezvous charts/kube-rendezvous (CRDs, operator Deployment, RBAC, fencing policy)")
     done = subprocess.run(
         [
             str(plane.binaries.helm),
@@ -131,6 +131,8 @@ def install_operator_chart(plane: ControlPlane, cluster: Cluster, workdir: Path)
             f"image.tag={tag}",
             "--set",
             "image.pullPolicy=Never",
+            "--set",
+            "fencing.enabled=true",  # a pod's agent writes only its own node Lease (docs/security.md)
             "--wait",
             "--timeout=180s",
         ],

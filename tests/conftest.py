@@ -213,6 +213,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 def _start_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[Cluster]:
+    from tests.e2e.fencing import fence_every_namespace
     from tests.testenv.node import unavailable
 
     missing = unavailable()
@@ -225,6 +226,8 @@ def _start_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iter
         cluster = Cluster(plane, nodes=nodes)
         _MORE_LOGS.update({f"node plane {name}": path for name, path in {**plane.logs(), **cluster.logs()}.items()})
         cluster.start()
+        # Every real-pod test runs under the chart's fencing policy (issue #46; tests/e2e/fencing.py).
+        fence_every_namespace(plane)
         yield cluster
     finally:
         if cluster is not None:
@@ -258,11 +261,14 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def workload_cluster(three_nodes: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The module's three nodes with JobSet, Kubeflow Trainer and Kueue built from source and running
     (``tests.testenv.workloads``), and the operator installed from the chart as the README installs it (namespace
-    ``kube-rendezvous-system``, its CRDs, cluster scope, the training RBAC in ``team-a``); their logs shown on
-    failure."""
+    ``kube-rendezvous-system``, its CRDs, cluster scope, the training RBAC in ``team-a``, its fencing policies in
+    place of the module's); their logs shown on failure."""
+    from tests.e2e.fencing import unfence_every_namespace
     from tests.e2e.workloads import install_operator_from_chart
     from tests.testenv.workloads import WorkloadControllers
 
+    # The chart's release fences every namespace with a policy that spares its operator; the module's own goes.
+    unfence_every_namespace(three_nodes.plane)
     controllers = WorkloadControllers(three_nodes)
     _MORE_LOGS.update({f"workload controller {name}": path for name, path in controllers.logs().items()})
     try:

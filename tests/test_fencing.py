@@ -28,7 +28,7 @@ from kube_rendezvous._rules.leases_rules import ANNOTATION_WRITER_PRIORITY as WR
 from kubernetes import client, config
 
 from tests.helpers import REPO, create_rendezvous, rendezvous_parameters
-from tests.test_chart import Helm, Manifest, objects_of, the
+from tests.test_chart import CHART, Helm, Manifest, objects_of, the
 from tests.testenv import ensure_binaries
 from tests.testenv.controlplane import ControlPlane, wait_until
 
@@ -74,6 +74,21 @@ class TestTheChartsPolicy:
         assert all(
             ANNOTATION_POD_UID in v["expression"] for v in spec["variables"] if v["name"] in ("stamped", "owner")
         )
+
+    def test_its_binding_takes_the_namespaces_of_a_label_selector_and_refuses_a_field_it_does_not_know(
+        self, helm: Helm
+    ) -> None:
+        selector = "fencing.namespaceSelector.matchExpressions[0]"
+        manifests = helm.template(
+            ENABLED, f"{selector}.key=team", f"{selector}.operator=In", f"{selector}.values={{a,b}}"
+        )
+        assert the(manifests, BINDING)["spec"]["matchResources"] == {
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]}
+        }
+        refused = helm.run(
+            "template", "rdzv", CHART, "--set", ENABLED, "--set", "fencing.namespaceSelector.team=a", check=False
+        )
+        assert refused.returncode == 1 and "/fencing/namespaceSelector" in refused.stderr and "'team'" in refused.stderr
 
     def test_per_job_is_its_own_policy_on_leases_and_keys_bound_in_labelled_namespaces_only(self, helm: Helm) -> None:
         manifests = helm.template(PER_JOB, release="rdzv", namespace="kr")
@@ -176,9 +191,11 @@ def apply(control_plane: ControlPlane, manifests: list[Manifest]) -> None:
 def fencing(
     helm: Helm, control_plane: ControlPlane, namespace: str, agent_kubeconfig: Path, admin_api: client.ApiClient
 ) -> Iterator[list[Manifest]]:
-    """The chart's policy and binding (released in ``namespace``), the binding narrowed to ``namespace``; removed."""
-    manifests = [m for m in helm.template(ENABLED, namespace=namespace) if m["kind"] in (POLICY, BINDING)]
-    the(manifests, BINDING)["spec"]["matchResources"] = {
+    """The chart's policy and binding (released in ``namespace``), the binding narrowed to ``namespace`` by the
+    chart's ``fencing.namespaceSelector``; removed."""
+    only_here = f"fencing.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={namespace}"
+    manifests = [m for m in helm.template(ENABLED, only_here, namespace=namespace) if m["kind"] in (POLICY, BINDING)]
+    assert the(manifests, BINDING)["spec"]["matchResources"] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     }
     apply(control_plane, manifests)

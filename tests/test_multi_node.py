@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from tests.e2e.fencing import own_release_fencing
 from tests.e2e.multi_node import (
     LAST_CALL_SECONDS,
     drain_and_recover,
@@ -248,7 +249,7 @@ def test_kubectl_drain_of_the_operators_node_leaves_the_job_training_on_the_othe
     install(
         helm, plane, "rdzv", namespace3,
         f"image.repository={repository}", f"image.tag={tag}", "image.pullPolicy=Never",
-        "rbac.scope=namespace", "podDisruptionBudget.enabled=true",
+        "rbac.scope=namespace", "podDisruptionBudget.enabled=true", *own_release_fencing(plane, namespace3),
     )  # fmt: skip
     core = client.CoreV1Api(api)
 

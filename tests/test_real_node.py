@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from tests.e2e.fencing import own_release_fencing
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import (
     REPO,
@@ -204,6 +205,7 @@ def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_h
         f"image.tag={tag}",
         "image.pullPolicy=Never",
         "rbac.scope=namespace",
+        *own_release_fencing(plane, node_namespace),
     )
     release = install(helm, plane, "rdzv", node_namespace, *values)
     deployment = the(operator_objects(release.manifests, "Deployment"), "Deployment")["metadata"]["name"]
