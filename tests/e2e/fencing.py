@@ -14,9 +14,10 @@ every agent in a pod is, from its first write.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
+
+from kubernetes import client, config
 
 from tests.test_chart import CHART, Helm
 from tests.testenv.controlplane import ControlPlane, wait_until
@@ -26,6 +27,8 @@ RELEASE, RELEASE_NAMESPACE = "every-namespace", "kube-rendezvous-system"
 #: A namespace where a test installs a release with its own operator and policy; the cluster-wide policy skips it.
 OWN_RELEASE_LABEL = "tests.kube-rendezvous.io/own-release"
 KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+#: Where ``fence_every_namespace`` checks that the policy is enforced; deleted afterwards.
+PROBE_NAMESPACE = "fencing-probe"
 
 
 def _fencing_manifests(plane: ControlPlane) -> str:
@@ -41,17 +44,53 @@ def _fencing_manifests(plane: ControlPlane) -> str:
 
 
 def fence_every_namespace(plane: ControlPlane) -> None:
-    """Apply the chart's node-Lease policy to every namespace without ``OWN_RELEASE_LABEL``; wait until the API
-    server has type-checked it (its status observed), which it does when it loads it."""
+    """Apply the chart's node-Lease policy to every namespace without ``OWN_RELEASE_LABEL``, and wait until the API
+    server enforces it: a pod's token (never scheduled, bound by TokenRequest as the kubelet binds the one it
+    mounts) is refused an unstamped node Lease with the policy's message."""
     plane.kubectl("apply", "-f", "-", input=_fencing_manifests(plane))
+    api = config.new_client_from_config(str(plane.admin_kubeconfig))
+    core = client.CoreV1Api(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=PROBE_NAMESPACE)))
+    try:
+        rules = [client.V1PolicyRule(api_groups=["coordination.k8s.io"], resources=["leases"], verbs=["create"])]
+        client.RbacAuthorizationV1Api(api).create_namespaced_role(
+            PROBE_NAMESPACE, client.V1Role(metadata=client.V1ObjectMeta(name="probe"), rules=rules)
+        )
+        plane.kubectl(
+            "-n", PROBE_NAMESPACE, "create", "rolebinding", "probe", "--role=probe",
+            f"--serviceaccount={PROBE_NAMESPACE}:probe",
+        )  # fmt: skip
+        plane.kubectl("-n", PROBE_NAMESPACE, "create", "serviceaccount", "probe")
+        pod = core.create_namespaced_pod(
+            PROBE_NAMESPACE,
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name="probe"),
+                spec=client.V1PodSpec(
+                    service_account_name="probe",
+                    scheduler_name="never-scheduled",
+                    containers=[client.V1Container(name="probe", image="probe")],
+                ),
+            ),
+        )
+        kubeconfig = plane.serviceaccount_kubeconfig(
+            PROBE_NAMESPACE, "probe", create=False, pod=(pod.metadata.name, pod.metadata.uid)
+        )
+        leases = client.CoordinationV1Api(config.new_client_from_config(str(kubeconfig)))
+        lease = client.V1Lease(
+            metadata=client.V1ObjectMeta(name="probe-node-000000000000", labels={"kube-rendezvous.io/lease": "node"})
+        )
 
-    def loaded() -> bool:
-        listed = json.loads(plane.kubectl("get", "validatingadmissionpolicies", "-o", "json").stdout)["items"]
-        ours = [p for p in listed if p["metadata"]["labels"].get("app.kubernetes.io/instance") == RELEASE]
-        observed = [p.get("status", {}).get("observedGeneration") == p["metadata"]["generation"] for p in ours]
-        return observed == [True]
+        def refused() -> bool:
+            try:
+                leases.create_namespaced_lease(PROBE_NAMESPACE, lease)
+            except client.ApiException as exc:
+                return exc.status == 403 and "kube-rendezvous fencing" in (exc.body or "")
+            client.CoordinationV1Api(api).delete_namespaced_lease(lease.metadata.name, PROBE_NAMESPACE)
+            return False
 
-    wait_until(loaded, 60, "the API server to load the cluster-wide fencing policy")
+        wait_until(refused, 60, "the API server to enforce the cluster-wide fencing policy")
+    finally:
+        core.delete_namespace(PROBE_NAMESPACE)
 
 
 def unfence_every_namespace(plane: ControlPlane) -> None:
