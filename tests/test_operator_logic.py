@@ -378,6 +378,26 @@ class TestPods:
     def test_pod_is_gone(self, body: dict[str, Any], event_type: str | None, gone: bool) -> None:
         assert pods_rules.pod_is_gone(body, event_type) is gone
 
+    @pytest.mark.parametrize(
+        ("body", "event_type", "why"),
+        [
+            (pod(), "DELETED", "is gone"),
+            (pod(status={"phase": "Failed"}), None, "is Failed"),
+            (pod(status={"phase": "Succeeded"}), "MODIFIED", "is Succeeded"),
+            (
+                pod(status={"phase": "Running", "containerStatuses": [{"state": {"terminated": {"exitCode": 143}}}]}),
+                "MODIFIED",
+                "has no running container (they ended; restarted, they start new agents)",
+            ),
+            (pod(), "MODIFIED", None),
+        ],
+    )
+    def test_why_a_pod_is_gone_is_what_its_events_say_not_always_that_it_is_gone(
+        self, body: dict[str, Any], event_type: str | None, why: str | None
+    ) -> None:
+        """An in-place restart ends every container of a pod that stays: its NodeEvicted must not say it is gone."""
+        assert pods_rules.why_gone(body, event_type) == why
+
     def test_nodes_of_pod_match_by_ip_name_or_hostname_domain(self) -> None:
         nodes = [
             NodeId("10.1.0.5", 1, 0),

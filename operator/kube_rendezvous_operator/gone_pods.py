@@ -26,14 +26,16 @@ def evict_nodes_of_gone_pods(
 ) -> None:
     """When a training pod is deleted or its containers ended, evict its nodes from its rendezvous."""
     pod = dict(body)
-    if not pods_rules.pod_is_gone(pod, type):
+    why = pods_rules.why_gone(pod, type)
+    if why is None:
         return
     for rendezvous in rendezvouses_of_pod(memo, labels, namespace):
-        evict_nodes_of_pod(memo, pod, namespace, rendezvous)
+        evict_nodes_of_pod(memo, pod, namespace, rendezvous, why)
 
 
-def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str) -> None:
-    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end)."""
+def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, rendezvous: str, why: str) -> None:
+    """Evict the nodes the gone ``pod`` ran from ``rendezvous`` (not nodes alive after its end); the Events say
+    the pod ``why`` (``pods_rules.why_gone``)."""
     stored = open_document(memo, (namespace, rendezvous))
     if stored is None:
         return
@@ -43,12 +45,12 @@ def evict_nodes_of_pod(memo: OperatorMemo, pod: dict[str, Any], namespace: str, 
     matched, alive = gone_pods_rules.nodes_of_gone_pod(pod, stored, document, now)
     if alive:
         logger.info(
-            "pod %s/%s is gone, but nodes %s on its address heartbeat after its end: they are another pod's; "
-            "not evicted",
+            "pod %s/%s %s, but nodes %s on its address heartbeat after its end: they are another pod's; not evicted",
             namespace,
             pod["metadata"]["name"],
+            why,
             ", ".join(str(node) for node in alive),
         )
     evict_and_report(
-        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} is gone", pod
+        memo, namespace, rendezvous, [str(node) for node in matched], f"pod {pod['metadata']['name']} {why}", pod
     )

@@ -114,15 +114,25 @@ def rendezvouses_of_pod(labels: dict[str, str] | None, selectors: dict[str, PodS
     return sorted(matched)
 
 
-def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
-    """Whether a training pod can no longer run its agent: deleted, terminating or all containers ended."""
+def why_gone(pod: dict[str, Any], event_type: str | None) -> str | None:
+    """Why a training pod can no longer run its agent, as the Events say it after the pod's name ("pod X is
+    gone"); None while it can. Deleted or terminating: "is gone"; ended: "is Failed" or "is Succeeded"; every
+    container ended in a pod that is not (a restart in place, or restartPolicy restarting them): "has no running
+    container", since its containers come back as new agents, not as the ones evicted."""
     if event_type == "DELETED" or pod.get("metadata", {}).get("deletionTimestamp"):
-        return True
+        return "is gone"
     status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
-        return True
+        return f"is {status['phase']}"
     containers = status.get("containerStatuses") or []
-    return bool(containers) and all((item.get("state") or {}).get("terminated") for item in containers)
+    if containers and all((item.get("state") or {}).get("terminated") for item in containers):
+        return "has no running container (they ended; restarted, they start new agents)"
+    return None
+
+
+def pod_is_gone(pod: dict[str, Any], event_type: str | None) -> bool:
+    """Whether a training pod can no longer run its agent: deleted, terminating or all containers ended."""
+    return why_gone(pod, event_type) is not None
 
 
 def pod_gone_at(pod: dict[str, Any], now: datetime) -> datetime:
