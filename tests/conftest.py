@@ -18,6 +18,7 @@ from kubernetes import client, config
 
 from tests.e2e.harness import ElasticJob
 from tests.helpers import create_rendezvous
+from tests.release_fixtures import built, fresh_venv  # noqa: F401 - fixtures for every module
 from tests.testenv import ControlPlane, free_port, wait_until
 from tests.testenv.cluster import Cluster
 from tests.testenv.node import Node

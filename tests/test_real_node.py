@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
-from tests.e2e.fencing import own_release_fencing
+from scripts.release import retag_docker_archive
+from tests.e2e.fencing import OWN_RELEASE_LABEL, own_release_fencing
 from tests.e2e.operator_process import OperatorProcess
 from tests.e2e.real_pods import (
+    FORMED_PHASES,
+    POD_RUNNING_SECONDS,
+    POD_TRAINING_SECONDS,
     REPO,
     apply,
     example_job_training,
@@ -23,9 +32,11 @@ from tests.e2e.real_pods import (
     running_pods,
     worker_rounds,
 )
+from tests.release_fixtures import Built
 from tests.test_chart import Helm, install, operator_objects, the, upgrade
+from tests.test_quickstart import VERSION, quickstart_commands
 from tests.testenv import ensure_binaries, wait_until
-from tests.testenv.images import import_images
+from tests.testenv.images import TRAINING_IMAGE, build_images, import_images, training_mounts
 from tests.testenv.node import Node
 from tests.testenv.operator_image import OPERATOR_IMAGE, build_operator_image
 
@@ -239,3 +250,101 @@ def test_helm_runs_the_operator_image_as_a_deployment_that_upgrades_and_passes_h
         60,
         "the operator pod to mark the Rendezvous Ready",
     )
+
+
+def quickstart_status(objects: client.CustomObjectsApi) -> dict[str, Any]:
+    """The status of the quickstart's Rendezvous (``quickstart`` in ``team-a``)."""
+    found = objects.get_namespaced_custom_object(
+        "kube-rendezvous.io", "v1alpha1", "team-a", "rendezvouses", "quickstart"
+    )
+    return dict(found.get("status") or {})
+
+
+def test_the_readme_quickstart_installs_the_packaged_chart_and_its_job_trains_examples_train_py_with_torchrun(
+    real_node: Node, node_api: client.ApiClient, built: Built, fresh_venv: Path, tmp_path: Path
+) -> None:
+    """The README's quickstart on the real node, its cluster commands as written: the packaged chart (dist/) installed
+    by the README's ``helm install`` line with the built operator image under the README's tag, then
+    examples/quickstart-job.yaml with the README's ``sed`` of its image, applied in ``team-a``: 2 pods of stock
+    ``torchrun`` as the chart's ``trainer`` account form a round of 2 (Complete, then Closed when they end), train
+    examples/train.py's 100 steps, and the Job succeeds with no failed pod.
+
+    What differs, because this node pulls no image and download.pytorch.org (where examples/Dockerfile.training gets
+    torch for CPU) cannot be reached here: ``docker load``/``tag`` is ``retag_docker_archive`` and ``ctr images
+    import`` of the built archive; the training image under the README's tag is the test image, into which the pod
+    mounts a fresh venv holding the built wheel (torch from this venv's site-packages after it; its ``torchrun``
+    the script pip writes for torch's entry point) and examples/ as ``/workspace`` (the Dockerfile's WORKDIR); the
+    pods request 100m CPU instead of 1 (a node of 2 CPUs). ``team-a`` is left out of the module's fencing policy
+    (the README's install sets none)."""
+    plane, commands = real_node.plane, quickstart_commands()
+    registry = re.search(r"^REGISTRY=(\S+)", commands, re.MULTILINE)
+    assert registry is not None, commands
+    shell = {"$REGISTRY": registry.group(1), "dist/": f"{built.dist}/"}
+
+    def as_written(line: str) -> str:
+        for variable, value in shell.items():
+            line = line.replace(variable, value)
+        return line
+
+    operator_tag = as_written(f"$REGISTRY/kube-rendezvous-operator:{VERSION}")
+    assert f"docker tag ghcr.io/kube-rendezvous/operator:{VERSION} $REGISTRY/kube-rendezvous-operator:{VERSION}" in (
+        commands
+    )
+    training_tag = as_written(f"$REGISTRY/kube-rendezvous-train:{VERSION}")
+    retag_docker_archive(built.one("kube-rendezvous-operator-*.tar"), tmp_path / "operator.tar", operator_tag)
+    retag_docker_archive(build_images()[TRAINING_IMAGE], tmp_path / "training.tar", training_tag)
+    import_images(real_node.containerd_socket, [tmp_path / "operator.tar", tmp_path / "training.tar"])
+
+    # A fresh cluster as the user's: the CRDs are the release's (the module's earlier tests applied them by hand).
+    plane.kubectl("delete", "-f", str(REPO / "crds"), "--ignore-not-found", "--wait=true")
+    lines = commands.replace("\\\n", " ").splitlines()
+    create_namespace = next(line for line in lines if line.startswith("kubectl create namespace"))
+    plane.kubectl(*shlex.split(create_namespace, comments=True)[1:])
+    plane.kubectl("label", "namespace", "team-a", f"{OWN_RELEASE_LABEL}=true")
+    helm_install = next(line for line in lines if line.startswith("helm install"))
+    arguments = shlex.split(as_written(helm_install), comments=True)[1:]
+    done = built.helm.run(*arguments, "--kubeconfig", plane.admin_kubeconfig)
+    print(done.stdout[-1500:])
+    plane.kubectl("-n", "kube-rendezvous-system", "rollout", "status", "deployment", "--timeout=180s")
+
+    sed = next(line for line in lines if line.startswith("sed "))
+    expression = shlex.split(as_written(sed))[1]  # s|image: .*|image: <tag>|
+    _, pattern, replacement, _ = expression.split("|")
+    job = yaml.safe_load(re.sub(pattern, replacement, (REPO / "examples" / "quickstart-job.yaml").read_text()))
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == training_tag and container["command"] == ["torchrun"]
+    torchrun = fresh_venv / "bin" / "torchrun"
+    torchrun.write_text(
+        f"#!{fresh_venv}/bin/python\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n"
+    )
+    torchrun.chmod(0o755)
+    mounts = [*training_mounts(), (str(fresh_venv), str(fresh_venv)), (str(REPO / "examples"), "/workspace")]
+    pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
+    container["volumeMounts"] = [
+        {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
+    ]
+    container["workingDir"] = "/workspace"
+    container["env"].append({"name": "PATH", "value": f"{fresh_venv}/bin:/usr/local/bin:/usr/bin:/bin"})
+    container["resources"]["requests"]["cpu"] = "100m"
+    plane.kubectl("-n", "team-a", "apply", "-f", "-", input=json.dumps(job))
+
+    objects, batch = client.CustomObjectsApi(node_api), client.BatchV1Api(node_api)
+    formed = wait_until(
+        lambda: (status := quickstart_status(objects)).get("phase") in FORMED_PHASES and status,
+        POD_RUNNING_SECONDS + POD_TRAINING_SECONDS,
+        "the quickstart's 2 pods to form their round",
+    )
+    assert formed["participantCount"] == 2, formed
+    finished = wait_until(
+        lambda: (found := batch.read_namespaced_job("quickstart", "team-a")).status.succeeded == 2 and found,
+        300,
+        "the quickstart Job to succeed (100 steps of about 1 s)",
+    )
+    assert not finished.status.failed, finished.status
+    logs = plane.kubectl("-n", "team-a", "logs", "job/quickstart").stdout
+    assert "step 1/100: loss" in logs and "step 100/100: loss" in logs, logs[-2000:]
+    final = quickstart_status(objects)
+    assert (final["phase"], final["participantCount"]) == ("Closed", 2), final
+    accounts = {p.spec.service_account_name for p in client.CoreV1Api(node_api).list_namespaced_pod("team-a").items}
+    assert accounts == {"trainer"}

@@ -27,19 +27,17 @@ import json
 import os
 import re
 import sys
-import sysconfig
 import tarfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
 from scripts.release import check_versions, project_version, retag_docker_archive
 from tests.helpers import REPO
-from tests.test_chart import CHART, INSTANCE, Helm, install, kubectl_json, uninstall
-from tests.testenv import ControlPlane, ensure_binaries
+from tests.release_fixtures import Built
+from tests.test_chart import CHART, INSTANCE, install, kubectl_json, uninstall
+from tests.testenv import ControlPlane
 from tests.testenv.commands import run_command
 
 VERSION = project_version()
@@ -126,27 +124,6 @@ def test_the_image_archive_is_retagged_with_its_layers_untouched(tmp_path: Path)
 # -- the built artifacts ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Built:
-    dist: Path
-    helm: Helm
-
-    def one(self, pattern: str) -> Path:
-        (found,) = self.dist.glob(pattern)
-        return found
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """``bash scripts/release.sh --dist <tmp>`` once: every artifact of this version (image from the build cache)."""
-    dist = tmp_path_factory.mktemp("dist")
-    helm = Helm(ensure_binaries().helm, tmp_path_factory.mktemp("helm-home"))
-    env = {**os.environ, "PYTHON": sys.executable, "HELM": str(helm.binary)}
-    env.pop("IMAGE_REPOSITORY", None)
-    run_command(["bash", REPO / "scripts" / "release.sh", "--dist", dist], env=env, timeout=1500, cwd=REPO)
-    return Built(dist, helm)
-
-
 def test_release_builds_every_artifact_of_one_version_with_their_checksums(built: Built) -> None:
     names = sorted(path.name for path in built.dist.iterdir())
     assert names == sorted(
@@ -177,19 +154,6 @@ def test_the_krew_archive_runs_the_plugin_and_its_manifest_names_its_checksum(bu
     (platform,) = manifest["spec"]["platforms"]
     assert platform["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
     assert platform["uri"].endswith(f"/v{VERSION}/kubectl-rdzv-{VERSION}.tar.gz")
-
-
-@pytest.fixture
-def fresh_venv(tmp_path: Path, built: Built) -> Path:
-    """A new venv with the built wheel (no deps) and this venv's site-packages after its own (see the docstring)."""
-    venv = tmp_path / "venv"
-    run_command([sys.executable, "-m", "venv", "--without-pip", venv])
-    python = venv / "bin" / "python"
-    wheel = built.one("kube_rendezvous-*.whl")
-    run_command([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel])
-    (site,) = (venv / "lib").glob("python3*/site-packages")
-    (site / "zz-dev-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv
 
 
 def clean_env() -> dict[str, str]:
