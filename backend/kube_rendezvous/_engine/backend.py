@@ -67,6 +67,7 @@ from .._rules.document import (
 )
 from .._rules.intents import read_rendezvous
 from .._rules.retries import OUTAGE_RETRY, OUTAGE_RETRY_SECONDS, STATE_CONFLICT_RETRY, retry
+from .._rules.settings import DEFAULT_HEARTBEAT_EXPIRY
 from .._rules.statecheck import load_own_state
 from .._rules.summary import summarize_document
 from .._store.store import KubernetesStore
@@ -116,7 +117,7 @@ class KubernetesRendezvousBackend:
         conflict_backoff: float = STATE_CONFLICT_RETRY.first_delay,
         max_conflict_backoff: float = STATE_CONFLICT_RETRY.max_delay,
         max_participants: int | None = None,
-        heartbeat_expiry: float = 15.0,
+        heartbeat_expiry: float = DEFAULT_HEARTBEAT_EXPIRY,
         framework: Framework,
         min_participants: int | None = None,
     ) -> None:

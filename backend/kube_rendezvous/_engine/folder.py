@@ -63,6 +63,7 @@ from .._rules.intents import EVICTED_HEARTBEAT, close_reason, fold_intents
 from .._rules.leases_rules import ANNOTATION_DESIRE, ANNOTATION_ROUND, LABEL_LEASE
 from .._rules.placement import STATUS_HELD_LIMIT, Domain, PlacementSpec, RankOrder, domain_ranges, topology_reason
 from .._rules.retries import FAILED_FOLD_PAUSE
+from .._rules.settings import DEFAULT_HEARTBEAT_EXPIRY
 from .._rules.summary import departure_of, summarize_document
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Folder:
         identity: str,
         preferred: bool,
         rendezvous: WatchCache,
-        default_expiry: float = 15.0,
+        default_expiry: float = DEFAULT_HEARTBEAT_EXPIRY,
         decode: Callable[[str], RendezvousDocument] = decode_document,
         training_pods: Callable[[], TrainingPods | None] | None = None,
         election: LeaderElectionConfig = WRITER_ELECTION,

@@ -280,3 +280,7 @@ class RendezvousTimings:
                 raise ValueError(f"{source}={raw!r}: must be a positive whole number")
             values[name] = number
         return cls(**values)
+
+
+#: Seconds without a heartbeat after which a node counts as dead, with the default timings (5 s x 3 attempts).
+DEFAULT_HEARTBEAT_EXPIRY: float = RendezvousTimings().heartbeat_expiry
