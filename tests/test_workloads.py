@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,9 +196,11 @@ def test_the_pytorchjob_example_trains_under_the_training_operator_and_on_throug
     of 4; the PyTorchJob neither fails nor succeeds. Closed, every torchrun exits 0 and the PyTorchJob Succeeded."""
     api = admin_api(team_a)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    applied = time.monotonic()
     apply(team_a, pytorchjob_objects())
     selector = f"{PYTORCHJOB_NAME_LABEL}={RENDEZVOUS}"
     started = start_training(team_a, NAMESPACE, selector, 4)
+    print(f"PyTorchJob applied -> 4 pods training in a round of 4: {time.monotonic() - applied:.1f} s")
     assert sorted(started.pods) == [f"{RENDEZVOUS}-worker-{index}" for index in range(4)]
     rendezvous = rendezvous_object(objects)
     assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
