@@ -191,9 +191,10 @@ def test_the_pytorchjob_example_trains_under_the_training_operator_and_on_throug
     pods ``llama-train-worker-0..3`` (``restartPolicy: OnFailure``) with the example's label; their agents create the
     Rendezvous (no owner: the operator takes the pods labelled ``kube-rendezvous.io/rendezvous``) and train in a
     round of 4, although the training-operator injects ``PET_NNODES=4`` (the flag wins). The PyTorchJob row of the
-    pod-selection table selects exactly its pods. Rank 0's pod is evicted: the other 3 train on, the
-    training-operator recreates the pod under the same name once the old one is gone, and the newcomer joins a round
-    of 4; the PyTorchJob neither fails nor succeeds. Closed, every torchrun exits 0 and the PyTorchJob Succeeded."""
+    pod-selection table selects exactly its pods. Rank 0's pod is evicted: the other 3 re-form and train again (in a
+    round of 3, or of 4 when the replacement joins before their workers started), the training-operator recreates the
+    pod under the same name once the old one is gone, and the newcomer trains in a round of 4; the PyTorchJob neither
+    fails nor succeeds. Closed, every torchrun exits 0 and the PyTorchJob Succeeded."""
     api = admin_api(team_a)
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     applied = time.monotonic()
