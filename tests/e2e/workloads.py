@@ -1,8 +1,7 @@
 """The examples on the workload controllers users run (``tests.testenv.workloads``): ``examples/torch/jobset.yaml``,
 ``examples/torch/trainjob.yaml``, ``examples/torch/pytorchjob.yaml``, and ``examples/training-job.yaml`` queued by
-Kueue; the faults each case injects
-where they happen (an eviction through the Eviction API, a ``kubectl delete pod``, a Kueue preemption) and what
-to watch in them.
+Kueue; the faults each case injects where they happen (an eviction through the Eviction API, a ``kubectl delete
+pod``, a Kueue preemption) and what to watch in them.
 
 Used by ``tests/test_workloads.py`` (each case once, asserted) and ``benchmarks/workloads.py`` (repeated, timed).
 The manifests are the examples as shipped, fitted by ``real_pods.fit_pod`` (the image, the host's interpreter
