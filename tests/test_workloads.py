@@ -1,17 +1,19 @@
 """The examples on the controllers users run, built from source (``tests.testenv.workloads``): JobSet v0.12.0,
-Kubeflow Trainer v2.3.0 and Kueue v0.19.2, on three real nodes, with the operator installed from the chart.
+Kubeflow Trainer v2.3.0, Kueue v0.19.2 and Kubeflow's training-operator v1.8.1 (PyTorchJob), on three real nodes,
+with the operator installed from the chart.
 
 Each case runs an example as shipped (``tests.e2e.workloads``: only the image, the launcher's path and the training
 script fitted) and injects its fault where it happens: a pod evicted through the Eviction API (as ``kubectl drain``,
 a preemption or an autoscaler does), a pod deleted with ``kubectl delete pod``, a Kueue preemption. The rows of the
-pod-selection table (docs/training-jobs.md) for a Job, a JobSet and a TrainJob are checked against the labels these
-controllers put on their pods. What each failure does, with times: docs/workloads.md.
+pod-selection table (docs/training-jobs.md) for a Job, a JobSet, a PyTorchJob and a TrainJob are checked against the
+labels these controllers put on their pods. What each failure does, with times: docs/workloads.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     NAMESPACE,
+    PYTORCHJOB_NAME_LABEL,
     Started,
     admin_api,
     chart_runtime_trainjob_objects,
@@ -36,6 +39,7 @@ from tests.e2e.workloads import (
     lose_a_pod_and_recover,
     member_addresses,
     preempt_and_readmit,
+    pytorchjob_objects,
     queue_objects,
     queued_job_objects,
     rank_zero_pod,
@@ -157,24 +161,74 @@ def test_the_jobset_example_trains_on_through_an_eviction_and_a_deleted_pod_and_
 
 def close_and_complete(cluster: Cluster, objects: client.CustomObjectsApi, plural: str, restarts: int) -> None:
     """A person closes the run: every stock torchrun exits 0 (before: 1, pytorch#194710), so the Job completes and
-    the JobSet with it, spending no restart (docs/training-jobs.md, "Stock torchrun and a close").
-    ``plural``: what to watch."""
+    the JobSet with it, spending no restart (docs/training-jobs.md, "Stock torchrun and a close"); a PyTorchJob
+    succeeds once every Worker did. ``plural``: what to watch."""
     cluster.plane.kubectl(
         "-n", NAMESPACE, "patch", "rdzv", RENDEZVOUS, "--type=merge", "-p", '{"spec":{"closed":true}}'
     )
     group, version, done = {
         "jobsets": ("jobset.x-k8s.io", "v1alpha2", "Completed"),
         "trainjobs": ("trainer.kubeflow.org", "v1alpha1", "Complete"),
+        "pytorchjobs": ("kubeflow.org", "v1", "Succeeded"),
     }[plural]
+    # What runs the pods: the JobSet (a TrainJob's too), or the PyTorchJob itself.
+    runner = ("kubeflow.org", "v1", plural) if plural == "pytorchjobs" else ("jobset.x-k8s.io", "v1alpha2", "jobsets")
     wait_until(
         lambda: done in true_conditions(get(objects, group, version, plural, RENDEZVOUS)),
         120,
         f"the {plural[:-1]} to be {done} after the close",
-        explain=lambda: str(get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS).get("status")),
+        explain=lambda: str(get(objects, *runner, RENDEZVOUS).get("status")),
     )
-    jobset = get(objects, "jobset.x-k8s.io", "v1alpha2", "jobsets", RENDEZVOUS)
-    assert (jobset["status"].get("restarts") or 0) == restarts, jobset["status"]
-    assert "Failed" not in true_conditions(jobset), jobset["status"]
+    status = get(objects, *runner, RENDEZVOUS)["status"]
+    assert (status.get("restarts") or 0) == restarts, status
+    assert "Failed" not in true_conditions({"status": status}), status
+
+
+def test_the_pytorchjob_example_trains_under_the_training_operator_and_on_through_an_eviction_and_then_succeeds(
+    team_a: Cluster,
+) -> None:
+    """examples/torch/pytorchjob.yaml (4 Workers, ``--nnodes=2:4``) on Kubeflow's training-operator v1.8.1: it creates
+    pods ``llama-train-worker-0..3`` (``restartPolicy: OnFailure``) with the example's label; their agents create the
+    Rendezvous (no owner: the operator takes the pods labelled ``kube-rendezvous.io/rendezvous``) and train in a
+    round of 4, although the training-operator injects ``PET_NNODES=4`` (the flag wins). The PyTorchJob row of the
+    pod-selection table selects exactly its pods. Rank 0's pod is evicted: the other 3 re-form and train again (in a
+    round of 3, or of 4 when the replacement joins before their workers started), the training-operator recreates the
+    pod under the same name once the old one is gone, and the newcomer trains in a round of 4; the PyTorchJob neither
+    fails nor succeeds. Closed, every torchrun exits 0 and the PyTorchJob Succeeded."""
+    api = admin_api(team_a)
+    core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    applied = time.monotonic()
+    apply(team_a, pytorchjob_objects())
+    selector = f"{PYTORCHJOB_NAME_LABEL}={RENDEZVOUS}"
+    started = start_training(team_a, NAMESPACE, selector, 4)
+    print(f"PyTorchJob applied -> 4 pods training in a round of 4: {time.monotonic() - applied:.1f} s")
+    assert sorted(started.pods) == [f"{RENDEZVOUS}-worker-{index}" for index in range(4)]
+    rendezvous = rendezvous_object(objects)
+    assert (rendezvous["spec"]["minNodes"], rendezvous["spec"]["maxNodes"]) == (2, 4)
+    assert not rendezvous["metadata"].get("ownerReferences"), "the example gives no owner: the label selects"
+    labelled = live_pods(core, NAMESPACE, f"{RENDEZVOUS_LABEL}={RENDEZVOUS}")
+    assert {pod.metadata.name for pod in labelled} == set(started.pods)
+    pytorchjob = get(objects, "kubeflow.org", "v1", "pytorchjobs", RENDEZVOUS)
+    assert selected_pods(core, reference(pytorchjob)) == set(started.pods), "the PyTorchJob row of the table"
+    pod = core.read_namespaced_pod(sorted(started.pods)[0], NAMESPACE)
+    assert pod.spec.restart_policy == "OnFailure"
+    injected = {item.name: item.value for item in pod.spec.containers[0].env}
+    assert injected["PET_NNODES"] == "4", "the training-operator injects the replicas; --nnodes=2:4 overrides it"
+    assert "Running" in true_conditions(pytorchjob), pytorchjob.get("status")
+
+    victim = rank_zero_pod(objects, NAMESPACE, started.pods)
+    evicted = lose_a_pod_and_recover(team_a, NAMESPACE, selector, started, victim)
+    print(f"PyTorchJob, rank 0's pod evicted: {evicted}")
+    assert evicted.survivors_training is not None, f"the other 3 did not train again: {evicted}"
+    assert evicted.replacement_training is not None
+    assert evicted.details["replacements"] == [victim], "recreated under its name"
+    pytorchjob = get(objects, "kubeflow.org", "v1", "pytorchjobs", RENDEZVOUS)
+    print(f"PyTorchJob conditions after the eviction: {pytorchjob['status'].get('conditions')}")
+    assert not true_conditions(pytorchjob) & {"Failed", "Succeeded"}, pytorchjob["status"]
+    events = core.list_namespaced_event(NAMESPACE, field_selector="involvedObject.kind=PyTorchJob").items
+    print("\n".join(f"PyTorchJob event {event.reason}: {event.message}" for event in events))
+
+    close_and_complete(team_a, objects, "pytorchjobs", restarts=0)
 
 
 def test_the_trainjob_example_is_elastic_and_trains_on_through_an_eviction_without_a_jobset_restart(

@@ -175,14 +175,15 @@ def round_with(
     return status if formed_with(status, set(pods.values()), after_round, phases) else None
 
 
-def pod_log(node: Node, namespace: str, pod: str) -> list[str]:
+def pod_log(node: Node, namespace: str, pod: str, uid: str = "*") -> list[str]:
     """The lines ``pod``'s containers wrote, read from the kubelet's log files of whichever node of the cluster
-    runs it (every node's folder is on this machine), in the order written; [] when it has none yet.
+    runs it (every node's folder is on this machine), in the order written; [] when it has none yet. ``uid``: only
+    the pod of that uid (a pod replaced under the same name, as a PyTorchJob's, leaves its folder beside).
 
     Read from disk (each node's ``podLogsDir``), as fast as a file read, with no API server and kubelet round
     trip per poll."""
     lines: list[str] = []
-    for path in sorted(node.plane.workdir.glob(f"*/pod-logs/{namespace}_{pod}_*/*/*.log")):
+    for path in sorted(node.plane.workdir.glob(f"*/pod-logs/{namespace}_{pod}_{uid}/*/*.log")):
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -200,9 +201,10 @@ def pod_log(node: Node, namespace: str, pod: str) -> list[str]:
     return lines
 
 
-def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None) -> int:
-    """How many rounds ``pod``'s agent started (of ``world`` workers, or any) whose workers then trained a step."""
-    lines = pod_log(node, namespace, pod)
+def worker_rounds(node: Node, namespace: str, pod: str, world: int | None = None, uid: str = "*") -> int:
+    """How many rounds ``pod``'s agent started (of ``world`` workers, or any) whose workers then trained a step
+    (``uid``: as ``pod_log``)."""
+    lines = pod_log(node, namespace, pod, uid)
     size = "" if world is None else f" {world}"
     starts = [i for i, line in enumerate(lines) if f"init_process_group world{size}" in line]
     ends = [*starts[1:], len(lines)]  # one longer than ``starts`` when it is empty: zip stops at the shorter

@@ -1,7 +1,7 @@
 """The examples on the workload controllers users run (``tests.testenv.workloads``): ``examples/torch/jobset.yaml``,
-``examples/torch/trainjob.yaml``, and ``examples/training-job.yaml`` queued by Kueue; the faults each case injects
-where they happen (an eviction through the Eviction API, a ``kubectl delete pod``, a Kueue preemption) and what
-to watch in them.
+``examples/torch/trainjob.yaml``, ``examples/torch/pytorchjob.yaml``, and ``examples/training-job.yaml`` queued by
+Kueue; the faults each case injects where they happen (an eviction through the Eviction API, a ``kubectl delete
+pod``, a Kueue preemption) and what to watch in them.
 
 Used by ``tests/test_workloads.py`` (each case once, asserted) and ``benchmarks/workloads.py`` (repeated, timed).
 The manifests are the examples as shipped, fitted by ``real_pods.fit_pod`` (the image, the host's interpreter
@@ -48,6 +48,8 @@ LOCAL_QUEUE, CLUSTER_QUEUE, HIGH_PRIORITY = "user-queue", "cluster-queue", "high
 PREEMPTOR = "urgent"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+#: The training-operator's label of a PyTorchJob's pods.
+PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 
 def example(name: str) -> list[dict[str, Any]]:
@@ -61,6 +63,14 @@ def jobset_objects(**environment: str) -> list[dict[str, Any]]:
     job = jobset["spec"]["replicatedJobs"][0]["template"]
     fit_pod(job["spec"]["template"]["spec"], TORCHRUN, TORCH_SCRIPT, **environment)
     return [jobset]
+
+
+def pytorchjob_objects(**environment: str) -> list[dict[str, Any]]:
+    """``examples/torch/pytorchjob.yaml``, fitted (its Worker template; the container keeps its name, ``pytorch``,
+    which the training-operator's webhook requires)."""
+    (job,) = example("torch/pytorchjob.yaml")
+    fit_pod(job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"], TORCHRUN, TORCH_SCRIPT, **environment)
+    return [job]
 
 
 def trainjob_objects(**environment: str) -> list[dict[str, Any]]:
@@ -197,9 +207,12 @@ def live_pods(core: client.CoreV1Api, namespace: str, selector: str) -> list[cli
     return [p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")]
 
 
-def running(core: client.CoreV1Api, namespace: str, selector: str, count: int) -> dict[str, str] | None:
-    """name -> address of the pods of ``selector`` once exactly ``count`` exist and all run with an address."""
+def running(core: client.CoreV1Api, namespace: str, selector: str, count: int, gone: str = "") -> dict[str, str] | None:
+    """name -> address of the pods of ``selector`` once exactly ``count`` exist and all run with an address, and none
+    is the pod of uid ``gone`` (its replacement may have its name, as a PyTorchJob's has)."""
     pods = live_pods(core, namespace, selector)
+    if any(p.metadata.uid == gone for p in pods):
+        return None
     ready = {p.metadata.name: p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip}
     return ready if len(ready) == count == len(pods) else None
 
@@ -290,6 +303,7 @@ def lose_a_pod_and_recover(
     core, objects = client.CoreV1Api(api), client.CustomObjectsApi(api)
     count = len(started.pods)
     survivors = sorted(set(started.pods) - {victim})
+    gone = core.read_namespaced_pod(victim, namespace).metadata.uid
     if how == "evict":
         evict(core, namespace, victim)
     else:
@@ -312,19 +326,16 @@ def lose_a_pod_and_recover(
     recovery.survivors_training = time.monotonic() - lost
     if not replacement:
         return recovery
-    after = wait_until(
-        lambda: (found := running(core, namespace, selector, count)) and victim not in found and found,
-        window,
-        "the replacement Running",
-    )
-    new = sorted(set(after) - set(started.pods))
+    after = wait_until(lambda: running(core, namespace, selector, count, gone), window, "the replacement Running")
+    new = sorted(set(after) - set(survivors))
+    uids = {pod: core.read_namespaced_pod(pod, namespace).metadata.uid for pod in new}
     recovery.details["replacements"] = new
     status = wait_until(
         lambda: formed(objects, namespace, after, started.round), window, "a round with the replacement"
     )
     recovery.details["round"] = int(status["round"])
     wait_until(
-        lambda: all(worker_rounds(cluster.node, namespace, pod, count) > 0 for pod in new),
+        lambda: all(worker_rounds(cluster.node, namespace, pod, count, uids[pod]) > 0 for pod in new),
         window,
         f"the replacement {', '.join(new)} training with {count}",
     )
@@ -434,7 +445,8 @@ def install_operator_from_chart(cluster: Cluster, helm_home: Path) -> list[Path]
 
 
 def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
-    """Delete the namespace's Rendezvous, TrainJobs, JobSets, Jobs and their pods (forced); return once none is left.
+    """Delete the namespace's Rendezvous, TrainJobs, JobSets, PyTorchJobs, Jobs and their pods (forced); return once
+    none is left.
 
     The Rendezvous go first, their finalizer removed: the operator would hold each until its killed agents'
     heartbeats expire (it waits for live agents to close it; what it does on a delete is tested in
@@ -444,7 +456,7 @@ def clear_namespace(cluster: Cluster, namespace: str = NAMESPACE) -> None:
     for name in plane.kubectl("-n", namespace, "get", "rendezvouses", "-o", "name", check=False).stdout.split():
         unheld = '{"metadata":{"finalizers":null}}'
         plane.kubectl("-n", namespace, "patch", name, "--type=merge", "-p", unheld, check=False)
-    for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "jobs"):
+    for kind in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io", "pytorchjobs.kubeflow.org", "jobs"):
         plane.kubectl("-n", namespace, "delete", kind, "--all", "--wait=false", check=False)
     core = client.CoreV1Api(admin_api(cluster))
 

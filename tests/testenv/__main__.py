@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workloads",
         action="store_true",
-        help="build: also JobSet (and its in-place restart agent), Trainer and Kueue (tests/test_workloads.py)",
+        help="build: also JobSet (and its in-place restart agent), Trainer, Kueue and the training-operator"
+        " (tests/test_workloads.py)",
     )
     args = parser.parse_args(argv)
     if args.command == "build":

@@ -1,5 +1,5 @@
 """The workload controllers users run, built from source, beside a ``tests.testenv.cluster``: JobSet, Kubeflow
-Trainer and Kueue.
+Trainer, Kueue and Kubeflow's training-operator v1 (PyTorchJob).
 
 ``WorkloadControllers(cluster).start()`` installs each one's manifests as its release renders them
 (``kubectl kustomize`` of the module's own ``config/`` or ``manifests/``: CRDs, RBAC, webhook configurations,
@@ -27,10 +27,13 @@ What differs from a Deployment:
 Kueue runs with one integration, ``batch/job``, the visibility API server off (``VisibilityOnDemand=false``:
 an unavailable APIService breaks discovery and namespace deletion), workload slices on (elastic Jobs) and only the
 webhooks of the kinds it then serves (its pod webhook, as rendered, fails closed on every pod outside kube-system).
-JobSet runs with ``InPlaceRestart`` and ``RestartJob`` on.
+JobSet runs with ``InPlaceRestart`` and ``RestartJob`` on. The training-operator (no configuration file: flags)
+runs with one scheme, ``pytorchjob`` (only its CRD and its webhook installed), and no gang scheduler; its webhook
+server takes no host, so it listens on every address of the host at its port.
 
 Not guaranteed: one set of controllers per cluster; the controllers' versions are pinned in ``jobset/``,
-``trainer/`` and ``kueue/`` (``go.mod``), and their upstreams test against Kubernetes 1.32-1.36, not 1.37.
+``trainer/``, ``kueue/`` and ``trainingoperator/`` (``go.mod``); the upstreams of the first three test against
+Kubernetes 1.32-1.36 and the training-operator v1.8 against 1.27-1.29, not 1.37.
 """
 
 from __future__ import annotations
@@ -55,10 +58,12 @@ from .controlplane import _Server, free_port, wait_until
 from .podnet import run
 
 #: The releases, pinned in each wrapper module's go.mod: the newest the Go module proxy serves of JobSet v0.12,
-#: Trainer v2.3 and Kueue (v0.12.1, v2.3.1 and v0.20.0 are refused there).
+#: Trainer v2.3 and Kueue (v0.12.1, v2.3.1 and v0.20.0 are refused there), and the only release of the
+#: training-operator v1 it serves.
 JOBSET_VERSION = "v0.12.0"
 TRAINER_VERSION = "v2.3.0"
 KUEUE_VERSION = "v0.19.2"
+TRAINING_OPERATOR_VERSION = "v1.8.1"
 
 #: Where cert-controller's rotator and controller-runtime's webhook server look for the serving certificate.
 SERVING_CERTS = "k8s-webhook-server/serving-certs"
@@ -76,6 +81,11 @@ KUEUE_FEATURE_GATES = "VisibilityOnDemand=false,ElasticJobsViaWorkloadSlices=tru
 #: Kubernetes is on by default in 1.37: container restart rules (``ContainerRestartRules``, beta since 1.35) and
 #: their ``RestartAllContainers`` action (``RestartAllContainersOnContainerExits``, beta since 1.36).
 JOBSET_FEATURE_GATES = {"InPlaceRestart": True, "RestartJob": True}
+
+#: The training-operator's one scheme (``--enable-scheme``; all six without it), its CRD and its webhook.
+TRAINING_OPERATOR_SCHEME = "pytorchjob"
+TRAINING_OPERATOR_CRD = "pytorchjobs.kubeflow.org"
+TRAINING_OPERATOR_WEBHOOK = "validator.pytorchjob.training-operator.kubeflow.org"
 
 #: Kueue's webhooks for the kinds it serves with ``integrations.frameworks: [batch/job]``.
 KUEUE_WEBHOOKS = frozenset(
@@ -146,6 +156,19 @@ RECIPES: dict[str, Recipe] = {
         "kueue-webhook-service",
         "kueue-webhook-server-cert",
         ("config/default",),
+    ),
+    "trainingoperator": Recipe(
+        "trainingoperator",
+        TRAINING_OPERATOR_VERSION,
+        "github.com/kubeflow/training-operator",
+        "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+        "training-operator",
+        "kubeflow",
+        "training-operator",
+        "training-operator",
+        "training-operator-webhook-cert",
+        # The standalone overlay: the base and what its Deployment needs (the Namespace, the webhook Secret).
+        ("manifests/overlays/standalone",),
     ),
 }
 
@@ -219,8 +242,32 @@ def rendered_manifests(recipe: Recipe, kubectl: Path) -> list[dict[str, Any]]:
         for item in objects:
             if item["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
                 item["webhooks"] = [hook for hook in item["webhooks"] if hook["name"] in KUEUE_WEBHOOKS]
+    if recipe.name == "trainingoperator":
+        objects = [
+            item
+            for item in objects
+            if item["kind"] != "CustomResourceDefinition" or item["metadata"]["name"] == TRAINING_OPERATOR_CRD
+        ]
+        for item in objects:
+            if item["kind"] == "ValidatingWebhookConfiguration":
+                item["webhooks"] = [hook for hook in item["webhooks"] if hook["name"] == TRAINING_OPERATOR_WEBHOOK]
     first = {"Namespace": 0, "CustomResourceDefinition": 1}
     return sorted(objects, key=lambda item: first.get(item["kind"], 2))
+
+
+def training_operator_flags(recipe: Recipe, port: int, health: int) -> list[str]:
+    """The training-operator's flags (it reads no configuration file): what ``configuration`` sets for the others,
+    one scheme, no gang scheduler."""
+    return [
+        f"--health-probe-bind-address=127.0.0.1:{health}",
+        "--metrics-bind-address=0",
+        f"--webhook-server-port={port}",
+        f"--webhook-service-name={recipe.webhook_service}",
+        f"--webhook-secret-name={recipe.webhook_secret}",
+        "--leader-elect=false",
+        f"--enable-scheme={TRAINING_OPERATOR_SCHEME}",
+        "--gang-scheduler-name=",
+    ]
 
 
 def configuration(recipe: Recipe, host: str, port: int, health: int, certs: Path) -> dict[str, Any]:
@@ -280,9 +327,10 @@ class _Running:
 
 
 class WorkloadControllers:
-    """JobSet, Trainer and Kueue on ``cluster`` (``names``: a subset, in start order); ``stop`` removes them."""
+    """JobSet, Trainer, Kueue and the training-operator on ``cluster`` (``names``: a subset, in start order);
+    ``stop`` removes them."""
 
-    def __init__(self, cluster: Cluster, names: tuple[str, ...] = ("jobset", "trainer", "kueue")) -> None:
+    def __init__(self, cluster: Cluster, names: tuple[str, ...] = tuple(RECIPES)) -> None:
         self.cluster = cluster
         self.plane = cluster.plane
         self.workdir = self.plane.workdir / "workloads"
@@ -307,16 +355,21 @@ class WorkloadControllers:
             folder = self.workdir / recipe.name
             tmp = folder / "tmp"
             (tmp / SERVING_CERTS).mkdir(parents=True, exist_ok=True)
-            config = folder / "config.yaml"
-            config.write_text(yaml.safe_dump(configuration(recipe, self.host, port, health, tmp / SERVING_CERTS)))
             kubeconfig = self.plane.serviceaccount_kubeconfig(recipe.namespace, recipe.service_account, 24 * 3600)
             command = [
                 "unshare", "--mount", "--propagation", "private", "--",
                 "sh", "-c", f'mkdir -p /tmp/{SERVING_CERTS} && mount --bind "$0" /tmp/{SERVING_CERTS} && exec "$@"',
                 str(tmp / SERVING_CERTS),
-                "env", f"KUBECONFIG={kubeconfig}",
-                str(binaries[recipe.name]), f"--config={config}",
+                # The training-operator's namespace, as its Deployment gives it (the downward API).
+                "env", f"KUBECONFIG={kubeconfig}", f"MY_POD_NAMESPACE={recipe.namespace}",
+                str(binaries[recipe.name]),
             ]  # fmt: skip
+            if recipe.name == "trainingoperator":
+                command += training_operator_flags(recipe, port, health)
+            else:
+                config = folder / "config.yaml"
+                config.write_text(yaml.safe_dump(configuration(recipe, self.host, port, health, tmp / SERVING_CERTS)))
+                command.append(f"--config={config}")
             if recipe.name == "kueue":
                 command.append(f"--feature-gates={KUEUE_FEATURE_GATES}")
             server = _Server(recipe.name, command, self.plane.logdir / f"{recipe.name}.log")
@@ -409,7 +462,13 @@ class WorkloadControllers:
             for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
                 with contextlib.suppress(Exception):
                     names = self.plane.kubectl("get", kind, "-o", "name", check=False).stdout.split()
-                    prefixes = (running.recipe.name, "kubeflow-trainer", "defaulter.trainer", "validator.trainer")
+                    prefixes = (
+                        running.recipe.name,
+                        "kubeflow-trainer",
+                        "defaulter.trainer",
+                        "validator.trainer",
+                        "validator.training-operator",
+                    )
                     mine = [n for n in names if n.split("/", 1)[1].startswith(prefixes)]
                     if mine:
                         self.plane.kubectl("delete", *mine, "--wait=false", check=False)
@@ -457,8 +516,19 @@ def _kueue_probe() -> dict[str, Any]:
     return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "webhook-probe"}}
 
 
+def _training_operator_probe() -> dict[str, Any]:
+    container = {"name": "pytorch", "image": "probe"}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "webhook-probe", "namespace": "default"},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}},
+    }
+
+
 _PROBES: dict[str, Callable[[], dict[str, Any]]] = {
     "jobset": _jobset_probe,
     "trainer": _trainer_probe,
     "kueue": _kueue_probe,
+    "trainingoperator": _training_operator_probe,
 }
