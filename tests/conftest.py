@@ -260,7 +260,8 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def workload_cluster(three_nodes: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The module's three nodes with JobSet, Kubeflow Trainer and Kueue built from source and running
+    """The module's three nodes with JobSet, Kubeflow Trainer, Kueue and the Kubeflow training-operator (PyTorchJob)
+    built from source and running
     (``tests.testenv.workloads``), and the operator installed from the chart as the README installs it (namespace
     ``kube-rendezvous-system``, its CRDs, cluster scope, the training RBAC in ``team-a``, its fencing policies in
     place of the module's); their logs shown on failure."""
