@@ -1,6 +1,8 @@
-"""The examples on JobSet, Kubeflow Trainer and Kueue, every fault timed (``python -m benchmarks.workloads``).
+"""The examples on JobSet, Kubeflow Trainer, Kueue and the training-operator, every fault timed
+(``python -m benchmarks.workloads``).
 
-One control plane with three real nodes, JobSet v0.12.0, Trainer v2.3.0 and Kueue v0.19.2 built from source and
+One control plane with three real nodes, JobSet v0.12.0, Trainer v2.3.0, Kueue v0.19.2 and the training-operator
+v1.8.1 built from source and
 running (``tests.testenv.workloads``), and the operator installed from the chart (``tests.e2e.workloads``). Each
 repeat runs, in namespace ``team-a``, one case after the other (stock torchrun, 4 pods, except Kueue's 3):
 
@@ -9,6 +11,8 @@ repeat runs, in namespace ``team-a``, one case after the other (stock torchrun, 
 - **JobSet, evicted**: ``examples/torch/jobset.yaml``, the same eviction;
 - **JobSet, kubectl delete pod**: the same example, a pod deleted (the Job counts it as a failure);
 - **TrainJob, evicted**: ``examples/torch/trainjob.yaml``, the same eviction;
+- **PyTorchJob, evicted**: ``examples/torch/pytorchjob.yaml`` on the Kubeflow training-operator v1.8.1, the same
+  eviction (the operator recreates the pod under its name);
 - **Kueue, preempted**: ``examples/training-job.yaml`` queued by Kueue (tensorplay's launcher, 3 pods), preempted
   by a Job of higher priority, re-admitted once that Job is deleted.
 
@@ -36,12 +40,14 @@ from tests.e2e.workloads import (
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
     NAMESPACE,
+    PYTORCHJOB_NAME_LABEL,
     clear_namespace,
     indexed_job_objects,
     install_operator_from_chart,
     jobset_objects,
     lose_a_pod_and_recover,
     preempt_and_readmit,
+    pytorchjob_objects,
     queue_objects,
     queued_job_objects,
     rank_zero_pod,
@@ -58,12 +64,13 @@ POD_CASES: dict[str, tuple[Callable[[], list[dict[str, Any]]], str, str]] = {
     "JobSet, evicted": (jobset_objects, f"{JOBSET_NAME_LABEL}={RENDEZVOUS}", "evict"),
     "JobSet, kubectl delete pod": (jobset_objects, f"{JOBSET_NAME_LABEL}={RENDEZVOUS}", "delete"),
     "TrainJob, evicted": (trainjob_objects, f"{JOBSET_NAME_LABEL}={RENDEZVOUS}", "evict"),
+    "PyTorchJob, evicted": (pytorchjob_objects, f"{PYTORCHJOB_NAME_LABEL}={RENDEZVOUS}", "evict"),
 }
 KUEUE = "Kueue, preempted"
 CASES = [*POD_CASES, KUEUE]
 POD_KEYS = ("survivors_training", "replacement_training")
 KUEUE_KEYS = ("suspended", "readmitted", "training_again", "completed")
-IMAGE, LABELS = "the examples' faults on JobSet, Trainer and Kueue", CASES
+IMAGE, LABELS = "the examples' faults on JobSet, Trainer, Kueue and the training-operator", CASES
 
 
 @contextmanager
