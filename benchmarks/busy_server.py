@@ -387,10 +387,24 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 # -- the report ---------------------------------------------------------------------------------------------------
 
-TITLE, IMAGE = (
-    "A busy API server: a round and a steady-state job beside another tenant's flood (issue #49)",
-    "busy server",
-)
+TITLE = "A busy API server: another tenant's flood, with and without the chart's FlowSchema (issue #49)"
+IMAGE = "busy server"
+NOTES = """
+How to read it, and how to size the FlowSchema. APF gives a priority level `ceil(C x S / T)` seats (C: the two in-
+flight limits added, S: its `nominalConcurrencyShares`, T: every level's shares, 245 built in plus the chart's).
+Here C = 30: `workload-low` has 13 seats without the FlowSchema, shared fairly by its flows (the flood is one, the
+job another); with the chart's default S = 30 the job's level has 4 (T = 275; `workload-low` 11), half of them
+lendable; the *sized* case's S = 100 gives it 9 (T = 345; `workload-low` 9 too). A level needs its steady state's
+requests per second (the *steady* column) times the time one request holds a seat on that server, plus room for a
+round's burst, in which each agent sends about 2-3 requests at once; and its queues must hold the burst: `handSize
+x queueLengthLimit` of at least N (the chart's 8 x 128 = 1024), or the excess is answered 429. The *429s / agent*
+column of the idle round is that limit: `workload-low` deals one flow 6 queues of 50, 300 requests, so 1024 agents
+arriving at once are throttled even on an idle server, and retried after the `Retry-After`. Requests here hold a
+seat far longer than on a server of its own (2 shared cores run the API server, etcd, 1024 agents and 400 flood
+threads), so the seats this table needs are an upper bound: size by the level's
+`apiserver_flowcontrol_request_execution_seconds` and `apiserver_flowcontrol_current_inqueue_requests` on your
+server (docs/configuration.md, "Sizing the priority level for N agents").
+"""
 LABELS = (IDLE, FLOOD, WITH_SCHEMA, SIZED)
 
 

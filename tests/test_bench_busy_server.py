@@ -19,6 +19,7 @@ from benchmarks.busy_server import (
     FLOOD,
     IDLE,
     OUTAGE_WORDS,
+    SIZED,
     WITH_SCHEMA,
     busy_server,
     measure,
@@ -97,11 +98,13 @@ def test_the_section_gives_every_repeat_its_ratio_to_the_same_repeats_idle_round
             run_of(IDLE, 1, 4.0, 0, 0),
             run_of(FLOOD, 1, 12.0, 100.0, 300.0),
             run_of(WITH_SCHEMA, 1, 6.0, 100.0, 150.0),
+            {"case": SIZED, "nodes": 8, "repeat": 1, "failed": "did not complete within 180 s"},
         ],
     }
     text = "\n".join(section(report))
     assert "| 8 | 1 | flood | workload-low | 10.00 | 5.00x |" in text  # 10 s over repeat 1's idle 2 s
     assert "| 8 | 2 | flood + FlowSchema | workload-low | 6.00 | 1.50x |" in text  # over repeat 2's idle 4 s
-    assert "without the FlowSchema and 1.50x with it (target 2x: met)" in text
-    assert "1.50x and 1.50x with it (target 2x: met)" in text
-    assert "4.00x (round) and 3.50x" not in text and "3.50x (round)" in text  # medians of 4x and 3x
+    assert "*flood*: the round took 4.00x its idle time, the flood's p99 was 3.50x" in text  # medians: 5x, 3x; 4x, 3x
+    assert "*flood + FlowSchema*: the round took 1.50x its idle time, the flood's p99 was 1.50x" in text
+    assert "*flood + FlowSchema, sized* (1 repeats failed)" in text
+    assert "met by *flood + FlowSchema*, **not met** by *flood + FlowSchema, sized*" in text
