@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.flood_worker import LEVEL_HEADER, credentials
+from benchmarks.flood_worker import LEVEL_HEADER, LONGEST_RETRY_AFTER, credentials
 from benchmarks.run import REPO, Bench, agent_env, go
 from benchmarks.runner import Benchmark, figure, found, log, main, median, table_head, unique_legend
 
@@ -99,6 +99,25 @@ def window(records: list[list[Any]], start: float, end: float) -> dict[str, Any]
         "no_answer": sum(1 for record in sent if record[2] == 0),
         "errors": sum(1 for record in sent if record[2] >= 400 and record[2] != 429),
     }
+
+
+#: How an agent logs a 429's ``Retry-After`` (``ThrottledError``'s text).
+RETRY_AFTER = re.compile(r"\(429 [^;)]*; Retry-After (\d+(?:\.\d+)?) s\)")
+
+
+def retry_afters(log_file: Path) -> dict[str, int]:
+    """How many 429s of each ``Retry-After`` (seconds, as text) the agents logged."""
+    if not log_file.exists():
+        return {}
+    counts: dict[str, int] = {}
+    for value in RETRY_AFTER.findall(log_file.read_text(errors="replace")):
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: float(item[0])))
+
+
+def agent_log_of(workdir: Path, case: str, nodes: int, repeat: int) -> Path:
+    """The file the agents of one case, N and repeat log to."""
+    return workdir / f"agents-{case.replace(' ', '').replace('+', '-')}-{nodes}-{repeat}.log"
 
 
 def outage_lines(log_file: Path) -> list[str]:
@@ -320,7 +339,7 @@ def measure(context: BusyServer, case: dict[str, Any], repeat: int, args: argpar
         log(f"  flood: {args.flood_processes} x {args.flood_threads} threads, alone for {args.flood_alone:.0f} s")
         flood.start()
         time.sleep(FLOOD_WARMUP + args.flood_alone)
-    agent_log = bench.workdir / f"agents-{label.replace(' ', '').replace('+', '-')}-{nodes}-{repeat}.log"
+    agent_log = agent_log_of(bench.workdir, label, nodes, repeat)
     try:
         log(f"  a round of {nodes} agents, then holding {args.hold:.0f} s")
         round_run = bench.round("k8s", nodes, hold=args.hold, limit=args.limit, agent_log=agent_log)
@@ -330,7 +349,8 @@ def measure(context: BusyServer, case: dict[str, Any], repeat: int, args: argpar
         expired = text.count("removing nodes whose Lease was not renewed")
         raise RuntimeError(
             f"{exc}; agent log: {len(outage_lines(agent_log))} outage lines, {text.count('(429 ')} 429s logged, "
-            f"{expired} removals of nodes whose Lease expired, {text.count('round 0 formed')} agents saw round 0 formed"
+            f"{expired} removals of nodes whose Lease expired, {text.count('round 0 formed')} agents saw round 0 "
+            f"formed, Retry-After (s) x 429s logged: {retry_afters(agent_log)}"
         ) from exc
     finally:
         records, levels = flood.stop() if flood is not None else ([], [])
@@ -360,6 +380,7 @@ def measure(context: BusyServer, case: dict[str, Any], repeat: int, args: argpar
                 records, formed + STEADY_AFTER, min(ended, formed + args.hold) - STEADY_BEFORE
             )
     outages = outage_lines(agent_log)
+    run["agent_retry_after"] = retry_afters(agent_log)
     run["outage_lines"] = len(outages)
     if outages:
         run["outage_example"] = outages[0][:300]
@@ -390,8 +411,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 TITLE = "A busy API server: another tenant's flood, with and without the chart's FlowSchema (issue #49)"
 IMAGE = "busy server"
 NOTES = """
-How to read it, and how to size the FlowSchema. APF gives a priority level `ceil(C x S / T)` seats (C: the two in-
-flight limits added, S: its `nominalConcurrencyShares`, T: every level's shares, 245 built in plus the chart's).
+How to read it, and how to size the FlowSchema. APF gives a priority level `ceil(C x S / T)` seats (C: the two
+in-flight limits added, S: its `nominalConcurrencyShares`, T: every level's shares, 245 built in plus the chart's).
 Here C = 30: `workload-low` has 13 seats without the FlowSchema, shared fairly by its flows (the flood is one, the
 job another); with the chart's default S = 30 the job's level has 4 (T = 275; `workload-low` 11), half of them
 lendable; the *sized* case's S = 100 gives it 9 (T = 345; `workload-low` 9 too). A level needs its steady state's
@@ -399,9 +420,12 @@ requests per second (the *steady* column) times the time one request holds a sea
 round's burst, in which each agent sends about 2-3 requests at once; and its queues must hold the burst: `handSize
 x queueLengthLimit` of at least N (the chart's 8 x 128 = 1024), or the excess is answered 429. The *429s / agent*
 column of the idle round is that limit: `workload-low` deals one flow 6 queues of 50, 300 requests, so 1024 agents
-arriving at once are throttled even on an idle server, and retried after the `Retry-After`. Requests here hold a
-seat far longer than on a server of its own (2 shared cores run the API server, etcd, 1024 agents and 400 flood
-threads), so the seats this table needs are an upper bound: size by the level's
+arriving at once are throttled even on an idle server; the server's `Retry-After` grows while it keeps rejecting (1
+s, 2 s, then up to 32 s: the *Retry-After* column), every agent waits it out, and such an idle round takes over 60
+s. The *idle* baseline of the ratios is that round (the case the issue names: no flood, no FlowSchema), so a ratio
+below 1 says the FlowSchema's 1024-deep queues spared the round the 429s, not that the flood made it faster.
+Requests here hold a seat far longer than on a server of its own (2 shared cores run the API server, etcd, 1024
+agents and 400 flood threads), so the seats this table needs are an upper bound: size by the level's
 `apiserver_flowcontrol_request_execution_seconds` and `apiserver_flowcontrol_current_inqueue_requests` on your
 server (docs/configuration.md, "Sizing the priority level for N agents").
 """
@@ -460,7 +484,8 @@ def section(report: dict[str, Any]) -> list[str]:
         "200: together the concurrency API Priority and Fairness shares out among its priority levels). The flood: "
         f"ServiceAccount `flood/tenant`, {flood['processes']} processes x {flood['threads']} threads, each a loop of "
         f"a LIST of its {flood['objects']} ConfigMaps (1 KiB each) and a merge patch of one, a 429 waited out as its "
-        f"`Retry-After` says. Per case: the flood alone for {flood['alone_seconds']:.0f} s, then a round of N agents "
+        f"`Retry-After` says (at most {LONGEST_RETRY_AFTER:.0f} s). Per case: the flood alone for "
+        f"{flood['alone_seconds']:.0f} s, then a round of N agents "
         f"(threads in 8 processes, niceness 10) that holds {report['hold']:.0f} s (the steady state: the window "
         f"from {STEADY_AFTER:.0f} s after it formed to {STEADY_BEFORE:.0f} s before the hold ends). *level*: the "
         "priority level the API server names for a request of the training account. *flood p50/p99*: latency of "
@@ -480,13 +505,14 @@ def section(report: dict[str, Any]) -> list[str]:
             "flood p99 (ms)",
             "p99 x alone (round, steady)",
             "flood 429 share",
+            "agents' 429s by Retry-After",
             "outage lines",
         ),
     ]
     for run in report["runs"]:
         head = f"| {run['nodes']} | {run.get('repeat', 0) + 1} | {run['case']} | {run.get('trainer_level', '-')}"
         if "failed" in run:
-            lines.append(f"{head} | failed: {run['failed'][:400]} |" + " |" * 8)
+            lines.append(f"{head} | failed: {run['failed'][:400]} |" + " |" * 9)
             continue
         windows = [run.get("flood", {}).get(name, {}) for name in ("alone", "round", "steady")]
         steady = run.get("steady", {})
@@ -502,6 +528,7 @@ def section(report: dict[str, Any]) -> list[str]:
             " / ".join(_ms(w.get("p99_ms")) for w in windows) if run["case"] != IDLE else "-",
             f"{_x(flood_ratio(run, 'round'))}, {_x(flood_ratio(run, 'steady'))}" if run["case"] != IDLE else "-",
             share if run["case"] != IDLE else "-",
+            ", ".join(f"{n} x {after} s" for after, n in run.get("agent_retry_after", {}).items()) or "none",
             str(run["outage_lines"]),
         ]
         lines.append(f"{head} | " + " | ".join(cells) + " |")

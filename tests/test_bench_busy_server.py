@@ -39,7 +39,7 @@ def test_the_flood_is_throttled_the_flow_schema_classifies_the_training_account_
         ["--quick", "--hold", "0", "--flood-alone", "4", "--flood-processes", "1", "--flood-threads", "400"],
     )
     with busy_server(tmp_path, args) as context:
-        context.flow_schema(False)
+        context.flow_schema(None)
         assert context.level_of(context.bench.trainer) == "workload-low"
         run = measure(context, {"case": WITH_SCHEMA, "nodes": 8}, 0, args)
         chart_level = context.chart_level()
