@@ -7,6 +7,7 @@ Usage: python -m benchmarks.run [--sizes 8 32 128 512] [--repeats 3] [--steady-s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
@@ -109,12 +110,15 @@ def go(workers: list[subprocess.Popen[str]], ready: bool = False) -> None:
 
 
 class Bench:
-    def __init__(self, workdir: Path) -> None:
+    """A control plane with the CRDs, namespace ``bench`` and its ``trainer`` ServiceAccount (docs/rbac.yaml), and
+    rounds of agents on it. ``apiserver_flags``: extra kube-apiserver flags (``ControlPlane.apiserver_flags``)."""
+
+    def __init__(self, workdir: Path, apiserver_flags: tuple[str, ...] = ()) -> None:
         from kubernetes import client, config
 
         from tests.testenv import ControlPlane
 
-        self.plane = ControlPlane(workdir / "control-plane")
+        self.plane = ControlPlane(workdir / "control-plane", apiserver_flags=apiserver_flags)
         self.plane.start()
         self.plane.kubectl("apply", "-f", str(REPO / "crds"))
         self.plane.kubectl("wait", "--for=condition=established", "crd", "--all", "--timeout=60s")
@@ -181,6 +185,7 @@ class Bench:
         kill_joiner: bool = False,
         assign_ranks: str = "none",
         env: dict[str, str] | None = None,
+        agent_log: Path | None = None,
     ) -> dict[str, Any]:
         """Run one round of ``nodes`` handlers over several processes; return timings and API stats.
 
@@ -192,10 +197,12 @@ class Bench:
         ``assign_ranks`` (``store`` or ``identical``): every agent then runs its framework's rank
         assignment (``round_worker.assign_ranks``); every worker must get its own global rank.
         ``env``: added to the agents' environment (a previous release on ``PYTHONPATH``).
+        ``agent_log``: the handlers' own log lines (``BENCH_LOG``), every agent process', appended to this file.
+        The summary's ``started`` is the wall-clock time (``time.time()``) the agents were told to join.
         """
         self.current = None
         try:
-            return self._round(backend, nodes, hold, limit, during, kill_joiner, assign_ranks, env or {})
+            return self._round(backend, nodes, hold, limit, during, kill_joiner, assign_ranks, env or {}, agent_log)
         finally:
             if self.current is not None:
                 self.retire(self.current)
@@ -210,6 +217,7 @@ class Bench:
         kill_joiner: bool = False,
         assign_ranks: str = "none",
         extra_env: dict[str, str] | None = None,
+        agent_log: Path | None = None,
     ) -> dict[str, Any]:
         from tests.testenv import free_port
 
@@ -220,6 +228,8 @@ class Bench:
         env = {**agent_env(), **(extra_env or {})}
         if kill_joiner:
             env["BENCH_RDZV_CONF"] = json.dumps({"last_call_timeout": 1})
+        if agent_log is not None:
+            env["BENCH_LOG"] = "1"
         host: Any = None
         if backend in ("p10d", "torch-c10d"):
             # The TCPStore host lives in the driver, so that every handler is a client (BRIEF fact 11).
@@ -259,9 +269,11 @@ class Bench:
                 ["--hold", str(hold)], **options,
             )  # fmt: skip
 
-        workers = [
-            start_worker(i, count, out, env=env) for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
-        ]
+        with agent_log.open("a") if agent_log is not None else contextlib.nullcontext() as log_file:
+            workers = [
+                start_worker(i, count, out, env=env, stderr=log_file)  # None: the driver's own stderr
+                for i, (count, out) in enumerate(zip(per_process, outs, strict=True))
+            ]
         victim = None
         if kill_joiner:  # logs on stderr (BENCH_LOG), read below to kill it at its join request
             victim_out = self.workdir / f"{backend}-{nodes}-{time.time_ns()}-victim.json"
@@ -317,10 +329,11 @@ class Bench:
             chaos["world"] = world_without_a_killed_joiner(results, nodes)
             chaos["victim_in_round"] = chaos["world"] == nodes
         api = [stats for report in reports for stats in report["api"]]
-        summary: dict[str, Any] = {"backend": backend, "nodes": nodes, "seconds": seconds}
+        summary: dict[str, Any] = {"backend": backend, "nodes": nodes, "seconds": seconds, "started": start}
         if api:
             for key in ("requests", "conflicts", "bytes_sent"):
                 summary[f"{key}_per_agent"] = sum(item[key] for item in api) / nodes
+            summary["throttled_per_agent"] = sum(item.get("throttled", 0) for item in api) / nodes  # 429s
         if shared_writes is not None:
             summary["shared_writes"] = shared_writes
         if chaos_thread is not None:
@@ -359,6 +372,8 @@ class Bench:
             if holds and api:
                 after = sum(item["requests"] for hold_report in holds for item in hold_report["api"])
                 steady["agent_requests_per_second"] = (after - sum(item["requests"] for item in api)) / hold
+                throttled = sum(item.get("throttled", 0) for hold_report in holds for item in hold_report["api"])
+                steady["agent_throttled"] = throttled - sum(item.get("throttled", 0) for item in api)
             summary["steady"] = steady
         return summary
 

@@ -42,14 +42,12 @@ from kube_rendezvous._store.store import KubernetesStore
 from kubernetes import client as k8s_client
 from urllib3 import HTTPHeaderDict
 
+from benchmarks.busy_server import OUTAGE_WORDS
 from tests.faultproxy import FaultProxy, proxy_kubeconfig
 from tests.helpers import rendezvous_parameters, running_fault_proxy
 from tests.test_faults import state
 from tests.test_retries import FakeTime, failing, longest
 from tests.testenv import ControlPlane
-
-#: Words that would report a throttled request as an outage (log lines, error messages).
-OUTAGE_WORDS = re.compile(r"unreachable|outage|could not be reached|no clear answer|unavailable", re.IGNORECASE)
 
 
 def throttled(retry_after: float | None = 2.0) -> ThrottledError:

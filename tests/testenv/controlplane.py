@@ -170,6 +170,10 @@ class ControlPlane:
     with_node: bool = False
     #: Seconds without a kubelet's status before its Node turns NotReady (``set_node_monitor_grace``).
     node_monitor_grace: int = NODE_MONITOR_GRACE_PERIOD
+    #: Extra kube-apiserver flags, appended after the defaults (of a flag given twice, the last wins), e.g. a
+    #: lowered ``("--max-requests-inflight=20", "--max-mutating-requests-inflight=10")`` that makes API Priority
+    #: and Fairness queue and throttle on 2 cores (``benchmarks/busy_server.py``). Empty: the defaults only.
+    apiserver_flags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -247,6 +251,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki.service_account_key}",
             "--allow-privileged=true",
             "--v=1",
+            *self.apiserver_flags,
         ]
 
     def _controller_manager_command(self) -> list[str]:
