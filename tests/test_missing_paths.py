@@ -136,7 +136,7 @@ class TestFailedPodIsEvicted:
         assert pod.status is not None and pod.metadata is not None
         assert pod.status.phase == "Failed" and pod.metadata.deletion_timestamp is None
         evicted = [message for _, reason, message in events(admin_api, namespace) if reason == "NodeEvicted"]
-        assert evicted == [f"evicted {victim.node_name}: pod {victim.name} is gone"]
+        assert evicted == [f"evicted {victim.node_name}: pod {victim.name} is Failed"]  # pods_rules.why_gone
         # Told on the pod too, naming the rendezvous, the agent and why.
         selector = f"involvedObject.name={victim.name},reason=NodeEvicted"
         on_pod = wait_until(
@@ -146,7 +146,7 @@ class TestFailedPodIsEvicted:
         )
         assert len(on_pod) == 1
         assert on_pod[0].startswith(f"rendezvous {namespace}/job evicted agent {victim.node_name} of pod {victim.name}")
-        assert on_pod[0].endswith(f": pod {victim.name} is gone")
+        assert on_pod[0].endswith(f": pod {victim.name} is Failed")
         # And on the pods' Job: the eviction and the story of the rounds (kubectl describe job).
         on_job = wait_until(
             lambda: {

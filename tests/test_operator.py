@@ -245,7 +245,7 @@ class TestEviction:
         create_training_pod(core, namespace, "old-1", "job", addresses[1])
         pod_failed(core, namespace, "old-1", finished=datetime.now(timezone.utc) - timedelta(minutes=1), reason=None)
         wait_until(
-            lambda: "pod " + namespace + "/old-1 is gone, but nodes" in operator.log.read_text(),
+            lambda: "pod " + namespace + "/old-1 is Failed, but nodes" in operator.log.read_text(),
             60,
             "the operator to look at the failed pod",
         )

@@ -295,8 +295,12 @@ def test_the_readme_quickstart_installs_the_packaged_chart_and_its_job_trains_ex
     retag_docker_archive(build_images()[TRAINING_IMAGE], tmp_path / "training.tar", training_tag)
     import_images(real_node.containerd_socket, [tmp_path / "operator.tar", tmp_path / "training.tar"])
 
-    # A fresh cluster as the user's: the CRDs are the release's (the module's earlier tests applied them by hand).
+    # A fresh cluster as the user's: the CRDs are the release's, and so are the operator's account and RBAC (the
+    # module's earlier tests applied the CRDs and docs/operator-rbac.yaml by hand, and created the account).
     plane.kubectl("delete", "-f", str(REPO / "crds"), "--ignore-not-found", "--wait=true")
+    plane.kubectl("delete", "-f", str(REPO / "docs" / "operator-rbac.yaml"), "--ignore-not-found")
+    account = ("serviceaccount", "kube-rendezvous-operator", "--ignore-not-found")
+    plane.kubectl("-n", "kube-rendezvous-system", "delete", *account)
     lines = commands.replace("\\\n", " ").splitlines()
     create_namespace = next(line for line in lines if line.startswith("kubectl create namespace"))
     plane.kubectl(*shlex.split(create_namespace, comments=True)[1:])
