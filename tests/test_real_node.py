@@ -25,6 +25,7 @@ from tests.e2e.real_pods import (
     apply,
     example_job_training,
     example_objects,
+    mount_host_paths,
     namespace_with_crds,
     pod_log,
     rendezvous_status,
@@ -324,10 +325,7 @@ def test_the_readme_quickstart_installs_the_packaged_chart_and_its_job_trains_ex
     )
     torchrun.chmod(0o755)
     mounts = [*training_mounts(), (str(fresh_venv), str(fresh_venv)), (str(REPO / "examples"), "/workspace")]
-    pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
-    container["volumeMounts"] = [
-        {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
-    ]
+    mount_host_paths(pod, mounts)
     container["workingDir"] = "/workspace"
     container["env"].append({"name": "PATH", "value": f"{fresh_venv}/bin:/usr/local/bin:/usr/bin:/bin"})
     container["resources"]["requests"]["cpu"] = "100m"

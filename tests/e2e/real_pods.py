@@ -81,12 +81,16 @@ def fit_pod(pod: dict[str, Any], launcher: list[str], script: Path, **environmen
     container["command"], container["args"] = fitted[: len(launcher)], fitted[len(launcher) :]
     container["env"] = [*container.get("env", []), *training_environment(**environment)]
     container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-    mounts = training_mounts()
+    mount_host_paths(pod, training_mounts())
+    return pod
+
+
+def mount_host_paths(pod: dict[str, Any], mounts: list[tuple[str, str]]) -> None:
+    """Give ``pod`` (a spec) exactly ``mounts``, (hostPath, mountPath) pairs, read-only in its first container."""
     pod["volumes"] = [{"name": f"host-{i}", "hostPath": {"path": host}} for i, (host, _) in enumerate(mounts)]
-    container["volumeMounts"] = [
+    pod["containers"][0]["volumeMounts"] = [
         {"name": f"host-{i}", "mountPath": inside, "readOnly": True} for i, (_, inside) in enumerate(mounts)
     ]
-    return pod
 
 
 def fitted_command(given: list[str], launcher: list[str], script: Path) -> list[str]:
